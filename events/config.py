@@ -1,0 +1,40 @@
+"""Settings of the event layer: the broker, the bucket-event queue and which objects are videos."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field, SecretStr
+
+
+class AmqpSettings(BaseModel):
+    """RabbitMQ as MinIO's notification target and as the task queue's broker."""
+
+    url: SecretStr = SecretStr("amqp://guest:guest@127.0.0.1:5672/%2F")
+    management_url: str = "http://127.0.0.1:15672"
+    #: Durable exchange MinIO publishes bucket events to.
+    exchange: str = "vidx.bucket-events"
+    routing_key: str = "bucket-events"
+    #: Durable queue the EventRouter consumes, bound to the exchange before the first upload.
+    events_queue: str = "vidx.bucket-events"
+    #: Where records that can't be decoded are parked, with their raw body.
+    parked_queue: str = "vidx.bucket-events.parked"
+    #: MinIO notification target id: the ARN is arn:minio:sqs::<id>:amqp.
+    minio_target_id: str = "VIDX"
+    prefetch: int = Field(default=32, ge=1, le=1000)
+    reconnect_delay_s: float = Field(default=2.0, gt=0)
+    heartbeat_s: int = 30
+
+    @property
+    def queue_arn(self) -> str:
+        return f"arn:minio:sqs::{self.minio_target_id}:amqp"
+
+
+class VideoFilterSettings(BaseModel):
+    """Which created objects count as videos: a known extension or a video/* content type."""
+
+    extensions: list[str] = Field(
+        default_factory=lambda: [
+            ".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".m2ts", ".flv", ".wmv",
+            ".3gp", ".ogv",
+        ]
+    )
+    content_type_prefixes: list[str] = Field(default_factory=lambda: ["video/"])

@@ -1,0 +1,118 @@
+"""MinIO bucket-event records -> typed events. The one place that knows MinIO's wire format.
+
+A message body is one JSON document: ``{"EventName", "Key", "Records": [...]}``. Each record's
+``s3.object.key`` is query-escaped (spaces arrive as ``+``), so keys are decoded with ``unquote_plus``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote_plus
+
+from pipeline.errors import PermanentError
+
+
+class EventKind(enum.StrEnum):
+    CREATED = "created"
+    REMOVED = "removed"
+
+
+class EventDecodeError(PermanentError):
+    """Raised when a message body is not a MinIO bucket event; keeps the raw body and the cause."""
+
+    def __init__(self, message: str, raw: bytes) -> None:
+        super().__init__(message)
+        self.raw = raw
+
+
+@dataclass(frozen=True, slots=True)
+class BucketEvent:
+    """One object change, as MinIO reported it. A hint: the consumer checks the object's real state."""
+
+    kind: EventKind
+    event_name: str
+    bucket: str
+    key: str
+    version_id: str | None = None
+    etag: str | None = None
+    size: int | None = None
+    content_type: str | None = None
+    sequencer: str | None = None
+    event_time: str | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+
+def _kind(event_name: str) -> EventKind | None:
+    # MinIO names: s3:ObjectCreated:{Put,Post,Copy,CompleteMultipartUpload,PutRetention,...}
+    # and s3:ObjectRemoved:{Delete,DeleteMarkerCreated,NoOP,...}; tolerate a missing "s3:" prefix.
+    name = event_name.removeprefix("s3:")
+    if name.startswith("ObjectCreated:"):
+        return EventKind.CREATED
+    if name.startswith("ObjectRemoved:"):
+        return EventKind.REMOVED
+    return None
+
+
+def _record_event(record: dict[str, Any], raw: bytes) -> BucketEvent | None:
+    name = record.get("eventName")
+    if not isinstance(name, str):
+        raise EventDecodeError("record has no eventName", raw)
+    kind = _kind(name)
+    if kind is None:
+        return None
+    try:
+        s3 = record["s3"]
+        bucket = s3["bucket"]["name"]
+        obj = s3["object"]
+        key = unquote_plus(obj["key"])
+    except (KeyError, TypeError) as exc:
+        raise EventDecodeError(f"record lacks s3.bucket.name or s3.object.key: {exc!r}", raw) from exc
+    if not isinstance(bucket, str) or not bucket or not key:
+        raise EventDecodeError("empty bucket or key", raw)
+    size = obj.get("size")
+    etag = obj.get("eTag") or obj.get("etag")
+    return BucketEvent(
+        kind=kind,
+        event_name=name,
+        bucket=bucket,
+        key=key,
+        version_id=obj.get("versionId") or None,
+        etag=etag.strip('"') if isinstance(etag, str) and etag else None,
+        size=size if isinstance(size, int) else None,
+        content_type=obj.get("contentType") or None,
+        sequencer=obj.get("sequencer") or None,
+        event_time=record.get("eventTime"),
+    )
+
+
+def decode_message(body: bytes) -> list[BucketEvent]:
+    """Decode one AMQP message body into the object events it carries.
+
+    Records of event kinds vidx does not act on (e.g. ``s3:ObjectAccessed:Get``) are skipped.
+
+    Raises:
+        EventDecodeError: the body is not JSON or not a MinIO event document.
+    """
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise EventDecodeError(f"not JSON: {exc}", body) from exc
+    if not isinstance(doc, dict):
+        raise EventDecodeError("event document is not a JSON object", body)
+    records = doc.get("Records")
+    if not isinstance(records, list) or not records:
+        raise EventDecodeError("event document has no Records", body)
+    events: list[BucketEvent] = []
+    for record in records:
+        if not isinstance(record, dict):
+            raise EventDecodeError("a record is not a JSON object", body)
+        event = _record_event(record, body)
+        if event is not None:
+            events.append(event)
+    return events

@@ -1,0 +1,48 @@
+"""Jobs on the task queue: what the EventRouter and the API submit and the IndexConsumer runs."""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.ids import s3_uri, video_id
+
+#: Name of the task handler on the index queue.
+INDEX_TASK = "index_video"
+
+
+class JobOp(enum.StrEnum):
+    INDEX = "index"
+    DELETE = "delete"
+
+
+class JobSource(enum.StrEnum):
+    EVENT = "event"
+    API = "api"
+    RECONCILE = "reconcile"
+    REPLAY = "replay"
+
+
+class IndexJob(BaseModel):
+    """A request to bring one object's index in line with the object. A hint: the consumer HEADs it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    op: JobOp
+    bucket: str
+    key: str
+    source: JobSource
+    #: Version (versionId or ETag) the event reported; informational, the HEAD decides.
+    hint_version: str | None = None
+    sequencer: str | None = None
+    submitted_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def video_id(self) -> str:
+        return video_id(self.bucket, self.key)
+
+    @property
+    def uri(self) -> str:
+        return s3_uri(self.bucket, self.key)
