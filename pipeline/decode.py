@@ -64,6 +64,9 @@ def _scaled_size(width: int, height: int, max_side: int) -> tuple[int, int]:
 
 
 def _open(path: Path) -> av.container.InputContainer:
+    # FFmpeg reports an empty file as "Invalid data found when processing input"; say what it is.
+    if path.is_file() and path.stat().st_size == 0:
+        raise CorruptVideo("empty file (0 bytes)")
     try:
         return av.open(str(path), mode="r", metadata_errors="ignore")
     except av.error.InvalidDataError as exc:

@@ -1,0 +1,71 @@
+"""Wiring between the bucket and the broker: MinIO's AMQP target settings, the bucket subscription,
+and the durable queue that must exist and be bound before the first upload.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from minio import Minio
+from minio.notificationconfig import NotificationConfig, QueueConfig
+
+from events.config import AmqpSettings
+
+log = logging.getLogger(__name__)
+
+#: The notification rule vidx owns on each watched bucket; other rules are left alone.
+CONFIG_ID = "vidx-ingest"
+SUBSCRIBED_EVENTS = ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"]
+
+
+def minio_notify_env(amqp: AmqpSettings, broker_url: str, queue_dir: Path | str) -> dict[str, str]:
+    """Environment for a MinIO server that publishes bucket events durably to RabbitMQ.
+
+    ``broker_url`` is the AMQP URL *as MinIO sees it* (it may differ from ``amqp.url`` when MinIO
+    runs in a container). Every boolean is the literal ``on``: MinIO reads ``true`` as off.
+    """
+    target = amqp.minio_target_id
+    return {
+        f"MINIO_NOTIFY_AMQP_ENABLE_{target}": "on",
+        f"MINIO_NOTIFY_AMQP_URL_{target}": broker_url,
+        f"MINIO_NOTIFY_AMQP_EXCHANGE_{target}": amqp.exchange,
+        f"MINIO_NOTIFY_AMQP_EXCHANGE_TYPE_{target}": "direct",
+        f"MINIO_NOTIFY_AMQP_ROUTING_KEY_{target}": amqp.routing_key,
+        f"MINIO_NOTIFY_AMQP_DURABLE_{target}": "on",
+        f"MINIO_NOTIFY_AMQP_DELIVERY_MODE_{target}": "2",
+        f"MINIO_NOTIFY_AMQP_PUBLISHING_CONFIRMS_{target}": "on",
+        f"MINIO_NOTIFY_AMQP_QUEUE_DIR_{target}": str(queue_dir),
+        f"MINIO_NOTIFY_AMQP_QUEUE_LIMIT_{target}": "100000",
+    }
+
+
+def declare_event_topology(channel: Any, amqp: AmqpSettings) -> None:
+    """Declare (idempotently) the durable exchange MinIO publishes to, the durable event queue bound
+    to it, and the parked queue for records that can't be decoded."""
+    channel.exchange_declare(exchange=amqp.exchange, exchange_type="direct", durable=True)
+    channel.queue_declare(queue=amqp.events_queue, durable=True)
+    channel.queue_bind(queue=amqp.events_queue, exchange=amqp.exchange, routing_key=amqp.routing_key)
+    channel.queue_declare(queue=amqp.parked_queue, durable=True)
+
+
+def subscribe_bucket(client: Minio, bucket: str, queue_arn: str) -> bool:
+    """Make ``bucket`` send created/removed events to ``queue_arn``, keeping every other rule.
+
+    Returns whether the configuration changed. Idempotent.
+    """
+    current = client.get_bucket_notification(bucket)
+    others = [q for q in current.queue_config_list if q.config_id != CONFIG_ID]
+    ours = [q for q in current.queue_config_list if q.config_id == CONFIG_ID]
+    if len(ours) == 1 and ours[0].queue == queue_arn and sorted(ours[0].events) == sorted(SUBSCRIBED_EVENTS):
+        return False
+    rule = QueueConfig(queue=queue_arn, events=list(SUBSCRIBED_EVENTS), config_id=CONFIG_ID)
+    config = NotificationConfig(
+        cloud_func_config_list=current.cloud_func_config_list,
+        queue_config_list=[*others, rule],
+        topic_config_list=current.topic_config_list,
+    )
+    client.set_bucket_notification(bucket, config)
+    log.info("subscribed bucket %s to %s", bucket, queue_arn)
+    return True

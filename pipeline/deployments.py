@@ -1,0 +1,203 @@
+"""Ray Serve deployments: thin shells that each hold one plain object, and the app graph.
+
+    Api (FastAPI ingress) ──► Encoder (SigLIP, @serve.batch for images and texts)
+    EventRouter (pika consumer thread) ──► index queue (RabbitMQ, Celery adapter)
+    IndexConsumer (@task_consumer) ──► Encoder, LanceDB on S3
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+from ray.serve.task_consumer import task_consumer, task_handler
+
+from pipeline.errors import EncoderUnavailable, PermanentError, TransientError
+from pipeline.jobs import INDEX_TASK, IndexJob
+from pipeline.settings import ModelSettings, Settings
+from pipeline.taskqueue import CeleryJobSink, task_processor_config
+
+log = logging.getLogger(__name__)
+
+
+@serve.deployment(name="Encoder", max_ongoing_requests=256)
+class Encoder:
+    """SigLIP image and text towers; concurrent calls are gathered into batches."""
+
+    def __init__(self, model: ModelSettings) -> None:
+        from pipeline.embed import SiglipEncoder  # torch is imported only where the model runs
+
+        self._encoder = SiglipEncoder(model)
+        self.embed_image.set_max_batch_size(model.max_batch_size)
+        self.embed_image.set_batch_wait_timeout_s(model.batch_wait_timeout_s)
+        self.embed_text.set_max_batch_size(model.max_batch_size)
+        self.embed_text.set_batch_wait_timeout_s(model.batch_wait_timeout_s)
+
+    def info(self) -> dict[str, Any]:
+        return {"model_id": self._encoder.model_id, "dim": self._encoder.dim}
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.02)
+    async def embed_image(self, images: list[NDArray[np.uint8]]) -> list[NDArray[np.float32]]:
+        vectors = await asyncio.to_thread(self._encoder.embed_images, images)
+        return list(vectors)
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.02)
+    async def embed_text(self, texts: list[str]) -> list[NDArray[np.float32]]:
+        vectors = await asyncio.to_thread(self._encoder.embed_texts, texts)
+        return list(vectors)
+
+
+class HandleEmbedder:
+    """``FrameEmbedder`` over the Encoder deployment, for synchronous callers (Celery threads): one
+    call per frame, all in flight together, so the encoder batches them with other videos' frames."""
+
+    def __init__(self, encoder: DeploymentHandle, model_id: str, timeout_s: float = 300.0) -> None:
+        self._encoder = encoder
+        self._model_id = model_id
+        self._timeout_s = timeout_s
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    def embed_images(self, images: Sequence[NDArray[np.uint8]]) -> NDArray[np.float32]:
+        try:
+            responses = [self._encoder.embed_image.remote(image) for image in images]
+            return np.stack([r.result(timeout_s=self._timeout_s) for r in responses])
+        except Exception as exc:  # Ray raises actor/timeout errors of many types here
+            raise EncoderUnavailable(f"encoder call failed: {type(exc).__name__}") from exc
+
+
+class HandleQueryEncoder:
+    """``QueryEncoder`` over the Encoder deployment, for the async API."""
+
+    def __init__(self, encoder: DeploymentHandle) -> None:
+        self._encoder = encoder
+
+    async def embed_text(self, text: str) -> NDArray[np.float32]:
+        vector: NDArray[np.float32] = await self._encoder.embed_text.remote(text)
+        return vector
+
+    async def embed_image(self, rgb: NDArray[np.uint8]) -> NDArray[np.float32]:
+        vector: NDArray[np.float32] = await self._encoder.embed_image.remote(rgb)
+        return vector
+
+
+def consumer_deployment(settings: Settings) -> Any:
+    """The IndexConsumer class, decorated with the task-processor config built from ``settings``."""
+
+    @serve.deployment(
+        name="IndexConsumer",
+        num_replicas=settings.serve.consumer_replicas,
+        max_ongoing_requests=settings.serve.consumer_concurrency,
+        ray_actor_options={"num_cpus": settings.serve.consumer_num_cpus},
+    )
+    @task_consumer(task_processor_config=task_processor_config(settings))
+    class IndexConsumer:
+        def __init__(self, settings: Settings, encoder: DeploymentHandle) -> None:
+            from pipeline.indexer import Indexer
+
+            logging.basicConfig(level=logging.INFO)
+            self._settings = settings
+            self._indexer = Indexer(settings, HandleEmbedder(encoder, settings.model.id))
+
+        @task_handler(name=INDEX_TASK)
+        def index_video(self, job: dict[str, Any]) -> dict[str, Any]:
+            from celery import current_task
+
+            parsed = IndexJob.model_validate(job)
+            try:
+                result = self._indexer.run(parsed)
+            except PermanentError as exc:
+                log.warning("job %s failed: %s", parsed.uri, exc.reason)
+                raise
+            except TransientError as exc:
+                retries = int(getattr(current_task.request, "retries", 0) or 0)
+                if retries >= self._settings.serve.max_retries:
+                    reason = f"gave up after {retries + 1} attempts: {exc}"
+                    self._indexer.record_failure(parsed, reason)
+                log.warning("job %s attempt %d failed: %s", parsed.uri, retries + 1, exc)
+                raise
+            return {"video_id": result.video_id, "outcome": result.outcome.value, "frames": result.frames}
+
+    return IndexConsumer
+
+
+@serve.deployment(name="EventRouter", num_replicas=1)
+class EventRouterDeployment:
+    """Runs the EventRouter's pika loop in a thread; Serve restarts the replica if it dies."""
+
+    def __init__(self, settings: Settings) -> None:
+        from events.router import EventRouter
+        from pipeline.indexer import mark_queued
+        from storage.tables import IndexStore
+
+        logging.basicConfig(level=logging.INFO)
+        store = IndexStore(settings.s3)
+        self._router = EventRouter(
+            settings.amqp,
+            settings.videos,
+            CeleryJobSink(settings),
+            buckets=settings.s3.buckets,
+            on_queued=lambda job: mark_queued(store, job),
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._router.run, args=(self._stop,), name="event-router", daemon=True)
+        self._thread.start()
+
+    def stats(self) -> dict[str, int]:
+        return {**self._router.stats, "connected": int(self._router.connected)}
+
+    def check_health(self) -> None:
+        if not self._thread.is_alive():
+            raise RuntimeError("event router thread stopped")
+
+    def __del__(self) -> None:
+        self._stop.set()
+
+
+@serve.deployment(name="Api")
+@serve.ingress()
+class Api:
+    """The HTTP ingress. Routes live in ``pipeline.api.create_app``."""
+
+    def __init__(self, settings: Settings, encoder: DeploymentHandle, router: DeploymentHandle,
+                 consumer: DeploymentHandle) -> None:
+        from pipeline.search import SearchService
+        from storage.tables import IndexStore
+
+        self._settings = settings
+        self._store = IndexStore(settings.s3)
+        self._search = SearchService(settings, self._store, HandleQueryEncoder(encoder))
+        self._sink = CeleryJobSink(settings)
+        self._router = router
+        # Held so the consumer is part of the app graph (it takes work from the queue, not from here).
+        self._consumer = consumer
+
+    async def _stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = await self._router.stats.remote()
+        return stats
+
+    def __serve_build_asgi_app__(self) -> Any:
+        from pipeline.api import create_app
+
+        return create_app(self._settings, self._search, self._store, self._sink, self._stats)
+
+
+def build_app(settings: Settings) -> Any:
+    """The vidx application graph, ready for ``serve.run``."""
+    s = settings.serve
+    encoder = Encoder.options(
+        num_replicas=s.encoder_replicas,
+        ray_actor_options={"num_cpus": s.encoder_num_cpus, "num_gpus": s.encoder_num_gpus},
+    ).bind(settings.model)
+    consumer = consumer_deployment(settings).bind(settings, encoder)
+    router = EventRouterDeployment.options(ray_actor_options={"num_cpus": s.router_num_cpus}).bind(settings)
+    return Api.options(ray_actor_options={"num_cpus": s.api_num_cpus}).bind(settings, encoder, router, consumer)

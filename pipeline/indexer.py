@@ -1,0 +1,202 @@
+"""The index job, without Ray: reconcile with the object's current state, fetch, decode, embed, write.
+
+Events are hints: the object is HEADed at processing time. Gone -> its rows are removed. Present with
+an index fingerprint (version, model, sampling) already indexed -> no-op. Otherwise its rows are
+replaced in one commit. Every outcome is recorded in the catalog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import io
+import logging
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+from PIL import Image
+
+from pipeline.decode import SampledFrame, probe, sample_frames
+from pipeline.errors import PermanentError
+from pipeline.ids import fingerprint, frame_id
+from pipeline.jobs import IndexJob, JobOp
+from pipeline.settings import Settings
+from storage.s3 import ObjectHead, ObjectStore
+from storage.tables import FrameRow, IndexStore, VideoRecord, VideoStatus
+
+log = logging.getLogger(__name__)
+
+
+class FrameEmbedder(Protocol):
+    """Anything that turns RGB frames into L2-normalised vectors (the Encoder, or its handle)."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    def embed_images(self, images: Sequence[NDArray[np.uint8]]) -> NDArray[np.float32]: ...
+
+
+class Outcome(enum.StrEnum):
+    INDEXED = "indexed"
+    UNCHANGED = "unchanged"
+    DELETED = "deleted"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    video_id: str
+    outcome: Outcome
+    frames: int = 0
+    reason: str | None = None
+
+
+def _chunks(frames: Iterator[SampledFrame], size: int) -> Iterator[list[SampledFrame]]:
+    while chunk := list(islice(frames, size)):
+        yield chunk
+
+
+def thumbnail_jpeg(rgb: NDArray[np.uint8], max_side: int) -> bytes:
+    image = Image.fromarray(rgb)
+    image.thumbnail((max_side, max_side))
+    out = io.BytesIO()
+    image.save(out, format="JPEG", quality=75)
+    return out.getvalue()
+
+
+def mark_queued(store: IndexStore, job: IndexJob) -> None:
+    """Record that a job for this object is on the queue, unless that version is already indexed."""
+    old = store.get_video(job.video_id)
+    if old is not None and old.status is VideoStatus.INDEXED and old.version == job.hint_version:
+        return
+    record = old or VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.QUEUED)
+    record.status = VideoStatus.QUEUED
+    record.error = None
+    store.put_video(record)
+
+
+class Indexer:
+    """Runs index and delete jobs against the object store and the index tables."""
+
+    def __init__(self, settings: Settings, embedder: FrameEmbedder, store: IndexStore | None = None) -> None:
+        self._settings = settings
+        self._embedder = embedder
+        self._store = store or IndexStore(settings.s3)
+
+    @property
+    def sampling_label(self) -> str:
+        return f"every_s={self._settings.sampling.every_s:g}"
+
+    def run(self, job: IndexJob) -> JobResult:
+        """Bring the index of ``job``'s object in line with the object.
+
+        Raises:
+            PermanentError: the object can't be indexed; the catalog already says why.
+            TransientError: worth retrying; the catalog still says ``indexing``.
+        """
+        started = time.monotonic()
+        head = asyncio.run(self._head(job))
+        if head is None:
+            result = self._remove(job)
+        else:
+            if job.op is JobOp.DELETE:
+                log.info("delete event for %s but the object exists: indexing it", job.uri)
+            result = self._index(job, head)
+        log.info(
+            "job %s %s -> %s (%d frames) in %.2fs",
+            job.op.value, job.uri, result.outcome.value, result.frames, time.monotonic() - started,
+        )
+        return result
+
+    def record_failure(self, job: IndexJob, reason: str, version: str | None = None) -> None:
+        """Mark ``job``'s video failed with ``reason`` (its old rows, if any, stay searchable)."""
+        old = self._store.get_video(job.video_id)
+        record = old or VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.FAILED)
+        record.status = VideoStatus.FAILED
+        record.error = reason
+        record.version = version or record.version
+        self._store.put_video(record)
+
+    async def _head(self, job: IndexJob) -> ObjectHead | None:
+        async with ObjectStore(self._settings.s3) as s3:
+            return await s3.head(job.bucket, job.key)
+
+    async def _download(self, head: ObjectHead, dest: Path) -> int:
+        async with ObjectStore(self._settings.s3) as s3:
+            return await s3.download(head, dest, self._settings.limits.max_bytes)
+
+    def _remove(self, job: IndexJob) -> JobResult:
+        old = self._store.get_video(job.video_id)
+        self._store.delete_frames(job.video_id)
+        if old is None:
+            return JobResult(job.video_id, Outcome.UNCHANGED)
+        old.status = VideoStatus.DELETED
+        old.frames = 0
+        old.fingerprint = None
+        old.error = None
+        self._store.put_video(old)
+        return JobResult(job.video_id, Outcome.DELETED)
+
+    def _index(self, job: IndexJob, head: ObjectHead) -> JobResult:
+        settings = self._settings
+        fp = fingerprint(head.version, self._embedder.model_id, settings.sampling.every_s)
+        old = self._store.get_video(job.video_id)
+        if old is not None and old.status is VideoStatus.INDEXED and old.fingerprint == fp:
+            return JobResult(job.video_id, Outcome.UNCHANGED, frames=old.frames)
+        record = VideoRecord(
+            video_id=job.video_id,
+            uri=job.uri,
+            status=VideoStatus.INDEXING,
+            version=head.version,
+            model=self._embedder.model_id,
+            sampling=self.sampling_label,
+            fingerprint=old.fingerprint if old else None,
+            frames=old.frames if old else 0,
+        )
+        self._store.put_video(record)
+        try:
+            rows, duration_s = self._embed_object(head, job.video_id)
+        except PermanentError as exc:
+            self.record_failure(job, exc.reason, version=head.version)
+            raise
+        self._store.replace_frames(
+            video_id=job.video_id, uri=job.uri, version=head.version, model=self._embedder.model_id, rows=rows
+        )
+        record.status = VideoStatus.INDEXED
+        record.frames = len(rows)
+        record.duration_s = duration_s
+        record.fingerprint = fp
+        record.error = None
+        self._store.put_video(record)
+        return JobResult(job.video_id, Outcome.INDEXED, frames=len(rows))
+
+    def _embed_object(self, head: ObjectHead, video_id: str) -> tuple[list[FrameRow], float | None]:
+        settings = self._settings
+        with tempfile.TemporaryDirectory(prefix="vidx-") as tmp:
+            path = Path(tmp) / "video"
+            asyncio.run(self._download(head, path))
+            info = probe(path, settings.limits)
+            frames = sample_frames(
+                path, settings.sampling.every_s, settings.limits, max_side=settings.sampling.decode_max_side
+            )
+            rows: list[FrameRow] = []
+            for chunk in _chunks(frames, settings.sampling.embed_chunk):
+                vectors = self._embedder.embed_images([f.rgb for f in chunk])
+                rows.extend(
+                    FrameRow(
+                        frame_id=frame_id(video_id, f.index),
+                        ts_s=f.ts_s,
+                        vector=vectors[i],
+                        thumbnail=thumbnail_jpeg(f.rgb, settings.sampling.thumbnail_max_side),
+                    )
+                    for i, f in enumerate(chunk)
+                )
+        duration_s = info.duration_s if info.duration_s is not None else (rows[-1].ts_s if rows else None)
+        return rows, duration_s

@@ -1,0 +1,131 @@
+"""Query side: embed a text or an image with the same model, find nearest frames, merge moments."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+from PIL import Image, UnidentifiedImageError
+from pydantic import BaseModel
+
+from pipeline.errors import InvalidInput, LimitExceeded
+from pipeline.moments import FrameHit, merge_moments
+from pipeline.settings import Settings
+from storage.s3 import ObjectStore
+from storage.tables import IndexStore
+
+#: Frames fetched per requested moment: neighbours of one moment collapse into it.
+CANDIDATES_PER_MOMENT = 20
+MAX_CANDIDATES = 2000
+
+
+class QueryEncoder(Protocol):
+    async def embed_text(self, text: str) -> NDArray[np.float32]: ...
+
+    async def embed_image(self, rgb: NDArray[np.uint8]) -> NDArray[np.float32]: ...
+
+
+class MomentOut(BaseModel):
+    video_id: str
+    uri: str
+    score: float
+    start_s: float
+    end_s: float
+    ts_s: float
+    thumbnail_url: str
+    video_url: str
+
+
+class SearchResponse(BaseModel):
+    results: list[MomentOut]
+    took_ms: float
+
+
+def decode_query_image(data: bytes, max_bytes: int, max_pixels: int) -> NDArray[np.uint8]:
+    """Raises:
+    LimitExceeded: over the byte or pixel limit.
+    InvalidInput: not an image.
+    """
+    if len(data) > max_bytes:
+        raise LimitExceeded(f"image exceeds max bytes {max_bytes}")
+    try:
+        image = Image.open(io.BytesIO(data))
+        # Checked before decoding pixels: a small file can declare a huge picture.
+        if image.width * image.height > max_pixels:
+            raise LimitExceeded(f"image exceeds max pixels {max_pixels}")
+        rgb = np.asarray(image.convert("RGB"), dtype=np.uint8)
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+        raise InvalidInput(f"not a readable image: {type(exc).__name__}") from exc
+    return rgb
+
+
+class SearchService:
+    """Searches the frames table and shapes results as moments with playable links."""
+
+    def __init__(self, settings: Settings, store: IndexStore, encoder: QueryEncoder) -> None:
+        self._settings = settings
+        self._store = store
+        self._encoder = encoder
+
+    def check_k(self, k: int) -> int:
+        if not 1 <= k <= self._settings.limits.max_k:
+            raise InvalidInput(f"k must be between 1 and {self._settings.limits.max_k}")
+        return k
+
+    async def search_text(self, q: str, k: int, base_url: str) -> SearchResponse:
+        started = time.perf_counter()
+        q = q.strip()
+        if not q:
+            raise InvalidInput("q must not be empty")
+        if len(q) > self._settings.limits.max_query_chars:
+            raise LimitExceeded(f"q exceeds max length {self._settings.limits.max_query_chars}")
+        vector = await self._encoder.embed_text(q)
+        return await self._respond(vector, self.check_k(k), base_url, started)
+
+    async def search_image(self, data: bytes, k: int, base_url: str) -> SearchResponse:
+        started = time.perf_counter()
+        limits = self._settings.limits
+        rgb = decode_query_image(data, limits.max_image_bytes, limits.max_image_pixels)
+        vector = await self._encoder.embed_image(rgb)
+        return await self._respond(vector, self.check_k(k), base_url, started)
+
+    async def _respond(
+        self, vector: NDArray[np.float32], k: int, base_url: str, started: float
+    ) -> SearchResponse:
+        limit = min(k * CANDIDATES_PER_MOMENT, MAX_CANDIDATES)
+        rows = await asyncio.to_thread(self._store.search, vector, limit)
+        hits = [
+            FrameHit(
+                frame_id=r["frame_id"],
+                video_id=r["video_id"],
+                uri=r["uri"],
+                ts_s=float(r["ts_s"]),
+                score=round(1.0 - float(r["_distance"]), 6),
+            )
+            for r in rows
+        ]
+        moments = merge_moments(hits, self._settings.sampling.every_s, k)
+        results: list[MomentOut] = []
+        s3 = self._settings.s3
+        async with ObjectStore(s3) as store:
+            for m in moments:
+                bucket, _, key = m.uri.removeprefix("s3://").partition("/")
+                link = await store.presign_get(bucket, key, s3.presign_ttl_s)
+                results.append(
+                    MomentOut(
+                        video_id=m.video_id,
+                        uri=m.uri,
+                        score=m.score,
+                        start_s=m.start_s,
+                        end_s=m.end_s,
+                        ts_s=m.ts_s,
+                        thumbnail_url=f"{base_url.rstrip('/')}/v1/frames/{m.frame_id}/thumbnail",
+                        # A media fragment makes players start at the best frame.
+                        video_url=f"{link}#t={m.ts_s:g}",
+                    )
+                )
+        return SearchResponse(results=results, took_ms=round((time.perf_counter() - started) * 1000, 2))

@@ -1,0 +1,62 @@
+"""The index task queue: Ray Serve's Celery task-processor adapter over RabbitMQ (producer side)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import kombu.exceptions
+from ray.serve.schema import CeleryAdapterConfig, TaskProcessorConfig
+from ray.serve.task_consumer import instantiate_adapter_from_config
+
+from pipeline.errors import PermanentError, TransientError
+from pipeline.jobs import INDEX_TASK, IndexJob
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def task_processor_config(settings: Settings) -> TaskProcessorConfig:
+    """One definition of the queue, shared by producers (router, API) and the consumer."""
+    backend_url = settings.celery_backend_url
+    if backend_url.startswith("file://"):
+        Path(urlparse(backend_url).path).mkdir(parents=True, exist_ok=True)
+    return TaskProcessorConfig(
+        queue_name=settings.serve.index_queue,
+        adapter="ray.serve.task_processor.CeleryTaskProcessorAdapter",
+        adapter_config=CeleryAdapterConfig(
+            broker_url=settings.amqp.url.get_secret_value(),
+            backend_url=backend_url,
+            # A job counts as submitted only once the broker confirmed it.
+            broker_transport_options={"confirm_publish": True},
+            app_custom_config={"broker_connection_retry_on_startup": True, "result_expires": 24 * 3600},
+            # Permanent errors (corrupt file, over a limit) fail at once; the rest retry with backoff.
+            task_custom_config={"dont_autoretry_for": (PermanentError,)},
+        ),
+        max_retries=settings.serve.max_retries,
+        failed_task_queue_name=settings.serve.failed_queue,
+        unprocessable_task_queue_name=settings.serve.unprocessable_queue,
+    )
+
+
+class CeleryJobSink:
+    """Submits jobs to the index queue; ``submit`` returns the task id once the broker has it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._adapter: Any = instantiate_adapter_from_config(task_processor_config(settings))
+
+    def submit(self, job: IndexJob) -> str:
+        """Raises:
+        TransientError: the broker didn't confirm the job.
+        """
+        try:
+            result = self._adapter.enqueue_task_sync(INDEX_TASK, args=[job.model_dump(mode="json")])
+        except (kombu.exceptions.OperationalError, kombu.exceptions.KombuError, OSError) as exc:
+            raise TransientError(f"task queue unavailable: {type(exc).__name__}") from exc
+        return str(result.id)
+
+    def status(self, task_id: str) -> dict[str, Any]:
+        result = self._adapter.get_task_status_sync(task_id)
+        return {"task_id": result.id, "state": result.status}

@@ -1,0 +1,251 @@
+"""LanceDB tables on S3: ``frames`` (one row per sampled frame) and ``videos`` (the catalog).
+
+Schemas live here and nowhere else. A video's frames are replaced by one ``merge_insert`` (readers
+never see a half video); ``frame_id`` and ``video_id`` are non-null unenforced primary keys, which
+turns on Lance's conflict detection for concurrent inserts of one key.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import lancedb
+import numpy as np
+import pyarrow as pa
+from numpy.typing import NDArray
+
+from storage.config import S3Settings
+
+log = logging.getLogger(__name__)
+
+FRAMES = "frames"
+VIDEOS = "videos"
+_PK = {"lance-schema:unenforced-primary-key": "true"}
+
+
+class VideoStatus(enum.StrEnum):
+    QUEUED = "queued"
+    INDEXING = "indexing"
+    INDEXED = "indexed"
+    FAILED = "failed"
+    DELETED = "deleted"
+
+
+def frames_schema(dim: int) -> pa.Schema:
+    return pa.schema(
+        [
+            pa.field("frame_id", pa.string(), nullable=False, metadata=_PK),
+            pa.field("video_id", pa.string(), nullable=False),
+            pa.field("uri", pa.string(), nullable=False),
+            pa.field("version", pa.string(), nullable=False),
+            pa.field("ts_s", pa.float64(), nullable=False),
+            pa.field("vector", pa.list_(pa.float32(), dim), nullable=False),
+            pa.field("thumbnail", pa.binary(), nullable=True),
+            pa.field("model", pa.string(), nullable=False),
+        ]
+    )
+
+
+VIDEOS_SCHEMA = pa.schema(
+    [
+        pa.field("video_id", pa.string(), nullable=False, metadata=_PK),
+        pa.field("uri", pa.string(), nullable=False),
+        pa.field("version", pa.string(), nullable=True),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("error", pa.string(), nullable=True),
+        pa.field("frames", pa.int64(), nullable=False),
+        pa.field("duration_s", pa.float64(), nullable=True),
+        pa.field("model", pa.string(), nullable=True),
+        pa.field("sampling", pa.string(), nullable=True),
+        #: (version, model, sampling) of the rows in ``frames``; set only when they are written.
+        pa.field("fingerprint", pa.string(), nullable=True),
+        pa.field("updated_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+
+
+@dataclass(slots=True)
+class VideoRecord:
+    """One row of the catalog."""
+
+    video_id: str
+    uri: str
+    status: VideoStatus
+    version: str | None = None
+    error: str | None = None
+    frames: int = 0
+    duration_s: float | None = None
+    model: str | None = None
+    sampling: str | None = None
+    fingerprint: str | None = None
+    updated_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> VideoRecord:
+        values = {k: row.get(k) for k in VIDEOS_SCHEMA.names}
+        values["status"] = VideoStatus(values["status"])
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameRow:
+    frame_id: str
+    ts_s: float
+    vector: NDArray[np.float32]
+    thumbnail: bytes | None
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def storage_options(s3: S3Settings) -> dict[str, str]:
+    return {
+        "endpoint": s3.endpoint_url,
+        "allow_http": "true" if s3.endpoint_url.startswith("http://") else "false",
+        "region": s3.region,
+        "aws_access_key_id": s3.access_key.get_secret_value(),
+        "aws_secret_access_key": s3.secret_key.get_secret_value(),
+    }
+
+
+class IndexStore:
+    """The frames and videos tables of one LanceDB database in the index bucket."""
+
+    def __init__(self, s3: S3Settings) -> None:
+        self._db = lancedb.connect(
+            s3.index_uri,
+            storage_options=storage_options(s3),
+            # Long-lived handles (API, consumers) must see other processes' commits at once.
+            read_consistency_interval=timedelta(0),
+        )
+        self._frames: Any = None
+        self._videos: Any = None
+
+    # -- tables -----------------------------------------------------------------------------------
+    def _videos_table(self) -> Any:
+        if self._videos is None:
+            self._videos = self._db.create_table(VIDEOS, schema=VIDEOS_SCHEMA, exist_ok=True)
+        return self._videos
+
+    def _frames_table(self, dim: int | None = None) -> Any:
+        if self._frames is None:
+            if dim is None:
+                try:
+                    self._frames = self._db.open_table(FRAMES)
+                except (ValueError, FileNotFoundError):
+                    return None
+            else:
+                self._frames = self._db.create_table(FRAMES, schema=frames_schema(dim), exist_ok=True)
+        return self._frames
+
+    # -- catalog ----------------------------------------------------------------------------------
+    def get_video(self, video_id: str) -> VideoRecord | None:
+        rows = self._videos_table().search().where(f"video_id = {_quote(video_id)}").limit(1).to_list()
+        return VideoRecord.from_row(rows[0]) if rows else None
+
+    def find_videos(
+        self, *, uri: str | None = None, status: VideoStatus | None = None, limit: int = 100
+    ) -> list[VideoRecord]:
+        clauses = []
+        if uri is not None:
+            clauses.append(f"uri = {_quote(uri)}")
+        if status is not None:
+            clauses.append(f"status = {_quote(status.value)}")
+        query = self._videos_table().search()
+        if clauses:
+            query = query.where(" AND ".join(clauses))
+        records = [VideoRecord.from_row(r) for r in query.limit(limit).to_list()]
+        records.sort(key=lambda r: r.updated_at, reverse=True)
+        return records
+
+    def count_videos(self) -> dict[str, int]:
+        table = self._videos_table().to_arrow().select(["status"])
+        counts: dict[str, int] = {s.value: 0 for s in VideoStatus}
+        for value in table.column("status").to_pylist():
+            counts[value] = counts.get(value, 0) + 1
+        return counts
+
+    def put_video(self, record: VideoRecord) -> None:
+        """Insert or replace one catalog row."""
+        record.updated_at = datetime.now(UTC)
+        row = asdict(record)
+        row["status"] = record.status.value
+        data = pa.Table.from_pylist([row], schema=VIDEOS_SCHEMA)
+        (
+            self._videos_table()
+            .merge_insert("video_id")
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .execute(data)
+        )
+
+    # -- frames -----------------------------------------------------------------------------------
+    def replace_frames(
+        self, *, video_id: str, uri: str, version: str, model: str, rows: list[FrameRow]
+    ) -> None:
+        """Replace all of one video's frames with ``rows`` in one commit."""
+        if not rows:
+            self.delete_frames(video_id)
+            return
+        dim = int(rows[0].vector.shape[0])
+        vectors = np.stack([r.vector for r in rows]).astype(np.float32, copy=False)
+        data = pa.Table.from_arrays(
+            [
+                pa.array([r.frame_id for r in rows], pa.string()),
+                pa.array([video_id] * len(rows), pa.string()),
+                pa.array([uri] * len(rows), pa.string()),
+                pa.array([version] * len(rows), pa.string()),
+                pa.array([r.ts_s for r in rows], pa.float64()),
+                pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), pa.float32()), dim),
+                pa.array([r.thumbnail for r in rows], pa.binary()),
+                pa.array([model] * len(rows), pa.string()),
+            ],
+            schema=frames_schema(dim),
+        )
+        (
+            self._frames_table(dim)
+            .merge_insert("frame_id")
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .when_not_matched_by_source_delete(f"video_id = {_quote(video_id)}")
+            .execute(data)
+        )
+
+    def delete_frames(self, video_id: str) -> None:
+        table = self._frames_table()
+        if table is not None:
+            table.delete(f"video_id = {_quote(video_id)}")
+
+    def count_frames(self, video_id: str | None = None) -> int:
+        table = self._frames_table()
+        if table is None:
+            return 0
+        return int(table.count_rows(f"video_id = {_quote(video_id)}" if video_id else None))
+
+    def search(self, vector: NDArray[np.float32], limit: int) -> list[dict[str, Any]]:
+        """The ``limit`` frames nearest to ``vector`` by cosine distance, best first."""
+        table = self._frames_table()
+        if table is None:
+            return []
+        rows: list[dict[str, Any]] = (
+            table.search(vector.astype(np.float32), vector_column_name="vector")
+            .distance_type("cosine")
+            .select(["frame_id", "video_id", "uri", "ts_s"])
+            .limit(limit)
+            .to_list()
+        )
+        return rows
+
+    def thumbnail(self, frame_id: str) -> bytes | None:
+        table = self._frames_table()
+        if table is None:
+            return None
+        rows = (
+            table.search().where(f"frame_id = {_quote(frame_id)}").select(["thumbnail"]).limit(1).to_list()
+        )
+        return rows[0]["thumbnail"] if rows else None
