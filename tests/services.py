@@ -1,0 +1,140 @@
+"""Real MinIO and RabbitMQ for the integration and e2e tiers, started through testcontainers from
+the images in infra/images (built by ``make images``). MinIO publishes bucket events to the RabbitMQ
+container over the container network, exactly as in production (durable exchange, persistent
+delivery, publisher confirms, queue_dir)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import httpx
+import pika
+import pika.exceptions
+from minio import Minio
+from testcontainers.core.container import DockerContainer
+
+from events.config import AmqpSettings
+from events.subscribe import declare_event_topology, minio_notify_env, subscribe_bucket
+
+MINIO_IMAGE = "vidx/minio:test"
+RABBITMQ_IMAGE = "vidx/rabbitmq:test"
+ACCESS_KEY = "vidx-test-access"
+SECRET_KEY = "vidx-test-secret-0123456789"
+START_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Services:
+    s3_endpoint: str
+    amqp_url: str
+    management_url: str
+    rabbit: DockerContainer
+    minio: DockerContainer
+
+    def minio_client(self) -> Minio:
+        return Minio(self.s3_endpoint.removeprefix("http://"), ACCESS_KEY, SECRET_KEY, secure=False)
+
+    def env(self, prefix: str) -> dict[str, str]:
+        """VIDX_* settings pointing at these services, with buckets and queues unique to ``prefix``."""
+        return {
+            "VIDX_S3__ENDPOINT_URL": self.s3_endpoint,
+            "VIDX_S3__ACCESS_KEY": ACCESS_KEY,
+            "VIDX_S3__SECRET_KEY": SECRET_KEY,
+            "VIDX_S3__BUCKETS": f'["{prefix}-videos"]',
+            "VIDX_S3__INDEX_BUCKET": f"{prefix}-index",
+            "VIDX_AMQP__URL": self.amqp_url,
+            "VIDX_AMQP__MANAGEMENT_URL": self.management_url,
+            "VIDX_AMQP__EVENTS_QUEUE": f"{prefix}.bucket-events",
+            "VIDX_AMQP__PARKED_QUEUE": f"{prefix}.bucket-events.parked",
+            "VIDX_SERVE__INDEX_QUEUE": f"{prefix}.index",
+            "VIDX_SERVE__FAILED_QUEUE": f"{prefix}.index.failed",
+            "VIDX_SERVE__UNPROCESSABLE_QUEUE": f"{prefix}.index.unprocessable",
+        }
+
+    def prepare_buckets(self, prefix: str) -> None:
+        """Declare this prefix's event queue (bound to MinIO's exchange), create the upload and index
+        buckets and subscribe the upload bucket: the queue exists before the first upload."""
+        amqp = AmqpSettings(events_queue=f"{prefix}.bucket-events", parked_queue=f"{prefix}.bucket-events.parked")
+        connection = pika.BlockingConnection(pika.URLParameters(self.amqp_url))
+        declare_event_topology(connection.channel(), amqp)
+        connection.close()
+        client = self.minio_client()
+        for bucket in (f"{prefix}-videos", f"{prefix}-index"):
+            if not client.bucket_exists(bucket):
+                client.make_bucket(bucket)
+        subscribe_bucket(client, f"{prefix}-videos", AmqpSettings().queue_arn)
+
+
+def unique_prefix() -> str:
+    return f"t{uuid.uuid4().hex[:8]}"
+
+
+def _wait(what: str, check: object, container: DockerContainer) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if check():  # type: ignore[operator]
+                return
+        except Exception as exc:  # still starting: connection refused, reset, 503...
+            last = exc
+        time.sleep(0.5)
+    out, err = container.get_logs()
+    raise RuntimeError(f"{what} did not start within {START_TIMEOUT_S}s ({last!r}); logs:\n{err[-2000:]!r}")
+
+
+def container_ip(container: DockerContainer) -> str:
+    """The container's address on its network (podman's list API lacks what bridge_ip() reads)."""
+    wrapped = container.get_wrapped_container()
+    wrapped.reload()
+    settings = wrapped.attrs["NetworkSettings"]
+    for network in (settings.get("Networks") or {}).values():
+        if network.get("IPAddress"):
+            return str(network["IPAddress"])
+    return str(settings["IPAddress"])
+
+
+def _amqp_ready(url: str) -> bool:
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    channel = connection.channel()
+    declare_event_topology(channel, AmqpSettings())
+    connection.close()
+    return True
+
+
+@contextmanager
+def start_services() -> Iterator[Services]:
+    rabbit = DockerContainer(RABBITMQ_IMAGE).with_exposed_ports(5672, 15672)
+    rabbit.start()
+    try:
+        host = rabbit.get_container_host_ip()
+        amqp_url = f"amqp://guest:guest@{host}:{rabbit.get_exposed_port(5672)}/%2F"
+        management_url = f"http://{host}:{rabbit.get_exposed_port(15672)}"
+        # The queue is declared and bound before MinIO can publish anything.
+        _wait("RabbitMQ", lambda: _amqp_ready(amqp_url), rabbit)
+        rabbit_ip = container_ip(rabbit)
+        env = minio_notify_env(AmqpSettings(), f"amqp://guest:guest@{rabbit_ip}:5672", "/queue")
+        minio = (
+            DockerContainer(MINIO_IMAGE)
+            .with_exposed_ports(9000)
+            .with_env("MINIO_ROOT_USER", ACCESS_KEY)
+            .with_env("MINIO_ROOT_PASSWORD", SECRET_KEY)
+            .with_envs(**env)
+        )
+        minio.start()
+        try:
+            s3_endpoint = f"http://{minio.get_container_host_ip()}:{minio.get_exposed_port(9000)}"
+            _wait(
+                "MinIO",
+                lambda: httpx.get(f"{s3_endpoint}/minio/health/live", timeout=2).status_code == 200,
+                minio,
+            )
+            yield Services(s3_endpoint, amqp_url, management_url, rabbit, minio)
+        finally:
+            minio.stop()
+    finally:
+        rabbit.stop()

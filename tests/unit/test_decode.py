@@ -1,0 +1,348 @@
+"""pipeline/decode.py: frame sampling by presentation time, probing, limits and failure reasons."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pydantic
+import pytest
+
+from pipeline.decode import DecodeLimits, SampledFrame, VideoInfo, probe, sample_frames
+from pipeline.errors import CorruptVideo, LimitExceeded, NotAVideo, PermanentError
+from tests.media import (
+    can_encode,
+    expected_sample_count,
+    frame_at,
+    mae,
+    write_audio_only,
+    write_corrupt_mp4,
+    write_truncated,
+    write_video,
+)
+
+#: Decoded frames of the right second are within this mean absolute error of ``frame_at``; frames of
+#: another second or seed are around 85 away.
+SAME_PICTURE_MAE = 20.0
+OTHER_PICTURE_MAE = 40.0
+SECONDS = 3.0
+SIZE = (160, 120)
+
+#: (suffix, encoder, codec name the decoder reports)
+FORMATS = [
+    (".mp4", "libx264", "h264"),
+    (".mkv", "libx264", "h264"),
+    (".mov", "libx264", "h264"),
+    (".avi", "mpeg4", "mpeg4"),
+    (".webm", "libvpx-vp9", "vp9"),
+    (".webm", "libvpx", "vp8"),
+    (".ts", "mpeg2video", "mpeg2video"),
+]
+FORMAT_PARAMS = [
+    pytest.param(
+        suffix,
+        encoder,
+        name,
+        id=f"{encoder}{suffix}",
+        marks=pytest.mark.skipif(not can_encode(encoder), reason=f"PyAV wheel lacks {encoder}"),
+    )
+    for suffix, encoder, name in FORMATS
+]
+FPS = [10, 24, 25, 30]
+EVERY_S = [1.0, 0.5, 2.0]
+
+VideoFactory = Callable[..., Path]
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory: pytest.TempPathFactory) -> VideoFactory:
+    """Generate a video once per module for each distinct set of ``write_video`` arguments."""
+    root = tmp_path_factory.mktemp("videos")
+    cache: dict[tuple[object, ...], Path] = {}
+
+    def make(suffix: str = ".mp4", **kwargs: object) -> Path:
+        key = (suffix, *sorted(kwargs.items()))
+        if key not in cache:
+            kwargs.setdefault("seconds", SECONDS)
+            cache[key] = write_video(root / f"v{len(cache)}{suffix}", **kwargs)  # type: ignore[arg-type]
+        return cache[key]
+
+    return make
+
+
+def sample(
+    path: Path, every_s: float = 1.0, limits: DecodeLimits | None = None, **kwargs: int
+) -> list[SampledFrame]:
+    return list(sample_frames(path, every_s, limits or DecodeLimits(), **kwargs))
+
+
+def assert_shows_second(frame: SampledFrame, second: int, seed: int, seconds: float = SECONDS) -> None:
+    error = mae(frame.rgb, frame_at(second, seed, SIZE))
+    assert error < SAME_PICTURE_MAE, f"frame at {frame.ts_s}s is not second {second} (MAE {error:.1f})"
+    for other in range(math.ceil(seconds)):
+        if other != second:
+            assert mae(frame.rgb, frame_at(other, seed, SIZE)) > OTHER_PICTURE_MAE
+
+
+@pytest.mark.parametrize("every_s", EVERY_S)
+@pytest.mark.parametrize("fps", FPS)
+@pytest.mark.parametrize(("suffix", "encoder", "codec_name"), FORMAT_PARAMS)
+def test_samples_one_frame_per_interval_by_presentation_time(
+    video: VideoFactory, suffix: str, encoder: str, codec_name: str, fps: int, every_s: float
+) -> None:
+    seed = fps
+    path = video(suffix, codec=encoder, fps=fps, seed=seed)
+
+    frames = sample(path, every_s)
+
+    assert len(frames) == math.ceil(SECONDS / every_s) == expected_sample_count(SECONDS, fps, every_s)
+    assert [f.index for f in frames] == list(range(len(frames)))
+    # Times are relative to the first frame, also in MPEG-TS, whose clock starts well above zero.
+    assert frames[0].ts_s == 0.0
+    for k, frame in enumerate(frames):
+        target = k * every_s
+        # The first frame presented at or after the target time.
+        assert target - 1e-3 <= frame.ts_s < target + 1 / fps + 1e-3
+        assert frame.rgb.shape == (SIZE[1], SIZE[0], 3)
+        assert frame.rgb.dtype == np.uint8
+        assert_shows_second(frame, math.floor(target), seed)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "every_s", "expected_ts"),
+    [
+        (2.5, 1.0, [0.0, 1.0, 2.0]),
+        (2.5, 2.0, [0.0, 2.0]),
+        (2.5, 0.5, [0.0, 0.5, 1.0, 1.5, 2.0]),
+        (0.1, 1.0, [0.0]),
+    ],
+)
+def test_partial_last_interval_is_sampled(
+    video: VideoFactory, seconds: float, every_s: float, expected_ts: list[float]
+) -> None:
+    frames = sample(video(seconds=seconds), every_s)
+
+    assert [f.ts_s for f in frames] == expected_ts
+    assert len(frames) == math.ceil(seconds / every_s)
+
+
+@pytest.mark.parametrize(
+    ("fps", "every_s", "expected_ts"),
+    [
+        (1, 0.5, [0.0, 1.0, 2.0]),
+        (1, 0.25, [0.0, 1.0, 2.0]),
+        (2, 0.25, [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]),
+        (3, 0.1, [round(i / 3, 3) for i in range(9)]),
+    ],
+)
+def test_low_fps_video_does_not_repeat_frames(
+    video: VideoFactory, fps: int, every_s: float, expected_ts: list[float]
+) -> None:
+    frames = sample(video(fps=fps, seed=7), every_s)
+
+    assert [f.ts_s for f in frames] == expected_ts
+    assert len(frames) == expected_sample_count(SECONDS, fps, every_s)
+    for frame in frames:
+        assert_shows_second(frame, math.floor(frame.ts_s + 1e-6), seed=7)
+
+
+@pytest.mark.parametrize("gop", [1, 7, 300])
+def test_keyframe_interval_does_not_change_the_samples(video: VideoFactory, gop: int) -> None:
+    frames = sample(video(gop=gop, seed=3), 0.5)
+
+    assert [f.ts_s for f in frames] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
+    for frame in frames:
+        assert_shows_second(frame, math.floor(frame.ts_s), seed=3)
+
+
+def test_different_seeds_draw_different_videos(video: VideoFactory) -> None:
+    (a,) = sample(video(seconds=1, seed=1))
+    (b,) = sample(video(seconds=1, seed=2))
+
+    assert mae(a.rgb, frame_at(0, 1, SIZE)) < SAME_PICTURE_MAE
+    assert mae(a.rgb, b.rgb) > OTHER_PICTURE_MAE
+
+
+def test_frames_are_scaled_down_to_max_side(video: VideoFactory) -> None:
+    path = video(size=(320, 240), seed=5)
+
+    frames = sample(path, 1.0, max_side=160)
+
+    assert [f.rgb.shape for f in frames] == [(120, 160, 3)] * 3
+    # The grid survives the scaling: the picture is frame_at drawn at the smaller size.
+    for frame in frames:
+        assert_shows_second(frame, math.floor(frame.ts_s), seed=5)
+
+
+def test_frames_are_never_scaled_up(video: VideoFactory) -> None:
+    frames = sample(video(), 1.0, max_side=4096)
+
+    assert {f.rgb.shape for f in frames} == {(120, 160, 3)}
+
+
+def test_odd_target_size_is_made_even(video: VideoFactory) -> None:
+    frames = sample(video(size=(160, 90)), 1.0, max_side=101)
+
+    assert {f.rgb.shape for f in frames} == {(56, 100, 3)}
+
+
+@pytest.mark.parametrize("every_s", [0.0, -1.0])
+def test_every_s_must_be_positive(video: VideoFactory, every_s: float) -> None:
+    with pytest.raises(ValueError, match="every_s"):
+        sample(video(), every_s)
+
+
+def test_stopping_early_closes_cleanly(video: VideoFactory) -> None:
+    frames = sample_frames(video(), 0.5, DecodeLimits())
+    first = next(frames)
+    frames.close()
+
+    assert first.ts_s == 0.0
+
+
+@pytest.mark.parametrize(("suffix", "encoder", "codec_name"), FORMAT_PARAMS)
+def test_probe_reads_stream_facts(video: VideoFactory, suffix: str, encoder: str, codec_name: str) -> None:
+    info = probe(video(suffix, codec=encoder, fps=25, seed=25), DecodeLimits())
+
+    assert (info.width, info.height, info.codec) == (160, 120, codec_name)
+    assert info.fps == pytest.approx(25.0)
+    assert info.duration_s == pytest.approx(SECONDS, abs=0.1)
+
+
+def test_probe_of_a_streamed_file_has_no_duration(tmp_path: Path) -> None:
+    path = write_video(tmp_path / "live.mkv", seconds=2, seekable=False)
+
+    assert probe(path, DecodeLimits()) == VideoInfo(
+        duration_s=None, width=160, height=120, codec="h264", fps=10.0
+    )
+    assert [f.ts_s for f in sample(path)] == [0.0, 1.0]
+
+
+# Inputs that aren't (whole) videos.
+
+
+@pytest.mark.parametrize("suffix", [".m4a", ".mp4", ".mkv", ".wav"])
+def test_audio_only_is_not_a_video(tmp_path: Path, suffix: str) -> None:
+    path = write_audio_only(tmp_path / f"tone{suffix}")
+
+    with pytest.raises(NotAVideo) as info:
+        sample(path)
+    with pytest.raises(NotAVideo):
+        probe(path, DecodeLimits())
+
+    assert info.value.reason == "not a video: no video stream"
+
+
+def test_zero_byte_file_is_corrupt_with_a_readable_reason(tmp_path: Path) -> None:
+    path = tmp_path / "empty.mp4"
+    path.write_bytes(b"")
+
+    with pytest.raises(CorruptVideo) as info:
+        sample(path)
+    with pytest.raises(CorruptVideo):
+        probe(path, DecodeLimits())
+
+    assert info.value.reason == "decode error: empty file (0 bytes)"
+
+
+def test_mp4_header_then_garbage_is_corrupt(tmp_path: Path) -> None:
+    path = write_corrupt_mp4(tmp_path / "corrupt.mp4")
+
+    with pytest.raises(CorruptVideo) as info:
+        sample(path)
+
+    assert info.value.reason.startswith("decode error: unreadable container: ")
+    assert info.value.__cause__ is not None
+
+
+def test_truncated_mp4_without_its_index_is_corrupt(video: VideoFactory, tmp_path: Path) -> None:
+    # The MP4 muxer writes the moov index last, so a cut-off upload has no index at all.
+    path = write_truncated(video(), tmp_path / "cut.mp4", keep_fraction=0.5)
+
+    with pytest.raises(CorruptVideo):
+        sample(path)
+
+
+def test_text_with_a_video_suffix_is_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "notes.mp4"
+    path.write_text("these are not the frames you are looking for\n")
+
+    with pytest.raises(CorruptVideo):
+        probe(path, DecodeLimits())
+
+
+@pytest.mark.parametrize("suffix", [".mkv", ".ts"])
+def test_truncated_stream_container_yields_what_it_has(
+    video: VideoFactory, tmp_path: Path, suffix: str
+) -> None:
+    # Streaming containers carry no trailing index: a cut-off file decodes up to where it ends.
+    source = video(suffix, codec="libx264" if suffix == ".mkv" else "mpeg2video")
+    path = write_truncated(source, tmp_path / f"cut{suffix}", keep_fraction=0.6)
+
+    frames = sample(path)
+
+    assert 1 <= len(frames) < 3
+    assert_shows_second(frames[0], 0, seed=0)
+
+
+# Limits: each violation raises LimitExceeded naming its limit.
+
+
+def test_max_pixels(video: VideoFactory) -> None:
+    path = video()
+
+    with pytest.raises(LimitExceeded, match="max pixels") as info:
+        sample(path, limits=DecodeLimits(max_pixels=160 * 120 - 1))
+    with pytest.raises(LimitExceeded, match="max pixels"):
+        probe(path, DecodeLimits(max_pixels=160 * 120 - 1))
+
+    assert "160x120" in str(info.value)
+    assert isinstance(info.value, PermanentError)
+    assert len(sample(path, limits=DecodeLimits(max_pixels=160 * 120))) == 3
+
+
+def test_max_duration_from_the_container(video: VideoFactory) -> None:
+    path = video()
+
+    with pytest.raises(LimitExceeded, match="max duration"):
+        sample(path, limits=DecodeLimits(max_duration_s=2.0))
+    with pytest.raises(LimitExceeded, match="max duration"):
+        probe(path, DecodeLimits(max_duration_s=2.0))
+    assert len(sample(path, limits=DecodeLimits(max_duration_s=3.0))) == 3
+
+
+def test_max_duration_while_decoding_a_stream_without_duration(tmp_path: Path) -> None:
+    path = write_video(tmp_path / "live.mkv", seconds=SECONDS, seekable=False)
+    frames = sample_frames(path, 1.0, DecodeLimits(max_duration_s=1.5))
+
+    assert [next(frames).ts_s, next(frames).ts_s] == [0.0, 1.0]
+    with pytest.raises(LimitExceeded, match="max duration"):
+        next(frames)
+
+
+def test_max_frames(video: VideoFactory) -> None:
+    path = video()
+    frames = sample_frames(path, 1.0, DecodeLimits(max_frames=2))
+
+    assert [next(frames).index, next(frames).index] == [0, 1]
+    with pytest.raises(LimitExceeded, match="max frames per video 2"):
+        next(frames)
+    assert len(sample(path, limits=DecodeLimits(max_frames=3))) == 3
+
+
+def test_max_frames_counts_samples_not_decoded_frames(video: VideoFactory) -> None:
+    # 30 decoded frames, 3 samples.
+    assert len(sample(video(fps=10), 1.0, DecodeLimits(max_frames=3))) == 3
+
+
+def test_max_decode_time(video: VideoFactory) -> None:
+    with pytest.raises(LimitExceeded, match="max decode time"):
+        sample(video(), limits=DecodeLimits(max_decode_s=1e-9))
+
+
+@pytest.mark.parametrize("field", ["max_duration_s", "max_pixels", "max_frames", "max_decode_s"])
+def test_limits_must_be_positive(field: str) -> None:
+    with pytest.raises(pydantic.ValidationError):
+        DecodeLimits(**{field: 0})
