@@ -151,7 +151,8 @@ def sample_frames(
                     continue
                 if index >= limits.max_frames:
                     raise LimitExceeded(f"exceeds max frames per video {limits.max_frames}")
-                rgb = frame.to_ndarray(format="rgb24", width=out_w, height=out_h)
+                # rgb24 is uint8 already (no copy); asarray narrows to_ndarray's union type for mypy.
+                rgb = np.asarray(frame.to_ndarray(format="rgb24", width=out_w, height=out_h), dtype=np.uint8)
                 yield SampledFrame(index=index, ts_s=round(ts, 3), rgb=rgb)
                 index += 1
                 while next_target <= ts + 1e-3:

@@ -10,6 +10,7 @@ to byte tokens. Weights depend only on ``seed``; nothing is downloaded.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from pathlib import Path
 
@@ -18,7 +19,6 @@ from transformers import (
     GemmaTokenizer,
     SiglipConfig,
     SiglipModel,
-    SiglipProcessor,
     SiglipTextConfig,
     SiglipVisionConfig,
 )
@@ -71,19 +71,23 @@ traffic lights changing from red to green
 
 
 def _learn_merges(corpus: str, num_merges: int) -> tuple[list[str], list[tuple[str, str]]]:
-    """Learn BPE merges from ``corpus`` (lines, spaces as ``▁``), deterministically.
+    """Learn BPE merges from the words of ``corpus``, deterministically.
 
-    Returns the base symbols (sorted) and the merges in order; ties between equally frequent
-    pairs are broken by the pair itself, so the result never depends on hash order.
+    Words are spelled as the Gemma normaliser leaves them (``▁`` before every word but a text's
+    first). Returns the base symbols (sorted) and the merges in order; ties between equally
+    frequent pairs are broken by the pair itself, so the result never depends on hash order.
     """
-    lines = Counter(line.strip().replace(" ", _SPACE) for line in corpus.splitlines() if line.strip())
-    words: dict[tuple[str, ...], int] = {tuple(line): n for line, n in lines.items()}
+    counts: Counter[str] = Counter()
+    for line in corpus.splitlines():
+        first, *rest = line.split() or [""]
+        counts.update([first, *(_SPACE + word for word in rest)])
+    words: dict[tuple[str, ...], int] = {tuple(word): n for word, n in counts.items() if word}
     base = sorted({symbol for word in words for symbol in word} | set("abcdefghijklmnopqrstuvwxyz0123456789"))
     merges: list[tuple[str, str]] = []
     for _ in range(num_merges):
         pairs: Counter[tuple[str, str]] = Counter()
         for word, n in words.items():
-            for pair in zip(word, word[1:], strict=False):
+            for pair in itertools.pairwise(word):
                 pairs[pair] += n
         if not pairs:
             break
@@ -118,7 +122,8 @@ def build_tiny_tokenizer() -> GemmaTokenizer:
         vocab.setdefault(left + right, len(vocab))
     return GemmaTokenizer(
         vocab=vocab,
-        merges=merges,
+        # tokenizers' BPE wants (left, right) pairs; transformers' hint says list[str].
+        merges=merges,  # type: ignore[arg-type]
         add_bos_token=False,
         add_eos_token=True,
         padding_side="right",
@@ -137,7 +142,9 @@ def build_tiny_siglip(path: Path, *, seed: int = 0, image_size: int = 64, patch_
         OSError: if ``path`` can't be written.
     """
     if patch_size <= 0 or image_size <= 0 or image_size % patch_size:
-        raise ValueError(f"image_size ({image_size}) must be a positive multiple of patch_size ({patch_size})")
+        raise ValueError(
+            f"image_size ({image_size}) must be a positive multiple of patch_size ({patch_size})"
+        )
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer()
@@ -172,5 +179,7 @@ def build_tiny_siglip(path: Path, *, seed: int = 0, image_size: int = 64, patch_
         image_std=[0.5, 0.5, 0.5],
         resample=2,  # bilinear, as in SigLIP 2's preprocessor_config.json
     )
-    SiglipProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(path)
+    # Separate files, like the hub checkpoints (``preprocessor_config.json``, ``tokenizer*.json``).
+    image_processor.save_pretrained(path)
+    tokenizer.save_pretrained(path)
     return path

@@ -31,8 +31,8 @@ _FAST_OPTIONS: dict[str, dict[str, str]] = {
 #: Bit rates for encoders without a constant-quality default: FFmpeg's 200 kb/s blurs scene cuts.
 _BIT_RATES: dict[str, int] = {"mpeg4": 2_000_000, "mpeg2video": 2_000_000, "mpeg1video": 2_000_000}
 
-#: Codec and container pairs the unit tests exercise, by file suffix (each is checked with
-#: ``can_encode`` before use, so a wheel without one of them skips it rather than fails).
+#: An encoder that suits each container suffix, all present in the pinned PyAV wheel (tests that must
+#: also run on other builds check ``can_encode``). Use: ``write_video(p, codec=VIDEO_FORMATS[p.suffix])``.
 VIDEO_FORMATS: dict[str, str] = {
     ".mp4": "libx264",
     ".mkv": "libx264",
@@ -143,6 +143,7 @@ def _encode(
     width, height = size
     with av.open(target, mode="w", format=format_name) as container:
         stream = container.add_stream(codec, rate=fps, options=_FAST_OPTIONS.get(codec, {}))
+        assert isinstance(stream, av.VideoStream), f"{codec} is not a video encoder"
         stream.width = width
         stream.height = height
         stream.pix_fmt = pix_fmt
@@ -194,18 +195,18 @@ def write_audio_only(path: Path, *, seconds: float = 1.0, rate: int = 16_000) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     with av.open(str(path), mode="w") as container:
         stream = container.add_stream(codec, rate=rate, layout="mono")
+        assert isinstance(stream, av.AudioStream)
         frame_size = stream.codec_context.frame_size or 1024
-        fmt = "s16" if codec == "pcm_s16le" else "fltp"
         n_samples = round(seconds * rate)
-        t = np.arange(n_samples) / rate
-        tone = 0.3 * np.sin(2 * np.pi * 440.0 * t)
+        tone = 0.3 * np.sin(2 * np.pi * 440.0 * np.arange(n_samples) / rate)
         for start in range(0, n_samples, frame_size):
-            chunk = tone[start : start + frame_size]
-            if fmt == "s16":
-                samples: NDArray[np.generic] = (chunk * 32767).astype(np.int16)[None, :]
+            chunk = tone[None, start : start + frame_size]
+            if codec == "pcm_s16le":
+                frame = av.AudioFrame.from_ndarray(
+                    (chunk * 32767).astype(np.int16), format="s16", layout="mono"
+                )
             else:
-                samples = chunk.astype(np.float32)[None, :]
-            frame = av.AudioFrame.from_ndarray(samples, format=fmt, layout="mono")
+                frame = av.AudioFrame.from_ndarray(chunk.astype(np.float32), format="fltp", layout="mono")
             frame.sample_rate = rate
             frame.pts = start
             frame.time_base = Fraction(1, rate)

@@ -1,0 +1,199 @@
+"""The real notification path: MinIO -> RabbitMQ -> EventRouter -> Indexer -> LanceDB on MinIO.
+
+Services are real containers; the encoder is the tiny SigLIP checkpoint, loaded like a real one.
+Jobs the router submits are collected and run here one by one, so each step can be checked; the
+Ray Serve app with the Celery task queue in between is covered by the e2e tier.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pika
+import pytest
+
+from events.router import EventRouter
+from pipeline.embed import SiglipEncoder
+from pipeline.errors import CorruptVideo, PermanentError
+from pipeline.indexer import Indexer, JobResult, Outcome, mark_queued
+from pipeline.jobs import IndexJob, JobOp
+from pipeline.settings import Settings
+from storage.tables import IndexStore, VideoStatus
+from tests.media import frame_at, write_corrupt_mp4, write_video
+from tests.services import Services, unique_prefix
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+WAIT_S = 30.0
+
+
+class QueueSink:
+    def __init__(self) -> None:
+        self.jobs: queue.Queue[IndexJob] = queue.Queue()
+
+    def submit(self, job: IndexJob) -> str:
+        self.jobs.put(job)
+        return f"local-{self.jobs.qsize()}"
+
+    def take(self, n: int) -> list[IndexJob]:
+        deadline = time.monotonic() + WAIT_S
+        out = []
+        while len(out) < n:
+            out.append(self.jobs.get(timeout=max(0.1, deadline - time.monotonic())))
+        return out
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    services: Services
+    sink: QueueSink
+    router: EventRouter
+    indexer: Indexer
+    store: IndexStore
+    encoder: SiglipEncoder
+
+    @property
+    def bucket(self) -> str:
+        return self.settings.s3.upload_bucket
+
+    def upload(self, key: str, path: Path, content_type: str = "video/mp4") -> None:
+        self.services.minio_client().fput_object(self.bucket, key, str(path), content_type=content_type)
+
+    def run(self, job: IndexJob) -> JobResult:
+        return self.indexer.run(job)
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def stack(services: Services, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
+    prefix = unique_prefix()
+    services.prepare_buckets(prefix)
+    for key, value in services.env(prefix).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("VIDX_MODEL__ID", str(tiny_model_dir))
+    settings = Settings()
+    store = IndexStore(settings.s3)
+    sink = QueueSink()
+    router = EventRouter(
+        settings.amqp, settings.videos, sink, settings.s3.buckets, on_queued=lambda j: mark_queued(store, j)
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=router.run, args=(stop,), daemon=True)
+    thread.start()
+    encoder = SiglipEncoder(settings.model)
+    wait_for(lambda: router.connected, "the router to connect")
+    yield Stack(settings, services, sink, router, Indexer(settings, encoder, store), store, encoder)
+    stop.set()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+def test_uploads_become_searchable_moments_without_api_calls(stack: Stack, tmp_path: Path) -> None:
+    # Given three videos and a text file dropped into the bucket by a plain S3 client
+    for n in range(3):
+        stack.upload(f"clips/video {n}.mp4", write_video(tmp_path / f"{n}.mp4", seconds=6, seed=100 + n))
+    stack.services.minio_client().put_object(
+        stack.bucket, "notes/readme.txt", io.BytesIO(b"hello"), 5, content_type="text/plain"
+    )
+    # When the router turns the bucket events into jobs and the indexer runs them
+    jobs = stack.sink.take(3)
+    assert sorted(j.key for j in jobs) == [f"clips/video {n}.mp4" for n in range(3)]
+    assert all(j.op is JobOp.INDEX for j in jobs)
+    wait_for(lambda: stack.router.stats["ignored_not_video"] == 1, "the .txt event to be ignored")
+    assert stack.store.get_video(jobs[0].video_id).status is VideoStatus.QUEUED  # type: ignore[union-attr]
+    results = [stack.run(j) for j in jobs]
+    # Then each video is indexed with one frame per second
+    assert [r.outcome for r in results] == [Outcome.INDEXED] * 3
+    assert all(r.frames == 6 for r in results)
+    # And an image of video 1 at t = 4 s finds video 1 at 4 s
+    query = stack.encoder.embed_images([frame_at(4, 101)])[0]
+    top = stack.store.search(query, 5)[0]
+    assert top["uri"] == f"s3://{stack.bucket}/clips/video 1.mp4"
+    assert abs(top["ts_s"] - 4.0) <= stack.settings.sampling.every_s
+    assert stack.router.stats["ignored_not_video"] == 1
+    assert stack.sink.jobs.empty()
+
+
+def test_duplicate_event_is_a_no_op(stack: Stack, tmp_path: Path) -> None:
+    stack.upload("dup.mp4", write_video(tmp_path / "dup.mp4", seconds=3, seed=7))
+    (job,) = stack.sink.take(1)
+    assert stack.run(job).outcome is Outcome.INDEXED
+    assert stack.run(job).outcome is Outcome.UNCHANGED
+    assert stack.store.count_frames(job.video_id) == 3
+
+
+def test_corrupt_video_fails_with_reason_and_next_video_is_indexed(stack: Stack, tmp_path: Path) -> None:
+    stack.upload("bad.mp4", write_corrupt_mp4(tmp_path / "bad.mp4"))
+    stack.upload("good.mp4", write_video(tmp_path / "good.mp4", seconds=3, seed=8))
+    bad, good = stack.sink.take(2)
+    with pytest.raises(CorruptVideo) as caught:
+        stack.run(bad)
+    record = stack.store.get_video(bad.video_id)
+    assert record is not None and record.status is VideoStatus.FAILED
+    assert record.error == caught.value.reason and record.error.startswith("decode error")
+    assert stack.run(good).outcome is Outcome.INDEXED
+
+
+def test_not_a_video_named_mp4_fails_permanently(stack: Stack) -> None:
+    stack.services.minio_client().put_object(stack.bucket, "text.mp4", io.BytesIO(b"just text\n" * 50), 500)
+    (job,) = stack.sink.take(1)
+    with pytest.raises(PermanentError):
+        stack.run(job)
+    record = stack.store.get_video(job.video_id)
+    assert record is not None and record.status is VideoStatus.FAILED and record.error
+
+
+def test_delete_and_overwrite_follow_the_bucket(stack: Stack, tmp_path: Path) -> None:
+    stack.upload("v.mp4", write_video(tmp_path / "a.mp4", seconds=3, seed=20))
+    (created,) = stack.sink.take(1)
+    stack.run(created)
+    # Overwrite with different content: rows follow the new version
+    stack.upload("v.mp4", write_video(tmp_path / "b.mp4", seconds=5, seed=21))
+    (overwritten,) = stack.sink.take(1)
+    assert stack.run(overwritten).outcome is Outcome.INDEXED
+    assert stack.store.count_frames(created.video_id) == 5
+    top = stack.store.search(stack.encoder.embed_images([frame_at(2, 21)])[0], 1)[0]
+    assert top["video_id"] == created.video_id and abs(top["ts_s"] - 2.0) <= 1.0
+    # Delete: rows gone, status deleted
+    stack.services.minio_client().remove_object(stack.bucket, "v.mp4")
+    (deleted,) = stack.sink.take(1)
+    assert deleted.op is JobOp.DELETE
+    assert stack.run(deleted).outcome is Outcome.DELETED
+    assert stack.store.count_frames(created.video_id) == 0
+    assert stack.store.get_video(created.video_id).status is VideoStatus.DELETED  # type: ignore[union-attr]
+
+
+def test_undecodable_message_is_parked_and_router_keeps_going(stack: Stack, tmp_path: Path) -> None:
+    amqp = stack.settings.amqp
+    connection = pika.BlockingConnection(pika.URLParameters(stack.services.amqp_url))
+    channel = connection.channel()
+    channel.basic_publish(amqp.exchange, amqp.routing_key, b"\x00not json")
+    channel.basic_publish(amqp.exchange, amqp.routing_key, json.dumps({"Records": [{"x": 1}]}).encode())
+    wait_for(lambda: stack.router.stats["parked"] >= 2, "two bodies to be parked")
+    parked = []
+    for _ in range(2):
+        method, props, body = channel.basic_get(amqp.parked_queue, auto_ack=True)
+        assert method is not None
+        parked.append(body)
+        assert props.headers["x-vidx-reason"]
+    connection.close()
+    assert b"\x00not json" in parked
+    stack.upload("after.mp4", write_video(tmp_path / "after.mp4", seconds=2, seed=9))
+    (job,) = stack.sink.take(1)
+    assert stack.run(job).outcome is Outcome.INDEXED
