@@ -88,7 +88,9 @@ class SiglipEncoder:
         log.info("loaded %s on %s (%s), dim %d", self.model_id, self.device, self.dtype_name, self.dim)
 
     def _unavailable(self, cause: str) -> ModelUnavailable:
-        cause = " ".join(cause.split())[:_MAX_CAUSE_CHARS]
+        # One line: the first line of the library's message, bounded.
+        lines = cause.strip().splitlines() or [""]
+        cause = " ".join(lines[0].split())[:_MAX_CAUSE_CHARS]
         return ModelUnavailable(
             f"can't load model {self.model_id!r} ({cause}); set VIDX_MODEL__ID to a local checkpoint "
             "directory or build an offline test model with 'vidx tiny-model DIR'"

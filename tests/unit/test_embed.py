@@ -1,0 +1,158 @@
+"""SiglipEncoder against the tiny offline SigLIP checkpoint (``tiny_model_dir`` in tests/conftest.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+from PIL import Image
+
+from pipeline.embed import SiglipEncoder
+from pipeline.errors import InvalidInput, ModelUnavailable
+from pipeline.settings import ModelSettings
+from pipeline.tinymodel import HIDDEN_SIZE, build_tiny_siglip
+
+
+def _settings(model_dir: Path, **overrides: object) -> ModelSettings:
+    return ModelSettings.model_validate({"id": str(model_dir), "device": "cpu", **overrides})
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_model_dir: Path) -> SiglipEncoder:
+    return SiglipEncoder(_settings(tiny_model_dir, max_batch_size=3))
+
+
+def _block_images(n: int, *, seed: int = 1, size: int = 48) -> list[NDArray[np.uint8]]:
+    """``n`` different images: random 4×4 grids of coloured blocks, upscaled to ``size``."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(n, 4, 4, 3), dtype=np.uint8)
+    scale = size // 4
+    return [np.ascontiguousarray(b.repeat(scale, axis=0).repeat(scale, axis=1)) for b in blocks]
+
+
+def test_loads_tiny_checkpoint(encoder: SiglipEncoder, tiny_model_dir: Path) -> None:
+    assert encoder.model_id == str(tiny_model_dir)
+    assert encoder.dim == HIDDEN_SIZE
+    assert encoder.device == "cpu"
+    assert encoder.dtype_name == "float32"
+    assert encoder.text_max_length == 64
+
+
+def test_image_embeddings_shape_and_unit_norm(encoder: SiglipEncoder) -> None:
+    # 7 images with max_batch_size=3: three internal batches.
+    vectors = encoder.embed_images(_block_images(7))
+    assert vectors.shape == (7, encoder.dim)
+    assert vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
+
+
+def test_text_embeddings_shape_and_unit_norm(encoder: SiglipEncoder) -> None:
+    texts = ["", "a dog", "A person walking a dog in the park at night, in the rain! " * 8, "ünïcödé ☃ text"]
+    vectors = encoder.embed_texts(texts)
+    assert vectors.shape == (4, encoder.dim)
+    assert vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
+
+
+def test_empty_inputs_give_empty_arrays(encoder: SiglipEncoder) -> None:
+    assert encoder.embed_images([]).shape == (0, encoder.dim)
+    assert encoder.embed_texts([]).shape == (0, encoder.dim)
+    assert encoder.embed_texts([]).dtype == np.float32
+
+
+def test_same_input_same_vector(encoder: SiglipEncoder) -> None:
+    images = _block_images(2)
+    np.testing.assert_array_equal(encoder.embed_images(images), encoder.embed_images(images))
+    np.testing.assert_array_equal(encoder.embed_texts(["a cat"]), encoder.embed_texts(["a cat"]))
+
+
+def test_batching_does_not_change_vectors(encoder: SiglipEncoder) -> None:
+    images = _block_images(5)
+    together = encoder.embed_images(images)
+    alone = np.concatenate([encoder.embed_images([image]) for image in images])
+    np.testing.assert_allclose(together, alone, atol=1e-5)
+
+
+def test_text_is_lowercased(encoder: SiglipEncoder) -> None:
+    np.testing.assert_array_equal(encoder.embed_texts(["A Red CAR"]), encoder.embed_texts(["a red car"]))
+
+
+def test_image_is_closest_to_itself(encoder: SiglipEncoder) -> None:
+    images = _block_images(6)
+    vectors = encoder.embed_images(images)
+    similarity = vectors @ vectors.T
+    assert (similarity.argmax(axis=1) == np.arange(len(images))).all()
+    assert (similarity.max(axis=1) < 1 + 1e-5).all()
+
+
+def test_array_and_pil_give_the_same_vector(encoder: SiglipEncoder) -> None:
+    array = _block_images(1)[0]
+    from_array = encoder.embed_images([array])
+    from_pil = encoder.embed_images([Image.fromarray(array)])
+    np.testing.assert_array_equal(from_array, from_pil)
+
+
+def test_rejects_non_rgb_arrays(encoder: SiglipEncoder) -> None:
+    with pytest.raises(InvalidInput):
+        encoder.embed_images([np.zeros((8, 8), dtype=np.uint8)])
+    with pytest.raises(InvalidInput):
+        encoder.embed_images([np.zeros((8, 8, 3), dtype=np.float32)])
+
+
+def test_same_seed_builds_give_same_embeddings(
+    tmp_path: Path, tiny_model_dir: Path, encoder: SiglipEncoder
+) -> None:
+    rebuilt = SiglipEncoder(_settings(build_tiny_siglip(tmp_path / "again", seed=0)))
+    images = _block_images(3)
+    np.testing.assert_array_equal(rebuilt.embed_images(images), encoder.embed_images(images))
+    np.testing.assert_array_equal(rebuilt.embed_texts(["a dog"]), encoder.embed_texts(["a dog"]))
+
+
+def test_other_seed_gives_other_embeddings(tmp_path: Path, encoder: SiglipEncoder) -> None:
+    other = SiglipEncoder(_settings(build_tiny_siglip(tmp_path / "other", seed=1)))
+    images = _block_images(2)
+    assert not np.allclose(other.embed_images(images), encoder.embed_images(images))
+
+
+def test_missing_model_path_raises_model_unavailable(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(ModelUnavailable, match="VIDX_MODEL__ID") as caught:
+        SiglipEncoder(_settings(missing))
+    assert str(missing) in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_directory_without_checkpoint_raises_model_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(ModelUnavailable, match="VIDX_MODEL__ID"):
+        SiglipEncoder(_settings(tmp_path))
+
+
+def test_tiny_model_rejects_bad_patch_size(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="multiple of patch_size"):
+        build_tiny_siglip(tmp_path, image_size=60, patch_size=16)
+
+
+def test_hub_id_tries_the_cache_before_the_hub(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[bool] = []
+
+    class _Offline:
+        @staticmethod
+        def from_pretrained(source: str, **kwargs: Any) -> None:
+            calls.append(kwargs["local_files_only"])
+            raise OSError(
+                f"We couldn't connect to 'https://huggingface.co' for {source}.\nCheck your connection."
+            )
+
+    monkeypatch.setattr("pipeline.embed.AutoModel", _Offline)
+    with pytest.raises(ModelUnavailable) as caught:
+        SiglipEncoder(ModelSettings(id="google/siglip2-base-patch16-224", device="cpu"))
+    assert calls == [True, False]
+    message = str(caught.value)
+    assert message.startswith(
+        "can't load model 'google/siglip2-base-patch16-224' (OSError: We couldn't connect"
+    )
+    assert "VIDX_MODEL__ID" in message
+    assert "\n" not in message
