@@ -33,8 +33,20 @@ class VideoFilterSettings(BaseModel):
 
     extensions: list[str] = Field(
         default_factory=lambda: [
-            ".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".m2ts", ".flv", ".wmv",
-            ".3gp", ".ogv",
+            ".mp4",
+            ".m4v",
+            ".mov",
+            ".mkv",
+            ".webm",
+            ".avi",
+            ".mpg",
+            ".mpeg",
+            ".ts",
+            ".m2ts",
+            ".flv",
+            ".wmv",
+            ".3gp",
+            ".ogv",
         ]
     )
     content_type_prefixes: list[str] = Field(default_factory=lambda: ["video/"])

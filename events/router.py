@@ -7,6 +7,7 @@ bytes on a durable queue and acknowledged, so one bad record never stalls or cra
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -168,10 +169,8 @@ class EventRouter:
             finally:
                 self._connected.clear()
                 if connection is not None and connection.is_open:
-                    try:
+                    with contextlib.suppress(pika.exceptions.AMQPError, OSError):
                         connection.close()
-                    except (pika.exceptions.AMQPError, OSError):
-                        pass
             if not stop.is_set():
                 stop.wait(delay_s)
                 delay_s = min(delay_s * 2, MAX_RECONNECT_DELAY_S)

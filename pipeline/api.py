@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline.errors import InvalidInput, LimitExceeded, TransientError, VidxError
 from pipeline.ids import parse_s3_uri, video_id
+from pipeline.indexer import mark_queued
 from pipeline.jobs import IndexJob, JobOp, JobSource
 from pipeline.search import SearchResponse, SearchService
 from pipeline.settings import Settings
@@ -54,8 +55,14 @@ class VideoOut(BaseModel):
     @classmethod
     def of(cls, r: VideoRecord) -> VideoOut:
         return cls(
-            video_id=r.video_id, uri=r.uri, status=r.status.value, error=r.error, frames=r.frames,
-            duration_s=r.duration_s, model=r.model, updated_at=r.updated_at,
+            video_id=r.video_id,
+            uri=r.uri,
+            status=r.status.value,
+            error=r.error,
+            frames=r.frames,
+            duration_s=r.duration_s,
+            model=r.model,
+            updated_at=r.updated_at,
         )
 
 
@@ -67,8 +74,15 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": {"code": code, "message": message}})
 
 
-_HTTP_CODES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
-               413: "too_large", 422: "invalid_request", 503: "unavailable"}
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    422: "invalid_request",
+    503: "unavailable",
+}
 
 
 def create_app(
@@ -123,6 +137,7 @@ def create_app(
     async def index(body: IndexRequest) -> IndexAccepted:
         bucket, key = parse_s3_uri(body.uri, settings.s3.buckets)
         job = IndexJob(op=JobOp.INDEX, bucket=bucket, key=key, source=JobSource.API)
+        await asyncio.to_thread(mark_queued, store, job)
         task_id = await asyncio.to_thread(jobs.submit, job)
         return IndexAccepted(video_id=job.video_id, task_id=task_id, status=VideoStatus.QUEUED.value)
 

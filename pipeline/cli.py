@@ -77,6 +77,7 @@ def _main(ctx: typer.Context) -> None:
 
 # -- HTTP API -------------------------------------------------------------------------------------------
 
+
 class ApiClient:
     """The vidx HTTP API; errors become one-line ``CliError``s."""
 
@@ -84,7 +85,8 @@ class ApiClient:
         import httpx
 
         self.url = settings.api_url
-        headers = {"Authorization": f"Bearer {settings.api_key.get_secret_value()}"} if settings.api_key else {}
+        key = settings.api_key.get_secret_value() if settings.api_key else None
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=HTTP_TIMEOUT_S)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
@@ -102,7 +104,8 @@ class ApiClient:
             try:
                 message = response.json()["error"]["message"]
             except (ValueError, KeyError, TypeError):
-                message = response.text.strip().splitlines()[0] if response.text.strip() else response.reason_phrase
+                text = response.text.strip()
+                message = text.splitlines()[0] if text else response.reason_phrase
             raise CliError(f"{method} {path} failed ({response.status_code}): {message}")
         return response.json()
 
@@ -118,6 +121,7 @@ def _print_json(data: Any) -> None:
 
 
 # -- the local stack ------------------------------------------------------------------------------------
+
 
 @app.command()
 def up(ctx: typer.Context) -> None:
@@ -153,12 +157,14 @@ def status(ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json", h
 
 # -- data -----------------------------------------------------------------------------------------------
 
+
 def _files(paths: list[Path]) -> list[tuple[Path, str]]:
     """(file, key suffix) for each file, directories expanded recursively."""
     out: list[tuple[Path, str]] = []
     for path in paths:
         if path.is_dir():
-            out += [(f, f.relative_to(path.parent).as_posix()) for f in sorted(path.rglob("*")) if f.is_file()]
+            files = sorted(f for f in path.rglob("*") if f.is_file())
+            out += [(f, f.relative_to(path.parent).as_posix()) for f in files]
         elif path.is_file():
             out.append((path, path.name))
         else:
@@ -183,7 +189,7 @@ class _Progress:
 def upload(
     ctx: typer.Context,
     paths: Annotated[list[Path], typer.Argument(help="Files or directories to upload.")],
-    bucket: Annotated[str | None, typer.Option(help="Target bucket (default: the first watched one).")] = None,
+    bucket: Annotated[str | None, typer.Option(help="Target bucket (default: the first watched).")] = None,
     prefix: Annotated[str, typer.Option(help="Key prefix, e.g. 'holiday/'.")] = "",
 ) -> None:
     """Upload videos to a watched bucket; each upload is indexed through its bucket event."""
@@ -208,8 +214,7 @@ def upload(
                 except (MinioException, ValueError) as exc:
                     raise CliError(f"upload of {path} to s3://{target}/{key} failed: {exc}") from exc
                 except OSError as exc:  # urllib3 connection errors
-                    raise CliError(f"object store not reachable at {settings.s3.endpoint_url}: run 'vidx up'"
-                                   ) from exc
+                    raise CliError(f"object store not reachable at {settings.s3.endpoint_url}: run 'vidx up'") from exc
                 uris.append(f"s3://{target}/{key}")
         for uri in uris:
             typer.echo(uri)
@@ -231,8 +236,9 @@ def search(
         if image is not None:
             with image.open("rb") as f:
                 mime = mimetypes.guess_type(image.name)[0] or "application/octet-stream"
-                answer = api.request("POST", "/v1/search/image", params={"k": k},
-                                     files={"image": (image.name, f, mime)})
+                answer = api.request(
+                    "POST", "/v1/search/image", params={"k": k}, files={"image": (image.name, f, mime)}
+                )
         else:
             answer = api.request("GET", "/v1/search", params={"q": text, "k": k})
     if as_json:
@@ -242,16 +248,17 @@ def search(
     if not results:
         typer.echo("no moments found")
     for r in results:
-        typer.echo(f"{r['score']:6.3f}  {r['uri']}  {_hms(r['start_s'])}–{_hms(r['end_s'])}  "
-                   f"best {_hms(r['ts_s'])}  {r['video_url']}")
+        typer.echo(
+            f"{r['score']:6.3f}  {r['uri']}  {_hms(r['start_s'])}–{_hms(r['end_s'])}  "
+            f"best {_hms(r['ts_s'])}  {r['video_url']}"
+        )
     typer.echo(f"({len(results)} moments in {answer.get('took_ms', 0):.0f} ms)", err=True)
 
 
 @app.command()
 def videos(
     ctx: typer.Context,
-    status_: Annotated[str | None, typer.Option("--status", help="queued, indexing, indexed, failed, deleted.")]
-    = None,
+    status_: Annotated[str | None, typer.Option("--status", help="queued|indexing|indexed|failed|deleted")] = None,
     uri: Annotated[str | None, typer.Option(help="One video by its s3:// URI.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many.")] = 100,
     as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
@@ -277,7 +284,7 @@ def videos(
 
 
 @app.command()
-def index(ctx: typer.Context, uri: Annotated[str, typer.Argument(help="s3://bucket/key of a video.")]) -> None:
+def index(ctx: typer.Context, uri: Annotated[str, typer.Argument(help="s3://bucket/key of a video")]) -> None:
     """Queue a video for (re)indexing."""
     with _errors():
         answer = ApiClient(_settings(ctx)).request("POST", "/v1/index", json={"uri": uri})

@@ -91,9 +91,7 @@ def _info(container: av.container.InputContainer, limits: DecodeLimits) -> tuple
     fps = float(stream.average_rate) if stream.average_rate else None
     info = VideoInfo(duration_s=duration_s, width=width, height=height, codec=ctx.name, fps=fps)
     if width * height > limits.max_pixels:
-        raise LimitExceeded(
-            f"exceeds max pixels per frame {limits.max_pixels} ({width}x{height} = {width * height})"
-        )
+        raise LimitExceeded(f"exceeds max pixels per frame {limits.max_pixels} ({width}x{height} = {width * height})")
     if duration_s is not None and duration_s > limits.max_duration_s:
         raise LimitExceeded(f"exceeds max duration {hms(limits.max_duration_s)} (video is {hms(duration_s)})")
     return info, stream
@@ -109,9 +107,7 @@ def probe(path: Path, limits: DecodeLimits) -> VideoInfo:
         return _info(container, limits)[0]
 
 
-def sample_frames(
-    path: Path, every_s: float, limits: DecodeLimits, max_side: int = 384
-) -> Iterator[SampledFrame]:
+def sample_frames(path: Path, every_s: float, limits: DecodeLimits, max_side: int = 384) -> Iterator[SampledFrame]:
     """Yield one frame per ``every_s`` seconds: for each target time t = 0, every_s, 2·every_s, …
     the first frame presented at or after t (a frame that covers several targets is yielded once).
 

@@ -1,8 +1,8 @@
 """Ray Serve deployments: thin shells that each hold one plain object, and the app graph.
 
-    Api (FastAPI ingress) ──► Encoder (SigLIP, @serve.batch for images and texts)
-    EventRouter (pika consumer thread) ──► index queue (RabbitMQ, Celery adapter)
-    IndexConsumer (@task_consumer) ──► Encoder, LanceDB on S3
+Api (FastAPI ingress) ──► Encoder (SigLIP, @serve.batch for images and texts)
+EventRouter (pika consumer thread) ──► index queue (RabbitMQ, Celery adapter)
+IndexConsumer (@task_consumer) ──► Encoder, LanceDB on S3
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ class Encoder:
         from pipeline.embed import SiglipEncoder  # torch is imported only where the model runs
 
         self._encoder = SiglipEncoder(model)
-        self.embed_image.set_max_batch_size(model.max_batch_size)
-        self.embed_image.set_batch_wait_timeout_s(model.batch_wait_timeout_s)
-        self.embed_text.set_max_batch_size(model.max_batch_size)
-        self.embed_text.set_batch_wait_timeout_s(model.batch_wait_timeout_s)
+        self.embed_image.set_max_batch_size(model.max_batch_size)  # type: ignore[attr-defined]
+        self.embed_image.set_batch_wait_timeout_s(model.batch_wait_timeout_s)  # type: ignore[attr-defined]
+        self.embed_text.set_max_batch_size(model.max_batch_size)  # type: ignore[attr-defined]
+        self.embed_text.set_batch_wait_timeout_s(model.batch_wait_timeout_s)  # type: ignore[attr-defined]
 
     def info(self) -> dict[str, Any]:
         return {"model_id": self._encoder.model_id, "dim": self._encoder.dim}
@@ -168,8 +168,9 @@ class EventRouterDeployment:
 class Api:
     """The HTTP ingress. Routes live in ``pipeline.api.create_app``."""
 
-    def __init__(self, settings: Settings, encoder: DeploymentHandle, router: DeploymentHandle,
-                 consumer: DeploymentHandle) -> None:
+    def __init__(
+        self, settings: Settings, encoder: DeploymentHandle, router: DeploymentHandle, consumer: DeploymentHandle
+    ) -> None:
         from pipeline.search import SearchService
         from storage.tables import IndexStore
 
@@ -194,10 +195,14 @@ class Api:
 def build_app(settings: Settings) -> Any:
     """The vidx application graph, ready for ``serve.run``."""
     s = settings.serve
-    encoder = Encoder.options(
+    # serve.deployment returns a Deployment; its decorators are untyped, hence the ignores.
+    encoder = Encoder.options(  # type: ignore[attr-defined]
         num_replicas=s.encoder_replicas,
         ray_actor_options={"num_cpus": s.encoder_num_cpus, "num_gpus": s.encoder_num_gpus},
     ).bind(settings.model)
     consumer = consumer_deployment(settings).bind(settings, encoder)
-    router = EventRouterDeployment.options(ray_actor_options={"num_cpus": s.router_num_cpus}).bind(settings)
-    return Api.options(ray_actor_options={"num_cpus": s.api_num_cpus}).bind(settings, encoder, router, consumer)
+    router = EventRouterDeployment.options(  # type: ignore[attr-defined]
+        ray_actor_options={"num_cpus": s.router_num_cpus}
+    ).bind(settings)
+    api = Api.options(ray_actor_options={"num_cpus": s.api_num_cpus})  # type: ignore[attr-defined]
+    return api.bind(settings, encoder, router, consumer)

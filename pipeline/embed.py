@@ -57,11 +57,16 @@ class SiglipEncoder:
 
         Raises:
             ModelUnavailable: the checkpoint can't be loaded (missing directory, not in the HF
-                cache and the hub unreachable, not a SigLIP dual encoder); the message names the
-                setting to change.
+                cache and the hub unreachable, not a SigLIP dual encoder) or ``cuda`` was asked
+                for without a CUDA device; the message names the setting to change.
         """
         self.model_id = settings.id
         self.device = resolve_device(settings.device)
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ModelUnavailable(
+                f"can't load model {self.model_id!r} on cuda: torch sees no CUDA device; "
+                "set VIDX_MODEL__DEVICE to 'cpu' or 'auto'"
+            )
         self._dtype = resolve_dtype(settings.dtype, self.device)
         self.dtype_name = str(self._dtype).removeprefix("torch.")
         self._max_batch_size = settings.max_batch_size
@@ -138,9 +143,7 @@ class SiglipEncoder:
         """Embed texts (lowercased, padded/truncated to ``text_max_length``) into ``(n, dim)`` unit rows."""
         return self._embed_batches([text.lower() for text in texts], self._text_batch)
 
-    def _embed_batches(
-        self, items: list[_T], embed: Callable[[list[_T]], torch.Tensor]
-    ) -> NDArray[np.float32]:
+    def _embed_batches(self, items: list[_T], embed: Callable[[list[_T]], torch.Tensor]) -> NDArray[np.float32]:
         if not items:
             return np.zeros((0, self.dim), dtype=np.float32)
         chunks: list[NDArray[np.float32]] = []

@@ -111,7 +111,11 @@ class Indexer:
             result = self._index(job, head)
         log.info(
             "job %s %s -> %s (%d frames) in %.2fs",
-            job.op.value, job.uri, result.outcome.value, result.frames, time.monotonic() - started,
+            job.op.value,
+            job.uri,
+            result.outcome.value,
+            result.frames,
+            time.monotonic() - started,
         )
         return result
 

@@ -93,9 +93,7 @@ class SearchService:
         vector = await self._encoder.embed_image(rgb)
         return await self._respond(vector, self.check_k(k), base_url, started)
 
-    async def _respond(
-        self, vector: NDArray[np.float32], k: int, base_url: str, started: float
-    ) -> SearchResponse:
+    async def _respond(self, vector: NDArray[np.float32], k: int, base_url: str, started: float) -> SearchResponse:
         limit = min(k * CANDIDATES_PER_MOMENT, MAX_CANDIDATES)
         rows = await asyncio.to_thread(self._store.search, vector, limit)
         hits = [

@@ -221,6 +221,7 @@ def _taken(port: int, what: str, hint: str) -> StackError:
 
 # -- RabbitMQ -------------------------------------------------------------------------------------------
 
+
 def _rabbitmq_env(settings: Settings, layout: Layout) -> dict[str, str]:
     _, amqp_port = _host_port(settings.amqp.url.get_secret_value(), 5672)
     _, mgmt_port = _host_port(settings.amqp.management_url, 15672)
@@ -259,8 +260,11 @@ def _start_rabbitmq(settings: Settings, layout: Layout, echo: Echo) -> None:
     log = layout.log("rabbitmq")
     if (pid := _pid(layout, "rabbitmq")) is None:
         if _port_open(host, port):
-            raise _taken(port, "AMQP", ": a system RabbitMQ? stop it (systemctl stop rabbitmq-server) "
-                         "or set VIDX_AMQP__URL to another port")
+            raise _taken(
+                port,
+                "AMQP",
+                ": a system RabbitMQ? stop it (systemctl stop rabbitmq-server) or set VIDX_AMQP__URL to another port",
+            )
         if not RABBITMQ_SERVER.exists():
             raise StackError(f"{RABBITMQ_SERVER} not found: apt-get install rabbitmq-server")
         marker = layout.pids / "epmd.owned"
@@ -284,9 +288,10 @@ def _start_rabbitmq(settings: Settings, layout: Layout, echo: Echo) -> None:
             break
         except pika.exceptions.AMQPError as exc:
             if time.monotonic() >= deadline:
-                raise StackError(f"RabbitMQ did not accept AMQP connections on port {port} within "
-                                 f"{RABBITMQ_START_TIMEOUT_S:.0f}s ({type(exc).__name__}); see {log}"
-                                 ) from exc
+                raise StackError(
+                    f"RabbitMQ did not accept AMQP connections on port {port} within "
+                    f"{RABBITMQ_START_TIMEOUT_S:.0f}s ({type(exc).__name__}); see {log}"
+                ) from exc
             time.sleep(1.0)
     try:
         declare_event_topology(connection.channel(), settings.amqp)
@@ -308,23 +313,28 @@ def _stop_epmd(layout: Layout) -> None:
 
 # -- MinIO ----------------------------------------------------------------------------------------------
 
+
 def minio_client(settings: Settings) -> Any:
     from minio import Minio
 
     s3 = settings.s3
     parsed = urlparse(s3.endpoint_url)
-    return Minio(parsed.netloc, access_key=s3.access_key.get_secret_value(),
-                 secret_key=s3.secret_key.get_secret_value(), secure=parsed.scheme == "https",
-                 region=s3.region)
+    return Minio(
+        parsed.netloc,
+        access_key=s3.access_key.get_secret_value(),
+        secret_key=s3.secret_key.get_secret_value(),
+        secure=parsed.scheme == "https",
+        region=s3.region,
+    )
 
 
 def _minio_binary(layout: Layout) -> str:
     try:
-        done = subprocess.run(["bash", str(MINIO_INSTALLER)], capture_output=True, text=True,
-                              timeout=MINIO_BUILD_TIMEOUT_S, check=False)
+        done = subprocess.run(
+            ["bash", str(MINIO_INSTALLER)], capture_output=True, text=True, timeout=MINIO_BUILD_TIMEOUT_S, check=False
+        )
     except subprocess.TimeoutExpired as exc:
-        raise StackError(f"building MinIO took over {MINIO_BUILD_TIMEOUT_S:.0f}s; run {MINIO_INSTALLER}"
-                         ) from exc
+        raise StackError(f"building MinIO took over {MINIO_BUILD_TIMEOUT_S:.0f}s; run {MINIO_INSTALLER}") from exc
     if done.returncode != 0 or not done.stdout.strip():
         layout.log("minio-install").write_text(done.stderr)
         raise StackError(f"{MINIO_INSTALLER.name} failed; see {layout.log('minio-install')}")
@@ -345,8 +355,15 @@ def _start_minio(settings: Settings, layout: Layout, echo: Echo) -> None:
             "MINIO_ROOT_PASSWORD": settings.s3.secret_key.get_secret_value(),
             **minio_notify_env(settings.amqp, settings.amqp.url.get_secret_value(), layout.minio_queue),
         }
-        argv = [_minio_binary(layout), "server", str(layout.minio_data), "--address", f"{host}:{port}",
-                "--console-address", f"{host}:{port + 1}"]
+        argv = [
+            _minio_binary(layout),
+            "server",
+            str(layout.minio_data),
+            "--address",
+            f"{host}:{port}",
+            "--console-address",
+            f"{host}:{port + 1}",
+        ]
         pid = _spawn(layout, "minio", argv, env)
         echo(f"minio: starting (pid {pid})")
     import httpx
@@ -370,17 +387,24 @@ def _start_minio(settings: Settings, layout: Layout, echo: Echo) -> None:
             subscribe_bucket(client, bucket, settings.amqp.queue_arn)
     except Exception as exc:  # minio raises S3Error, urllib3 errors, ValueError
         raise StackError(f"setting up buckets failed ({type(exc).__name__}: {exc}); see {log}") from exc
-    echo(f"minio: running (pid {pid}, {settings.s3.endpoint_url}, console http://{host}:{port + 1}); "
-         f"buckets {', '.join(settings.s3.buckets)} publish events to {settings.amqp.queue_arn}")
+    echo(
+        f"minio: running (pid {pid}, {settings.s3.endpoint_url}, console http://{host}:{port + 1}); "
+        f"buckets {', '.join(settings.s3.buckets)} publish events to {settings.amqp.queue_arn}"
+    )
 
 
 # -- Ray and the Serve app ------------------------------------------------------------------------------
 
+
 def _child_env(settings: Settings, layout: Layout) -> dict[str, str]:
     """Environment of Ray and drivers: Ray workers have another cwd, so relative paths are made absolute."""
-    env = {**os.environ, "VIDX_STATE_DIR": str(layout.root), "RAY_USAGE_STATS_ENABLED": "0",
-           # We shut Serve down first: don't wait for a drain on SIGTERM.
-           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+    env = {
+        **os.environ,
+        "VIDX_STATE_DIR": str(layout.root),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        # We shut Serve down first: don't wait for a drain on SIGTERM.
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+    }
     if Path(settings.model.id).is_dir():
         env["VIDX_MODEL__ID"] = str(Path(settings.model.id).resolve())
     return env
@@ -402,9 +426,22 @@ def _start_ray(settings: Settings, layout: Layout, echo: Echo) -> None:
         address_file.unlink(missing_ok=True)
         ray = Path(sys.executable).with_name("ray")
         num_cpus = settings.serve.ray_num_cpus or os.cpu_count() or 1
-        argv = [str(ray), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
-                "--port", str(RAY_GCS_PORT), "--num-cpus", str(num_cpus), "--disable-usage-stats",
-                "--include-dashboard=false", "--temp-dir", str(layout.ray_temp)]
+        argv = [
+            str(ray),
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--port",
+            str(RAY_GCS_PORT),
+            "--num-cpus",
+            str(num_cpus),
+            "--disable-usage-stats",
+            "--include-dashboard=false",
+            "--temp-dir",
+            str(layout.ray_temp),
+        ]
         pid = _spawn(layout, "ray", argv, _child_env(settings, layout))
         echo(f"ray: starting (pid {pid}, {num_cpus} CPUs)")
 
@@ -423,9 +460,14 @@ def _driver(settings: Settings, layout: Layout, action: str, timeout_s: float) -
     log = layout.log("serve")
     with log.open("ab") as err:
         try:
-            done = subprocess.run([sys.executable, "-m", "pipeline.stack", action, _ray_address()],
-                                  stdout=subprocess.PIPE, stderr=err, env=_child_env(settings, layout),
-                                  timeout=timeout_s, check=False)
+            done = subprocess.run(
+                [sys.executable, "-m", "pipeline.stack", action, _ray_address()],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=_child_env(settings, layout),
+                timeout=timeout_s,
+                check=False,
+            )
         except subprocess.TimeoutExpired as exc:
             raise StackError(f"Serve '{action}' did not finish within {timeout_s:.0f}s; see {log}") from exc
     lines = done.stdout.decode(errors="replace").strip().splitlines()
@@ -455,12 +497,15 @@ def _start_app(settings: Settings, layout: Layout, echo: Echo) -> None:
     echo(f"app: deploying {name} (model {settings.model.id}; up to {APP_START_TIMEOUT_S:.0f}s)")
     _driver(settings, layout, "deploy", APP_START_TIMEOUT_S + DRIVER_TIMEOUT_S)
     if not _wait(lambda: _healthy(settings), HEALTH_TIMEOUT_S):
-        raise StackError(f"{settings.api_url}/healthz did not answer 200 within {HEALTH_TIMEOUT_S:.0f}s; "
-                         f"see {layout.ray_temp}/session_latest/logs/serve/")
+        raise StackError(
+            f"{settings.api_url}/healthz did not answer 200 within {HEALTH_TIMEOUT_S:.0f}s; "
+            f"see {layout.ray_temp}/session_latest/logs/serve/"
+        )
     echo(f"app: {name} running at {settings.api_url}")
 
 
 # -- the stack ------------------------------------------------------------------------------------------
+
 
 def up(settings: Settings, echo: Echo = print) -> None:
     """Start (or leave running) RabbitMQ, MinIO, Ray and the Serve app. Raises StackError."""
@@ -470,8 +515,10 @@ def up(settings: Settings, echo: Echo = print) -> None:
     _start_minio(settings, layout, echo)
     _start_ray(settings, layout, echo)
     _start_app(settings, layout, echo)
-    echo(f"vidx is up: API {settings.api_url}  (logs: {layout.logs}/, Serve logs: "
-         f"{layout.ray_temp}/session_latest/logs/serve/; stop with 'vidx down')")
+    echo(
+        f"vidx is up: API {settings.api_url}  (logs: {layout.logs}/, Serve logs: "
+        f"{layout.ray_temp}/session_latest/logs/serve/; stop with 'vidx down')"
+    )
 
 
 def down(settings: Settings, echo: Echo = print) -> None:
@@ -486,8 +533,11 @@ def down(settings: Settings, echo: Echo = print) -> None:
             echo("app: serve shut down")
         except StackError as exc:  # stopping the node below ends the replicas anyway
             echo(f"app: {exc}")
-    for name, timeout_s in (("ray", RAY_STOP_TIMEOUT_S), ("minio", MINIO_STOP_TIMEOUT_S),
-                            ("rabbitmq", RABBITMQ_STOP_TIMEOUT_S)):
+    for name, timeout_s in (
+        ("ray", RAY_STOP_TIMEOUT_S),
+        ("minio", MINIO_STOP_TIMEOUT_S),
+        ("rabbitmq", RABBITMQ_STOP_TIMEOUT_S),
+    ):
         echo(f"{name}: {'stopped' if _stop(layout, name, timeout_s) else 'not running'}")
         if _pid(layout, name) is not None:
             raise StackError(f"{name} did not stop; see {layout.log(name)}")
@@ -499,8 +549,11 @@ def status(settings: Settings) -> list[ComponentStatus]:
     layout = Layout.of(settings)
     _, amqp_port = _host_port(settings.amqp.url.get_secret_value(), 5672)
     out: list[ComponentStatus] = []
-    for name, where in (("rabbitmq", f"amqp port {amqp_port}, management {settings.amqp.management_url}"),
-                        ("minio", settings.s3.endpoint_url), ("ray", _ray_address())):
+    for name, where in (
+        ("rabbitmq", f"amqp port {amqp_port}, management {settings.amqp.management_url}"),
+        ("minio", settings.s3.endpoint_url),
+        ("ray", _ray_address()),
+    ):
         pid = _pid(layout, name) if layout.pids.exists() else None
         detail = f"pid {pid}, {where}" if pid else "stopped"
         out.append(ComponentStatus(name, pid is not None, detail, {"pid": pid, "address": where}))
@@ -519,6 +572,7 @@ def status(settings: Settings) -> list[ComponentStatus]:
 
 # -- Serve driver (runs in a subprocess, prints one JSON line) ------------------------------------------
 
+
 def _serve_action(action: str, address: str) -> dict[str, Any]:
     import ray
     from ray import serve
@@ -535,8 +589,7 @@ def _serve_action(action: str, address: str) -> dict[str, Any]:
 
         serve.start(http_options={"host": settings.serve.host, "port": settings.serve.port})
         target = serve.RunTarget(build_app(settings), name=name, route_prefix=settings.serve.route_prefix)
-        serve.run_many([target], wait_for_ingress_deployment_creation=False,
-                       wait_for_applications_running=False)
+        serve.run_many([target], wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
     deadline = time.monotonic() + (APP_START_TIMEOUT_S if action == "deploy" else 0)
     while True:
         try:

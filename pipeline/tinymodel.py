@@ -142,9 +142,7 @@ def build_tiny_siglip(path: Path, *, seed: int = 0, image_size: int = 64, patch_
         OSError: if ``path`` can't be written.
     """
     if patch_size <= 0 or image_size <= 0 or image_size % patch_size:
-        raise ValueError(
-            f"image_size ({image_size}) must be a positive multiple of patch_size ({patch_size})"
-        )
+        raise ValueError(f"image_size ({image_size}) must be a positive multiple of patch_size ({patch_size})")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer()

@@ -24,8 +24,19 @@ from storage.config import S3Settings
 log = logging.getLogger(__name__)
 
 _MISSING = {"404", "NoSuchKey", "NotFound", "NoSuchVersion"}
-_TRANSIENT = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "PreconditionFailed",
-              "XMinioServerNotInitialized", "XMinioReadQuorum", "XMinioWriteQuorum", "412", "503", "500"}
+_TRANSIENT = {
+    "SlowDown",
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestTimeout",
+    "PreconditionFailed",
+    "XMinioServerNotInitialized",
+    "XMinioReadQuorum",
+    "XMinioWriteQuorum",
+    "412",
+    "503",
+    "500",
+}
 
 
 class ObjectGone(PermanentError):

@@ -86,9 +86,19 @@ class VideoRecord:
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> VideoRecord:
-        values = {k: row.get(k) for k in VIDEOS_SCHEMA.names}
-        values["status"] = VideoStatus(values["status"])
-        return cls(**values)
+        return cls(
+            video_id=str(row["video_id"]),
+            uri=str(row["uri"]),
+            status=VideoStatus(row["status"]),
+            version=row.get("version"),
+            error=row.get("error"),
+            frames=int(row.get("frames") or 0),
+            duration_s=row.get("duration_s"),
+            model=row.get("model"),
+            sampling=row.get("sampling"),
+            fingerprint=row.get("fingerprint"),
+            updated_at=row["updated_at"],
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,9 +195,7 @@ class IndexStore:
         )
 
     # -- frames -----------------------------------------------------------------------------------
-    def replace_frames(
-        self, *, video_id: str, uri: str, version: str, model: str, rows: list[FrameRow]
-    ) -> None:
+    def replace_frames(self, *, video_id: str, uri: str, version: str, model: str, rows: list[FrameRow]) -> None:
         """Replace all of one video's frames with ``rows`` in one commit."""
         if not rows:
             self.delete_frames(video_id)
@@ -245,7 +253,5 @@ class IndexStore:
         table = self._frames_table()
         if table is None:
             return None
-        rows = (
-            table.search().where(f"frame_id = {_quote(frame_id)}").select(["thumbnail"]).limit(1).to_list()
-        )
+        rows = table.search().where(f"frame_id = {_quote(frame_id)}").select(["thumbnail"]).limit(1).to_list()
         return rows[0]["thumbnail"] if rows else None

@@ -83,7 +83,7 @@ def _wait(what: str, check: object, container: DockerContainer) -> None:
         except Exception as exc:  # still starting: connection refused, reset, 503...
             last = exc
         time.sleep(0.5)
-    out, err = container.get_logs()
+    _out, err = container.get_logs()
     raise RuntimeError(f"{what} did not start within {START_TIMEOUT_S}s ({last!r}); logs:\n{err[-2000:]!r}")
 
 

@@ -104,6 +104,7 @@ def app(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.TempP
         serve.start(http_options={"host": settings.serve.host, "port": settings.serve.port})
         serve.run(build_app(settings), name=settings.serve.app_name, route_prefix="/", blocking=False)
         with httpx.Client(base_url=settings.api_url, timeout=30) as http:
+
             def healthy() -> bool:
                 try:
                     return http.get("/healthz").status_code == 200
@@ -111,8 +112,9 @@ def app(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.TempP
                     return False
 
             _eventually(healthy, "the API to answer /healthz", STARTUP_TIMEOUT_S)
-            _eventually(lambda: http.get("/metrics").text.count('kind="connected"} 1.0') == 1,
-                        "the event router to connect", 60)
+            _eventually(
+                lambda: http.get("/metrics").text.count('kind="connected"} 1.0') == 1, "the event router to connect", 60
+            )
             yield App(settings, services, http)
     finally:
         try:
@@ -127,8 +129,9 @@ def app(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.TempP
 
 
 def test_uploaded_videos_are_found_by_image_and_text(app: App, tmp_path: Path) -> None:
-    ids = [app.upload(f"e2e/clip {n}.mp4", write_video(tmp_path / f"{n}.mp4", seconds=8, seed=300 + n))
-           for n in (1, 2, 3)]
+    ids = [
+        app.upload(f"e2e/clip {n}.mp4", write_video(tmp_path / f"{n}.mp4", seconds=8, seed=300 + n)) for n in (1, 2, 3)
+    ]
     records = [app.wait_status(v, "indexed") for v in ids]
     for record in records:
         assert set(record) == VIDEO_KEYS
@@ -165,7 +168,8 @@ def test_delete_and_overwrite_follow_the_bucket(app: App, tmp_path: Path) -> Non
     app.upload("e2e/changing.mp4", write_video(tmp_path / "b.mp4", seconds=6, seed=401))
     _eventually(
         lambda: (app.video(vid) or {}).get("frames") == 6 and app.video(vid)["status"] == "indexed",  # type: ignore[index]
-        "the overwrite to be indexed", INDEX_TIMEOUT_S,
+        "the overwrite to be indexed",
+        INDEX_TIMEOUT_S,
     )
     top = app.image_search(frame_at(5, 401))["results"][0]
     assert top["video_id"] == vid and abs(top["ts_s"] - 5.0) <= 1.0
@@ -183,8 +187,11 @@ def test_bad_objects_are_answered_and_good_ones_still_indexed(app: App, tmp_path
     assert failed["error"].startswith("decode error")
     app.wait_status(good, "indexed")
     assert app.video(video_id(app.bucket, "e2e/notes.txt")) is None
-    _eventually(lambda: 'vidx_router_events{kind="ignored_not_video"} 1.0' in app.http.get("/metrics").text,
-                "the .txt to be counted as ignored", 10)
+    _eventually(
+        lambda: 'vidx_router_events{kind="ignored_not_video"} 1.0' in app.http.get("/metrics").text,
+        "the .txt to be counted as ignored",
+        10,
+    )
     failed_list = app.http.get("/v1/videos", params={"status": "failed"}).json()["videos"]
     assert bad in [v["video_id"] for v in failed_list]
 

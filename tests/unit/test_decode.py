@@ -72,9 +72,7 @@ def video(tmp_path_factory: pytest.TempPathFactory) -> VideoFactory:
     return make
 
 
-def sample(
-    path: Path, every_s: float = 1.0, limits: DecodeLimits | None = None, **kwargs: int
-) -> list[SampledFrame]:
+def sample(path: Path, every_s: float = 1.0, limits: DecodeLimits | None = None, **kwargs: int) -> list[SampledFrame]:
     return list(sample_frames(path, every_s, limits or DecodeLimits(), **kwargs))
 
 
@@ -215,9 +213,7 @@ def test_probe_reads_stream_facts(video: VideoFactory, suffix: str, encoder: str
 def test_probe_of_a_streamed_file_has_no_duration(tmp_path: Path) -> None:
     path = write_video(tmp_path / "live.mkv", seconds=2, seekable=False)
 
-    assert probe(path, DecodeLimits()) == VideoInfo(
-        duration_s=None, width=160, height=120, codec="h264", fps=10.0
-    )
+    assert probe(path, DecodeLimits()) == VideoInfo(duration_s=None, width=160, height=120, codec="h264", fps=10.0)
     assert [f.ts_s for f in sample(path)] == [0.0, 1.0]
 
 
@@ -275,9 +271,7 @@ def test_text_with_a_video_suffix_is_corrupt(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("suffix", [".mkv", ".ts"])
-def test_truncated_stream_container_yields_what_it_has(
-    video: VideoFactory, tmp_path: Path, suffix: str
-) -> None:
+def test_truncated_stream_container_yields_what_it_has(video: VideoFactory, tmp_path: Path, suffix: str) -> None:
     # Streaming containers carry no trailing index: a cut-off file decodes up to where it ends.
     source = video(suffix, codec="libx264" if suffix == ".mkv" else "mpeg2video")
     path = write_truncated(source, tmp_path / f"cut{suffix}", keep_fraction=0.6)

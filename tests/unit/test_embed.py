@@ -102,9 +102,7 @@ def test_rejects_non_rgb_arrays(encoder: SiglipEncoder) -> None:
         encoder.embed_images([np.zeros((8, 8, 3), dtype=np.float32)])
 
 
-def test_same_seed_builds_give_same_embeddings(
-    tmp_path: Path, tiny_model_dir: Path, encoder: SiglipEncoder
-) -> None:
+def test_same_seed_builds_give_same_embeddings(tmp_path: Path, tiny_model_dir: Path, encoder: SiglipEncoder) -> None:
     rebuilt = SiglipEncoder(_settings(build_tiny_siglip(tmp_path / "again", seed=0)))
     images = _block_images(3)
     np.testing.assert_array_equal(rebuilt.embed_images(images), encoder.embed_images(images))
@@ -142,17 +140,19 @@ def test_hub_id_tries_the_cache_before_the_hub(monkeypatch: pytest.MonkeyPatch) 
         @staticmethod
         def from_pretrained(source: str, **kwargs: Any) -> None:
             calls.append(kwargs["local_files_only"])
-            raise OSError(
-                f"We couldn't connect to 'https://huggingface.co' for {source}.\nCheck your connection."
-            )
+            raise OSError(f"We couldn't connect to 'https://huggingface.co' for {source}.\nCheck your connection.")
 
     monkeypatch.setattr("pipeline.embed.AutoModel", _Offline)
     with pytest.raises(ModelUnavailable) as caught:
         SiglipEncoder(ModelSettings(id="google/siglip2-base-patch16-224", device="cpu"))
     assert calls == [True, False]
     message = str(caught.value)
-    assert message.startswith(
-        "can't load model 'google/siglip2-base-patch16-224' (OSError: We couldn't connect"
-    )
+    assert message.startswith("can't load model 'google/siglip2-base-patch16-224' (OSError: We couldn't connect")
     assert "VIDX_MODEL__ID" in message
     assert "\n" not in message
+
+
+def test_cuda_without_a_gpu_raises_model_unavailable(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(ModelUnavailable, match="VIDX_MODEL__DEVICE"):
+        SiglipEncoder(_settings(tiny_model_dir, device="cuda"))

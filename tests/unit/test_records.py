@@ -142,9 +142,7 @@ def test_key_round_trips_through_query_escaping(key: str) -> None:
     assert event.key == key
 
 
-@pytest.mark.parametrize(
-    "event_name", ["s3:ObjectCreated:Put", "s3:ObjectCreated:Post", "s3:ObjectCreated:Copy"]
-)
+@pytest.mark.parametrize("event_name", ["s3:ObjectCreated:Put", "s3:ObjectCreated:Post", "s3:ObjectCreated:Copy"])
 def test_created_events(event_name: str) -> None:
     event = decode_one(minio_body(minio_record(event_name, "a.mp4")))
 
@@ -182,12 +180,8 @@ def test_event_name_without_s3_prefix_is_tolerated() -> None:
 @pytest.mark.parametrize("event_name", ["s3:ObjectRemoved:Delete", "s3:ObjectRemoved:DeleteMarkerCreated"])
 def test_removed_events_have_no_object_facts(event_name: str) -> None:
     # A delete marker exists only in a versioned bucket, and the event names the marker's version.
-    version_id = (
-        "0f4c9d7e-3b1a-4c2d-9e8f-7a6b5c4d3e2f" if event_name.endswith("DeleteMarkerCreated") else None
-    )
-    record = minio_record(
-        event_name, "old+clip.mp4", size=None, etag=None, content_type=None, version_id=version_id
-    )
+    version_id = "0f4c9d7e-3b1a-4c2d-9e8f-7a6b5c4d3e2f" if event_name.endswith("DeleteMarkerCreated") else None
+    record = minio_record(event_name, "old+clip.mp4", size=None, etag=None, content_type=None, version_id=version_id)
 
     event = decode_one(minio_body(record))
 
