@@ -152,7 +152,12 @@ class Indexer:
         settings = self._settings
         fp = fingerprint(head.version, self._embedder.model_id, settings.sampling.every_s)
         old = self._store.get_video(job.video_id)
-        if old is not None and old.status is VideoStatus.INDEXED and old.fingerprint == fp:
+        if old is not None and old.fingerprint == fp:
+            # The rows for this exact content, model and sampling are already written.
+            if old.status is not VideoStatus.INDEXED:
+                old.status = VideoStatus.INDEXED
+                old.error = None
+                self._store.put_video(old)
             return JobResult(job.video_id, Outcome.UNCHANGED, frames=old.frames)
         record = VideoRecord(
             video_id=job.video_id,
