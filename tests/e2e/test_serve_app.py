@@ -100,7 +100,7 @@ def app(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.TempP
     os.environ.update(env)
     try:
         settings = Settings()
-        ray.init(num_cpus=4, include_dashboard=False, configure_logging=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=4, include_dashboard=False, configure_logging=False, log_to_driver=False)
         serve.start(http_options={"host": settings.serve.host, "port": settings.serve.port})
         serve.run(build_app(settings), name=settings.serve.app_name, route_prefix="/", blocking=False)
         with httpx.Client(base_url=settings.api_url, timeout=30) as http:
