@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from pydantic import ValidationError
 
 from pipeline.errors import VidxError
 from pipeline.settings import Settings
@@ -41,7 +42,7 @@ class CliError(VidxError):
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    typer.echo(f"vidx: {message}", err=True)
+    typer.echo(message if message.startswith("vidx") else f"vidx: {message}", err=True)
     raise typer.Exit(code)
 
 
@@ -70,9 +71,10 @@ def _main(ctx: typer.Context) -> None:
     logging.getLogger("pika").setLevel(logging.CRITICAL)
     try:
         ctx.obj = Settings()
-    except ValueError as exc:  # pydantic's ValidationError
-        first = str(exc).splitlines()
-        _fail(f"invalid settings: {' '.join(first[1:3]) if len(first) > 2 else exc}", 2)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        _fail(f"invalid settings: {where}: {first['msg']} (from VIDX_{where.upper().replace('.', '__')})", 2)
 
 
 # -- HTTP API -------------------------------------------------------------------------------------------

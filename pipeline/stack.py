@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -260,11 +261,8 @@ def _start_rabbitmq(settings: Settings, layout: Layout, echo: Echo) -> None:
     log = layout.log("rabbitmq")
     if (pid := _pid(layout, "rabbitmq")) is None:
         if _port_open(host, port):
-            raise _taken(
-                port,
-                "AMQP",
-                ": a system RabbitMQ? stop it (systemctl stop rabbitmq-server) or set VIDX_AMQP__URL to another port",
-            )
+            hint = ": a system RabbitMQ? stop it (systemctl stop rabbitmq-server) or change VIDX_AMQP__URL"
+            raise _taken(port, "AMQP", hint)
         if not RABBITMQ_SERVER.exists():
             raise StackError(f"{RABBITMQ_SERVER} not found: apt-get install rabbitmq-server")
         marker = layout.pids / "epmd.owned"
@@ -398,13 +396,23 @@ def _start_minio(settings: Settings, layout: Layout, echo: Echo) -> None:
 
 def _child_env(settings: Settings, layout: Layout) -> dict[str, str]:
     """Environment of Ray and drivers: Ray workers have another cwd, so relative paths are made absolute."""
+    token = layout.root / "ray-auth-token"
+    if not token.exists():
+        token.touch(mode=0o600)
+        token.write_text(secrets.token_hex(32))
     env = {
         **os.environ,
         "VIDX_STATE_DIR": str(layout.root),
         "RAY_USAGE_STATS_ENABLED": "0",
+        # Our own token, not ~/.ray/auth_token (which another Ray on this host may have made).
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(token),
+        # Single-node mode: Ray's node IP is 127.0.0.1, not the host's address.
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         # We shut Serve down first: don't wait for a drain on SIGTERM.
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
     }
+    env.pop("RAY_AUTH_TOKEN", None)
     if Path(settings.model.id).is_dir():
         env["VIDX_MODEL__ID"] = str(Path(settings.model.id).resolve())
     return env
@@ -431,8 +439,6 @@ def _start_ray(settings: Settings, layout: Layout, echo: Echo) -> None:
             "start",
             "--head",
             "--block",
-            "--node-ip-address",
-            "127.0.0.1",
             "--port",
             str(RAY_GCS_PORT),
             "--num-cpus",
