@@ -118,6 +118,14 @@ def _hms(seconds: float) -> str:
     return f"{hours:02d}:{minutes:02d}:{s:04.1f}"
 
 
+def format_moment(r: dict[str, Any]) -> str:
+    """One line per moment: score, video, span, best second, playable link."""
+    return (
+        f"{r['score']:6.3f}  {r['uri']}  {_hms(r['start_s'])}–{_hms(r['end_s'])}  "
+        f"best {_hms(r['ts_s'])}  {r['video_url']}"
+    )
+
+
 def _print_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2, default=str))
 
@@ -250,10 +258,7 @@ def search(
     if not results:
         typer.echo("no moments found")
     for r in results:
-        typer.echo(
-            f"{r['score']:6.3f}  {r['uri']}  {_hms(r['start_s'])}–{_hms(r['end_s'])}  "
-            f"best {_hms(r['ts_s'])}  {r['video_url']}"
-        )
+        typer.echo(format_moment(r))
     typer.echo(f"({len(results)} moments in {answer.get('took_ms', 0):.0f} ms)", err=True)
 
 
@@ -335,6 +340,15 @@ def wait(
                 raise CliError(f"not done after {timeout:.0f}s: {summary}")
             time.sleep(WAIT_POLL_S)
     typer.echo(", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+
+
+@app.command()
+def demo(ctx: typer.Context) -> None:
+    """Start the stack, upload generated sample videos, wait until indexed, search them."""
+    with _errors():
+        from pipeline.demo import run_demo
+
+        run_demo(_settings(ctx), typer.echo)
 
 
 def main() -> None:

@@ -1,0 +1,137 @@
+"""``vidx demo``: the whole product in one command, offline if need be.
+
+Starts the local stack, uploads three generated videos with a plain S3 client (no API call), waits
+until they are indexed, then runs an image search (a frame of video 2 at t = 4 s) and a text search
+and prints the moments. The stack is left running.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from pipeline import stack
+from pipeline.cli import ApiClient, CliError, format_moment
+from pipeline.ids import video_id
+from pipeline.samples import frame_at, write_video
+from pipeline.settings import Settings
+
+Echo = Callable[[str], None]
+#: How long the demo tries the model hub before falling back to the tiny local model.
+HUB_TIMEOUT_S = 60.0
+INDEX_TIMEOUT_S = 600.0
+SAMPLE_SECONDS = 12
+SAMPLE_SIZE = (320, 240)
+QUERY_VIDEO, QUERY_SECOND = 2, 4
+
+
+def _seed(n: int) -> int:
+    return 1000 + n
+
+
+def choose_model(settings: Settings, echo: Echo) -> str:
+    """The configured model if it can be loaded from the cache or the hub, else a tiny local one."""
+    if "VIDX_MODEL__ID" in os.environ or Path(settings.model.id).is_dir():
+        return settings.model.id
+    outcome: dict[str, Any] = {}
+
+    def fetch() -> None:
+        from huggingface_hub import snapshot_download
+
+        try:
+            outcome["path"] = snapshot_download(settings.model.id, local_files_only=True)
+        except Exception:  # not cached: try the hub once
+            try:
+                outcome["path"] = snapshot_download(settings.model.id)
+            except Exception as exc:
+                outcome["error"] = f"{type(exc).__name__}"
+
+    echo(f"model: looking for {settings.model.id} (HF cache, then the hub) ...")
+    worker = threading.Thread(target=fetch, daemon=True)
+    worker.start()
+    worker.join(HUB_TIMEOUT_S)
+    if "path" in outcome:
+        return settings.model.id
+    from pipeline.tinymodel import build_tiny_siglip
+
+    tiny = (settings.state_dir / "tiny-siglip").resolve()
+    echo(
+        f"model: the hub is not reachable ({outcome.get('error', 'timed out')}): using a tiny random SigLIP "
+        f"checkpoint built locally at {tiny}. Image search works with it; text relevance needs real "
+        "weights (set VIDX_MODEL__ID to a SigLIP checkpoint directory)."
+    )
+    if not (tiny / "config.json").exists():
+        build_tiny_siglip(tiny, seed=0)
+    return str(tiny)
+
+
+def run_demo(settings: Settings, echo: Echo) -> None:
+    """Raises:
+    StackError, CliError: one clear line on what went wrong.
+    """
+    model_id = choose_model(settings, echo)
+    os.environ["VIDX_MODEL__ID"] = model_id  # the stack's deploy step reads the environment
+    settings = settings.model_copy(update={"model": settings.model.model_copy(update={"id": model_id})})
+    stack.up(settings, echo)
+
+    samples = (settings.state_dir / "samples").resolve()
+    client = stack.minio_client(settings)
+    bucket = settings.s3.upload_bucket
+    ids = []
+    for n in (1, 2, 3):
+        path = write_video(samples / f"sample-{n}.mp4", seconds=SAMPLE_SECONDS, size=SAMPLE_SIZE, seed=_seed(n))
+        key = f"demo/sample-{n}.mp4"
+        client.fput_object(bucket, key, str(path), content_type="video/mp4")
+        ids.append(video_id(bucket, key))
+        echo(f"uploaded s3://{bucket}/{key} with a plain S3 client (no API call)")
+
+    api = ApiClient(settings)
+    deadline = time.monotonic() + INDEX_TIMEOUT_S
+    pending = set(ids)
+    while pending:
+        for vid in list(pending):
+            video = _video(api, vid)
+            if video and video["status"] == "indexed":
+                echo(f"indexed {video['uri']}: {video['frames']} frames")
+                pending.discard(vid)
+            elif video and video["status"] == "failed":
+                raise CliError(f"{video['uri']} failed: {video['error']}")
+        if pending and time.monotonic() > deadline:
+            raise CliError(f"videos not indexed after {INDEX_TIMEOUT_S:.0f}s; see {settings.state_dir}/logs")
+        time.sleep(0.5)
+
+    png = io.BytesIO()
+    Image.fromarray(frame_at(QUERY_SECOND, _seed(QUERY_VIDEO), SAMPLE_SIZE)).save(png, format="PNG")
+    query_path = samples / "query.png"
+    query_path.write_bytes(png.getvalue())
+    echo(f"\nimage search: the frame of sample-{QUERY_VIDEO}.mp4 at t = {QUERY_SECOND} s ({query_path})")
+    answer = api.request("POST", "/v1/search/image", params={"k": 3}, files={"image": ("q.png", png.getvalue())})
+    for moment in answer["results"]:
+        echo("  " + format_moment(moment))
+    top = answer["results"][0]
+    hit = top["video_id"] == ids[QUERY_VIDEO - 1] and abs(top["ts_s"] - QUERY_SECOND) <= settings.sampling.every_s
+    echo(f"  top hit: {top['uri']} at {top['ts_s']:g} s -> {'right video and second' if hit else 'MISS'}")
+
+    echo('\ntext search: "a grid of colourful squares"')
+    answer = api.request("GET", "/v1/search", params={"q": "a grid of colourful squares", "k": 3})
+    for moment in answer["results"]:
+        echo("  " + format_moment(moment))
+    echo(f"\nvidx is running at {settings.api_url} (docs: {settings.api_url}/docs). Stop it with: make down")
+    if not hit:
+        raise CliError("the image search did not find the right moment")
+
+
+def _video(api: ApiClient, vid: str) -> dict[str, Any] | None:
+    """The video's record, or None while the catalog doesn't know it yet (404)."""
+    try:
+        record: dict[str, Any] = api.request("GET", f"/v1/videos/{vid}")
+    except CliError:
+        return None
+    return record
