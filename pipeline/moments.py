@@ -29,19 +29,28 @@ class Moment:
     frame_id: str
 
 
-def merge_moments(hits: Iterable[FrameHit], every_s: float, k: int) -> list[Moment]:
-    """Group hits per video, merge runs whose neighbours are at most ``1.5 × every_s`` apart, and
+def merge_moments(hits: Iterable[FrameHit], every_s: float, k: int, keep_fraction: float = 0.5) -> list[Moment]:
+    """Group hits per video, keep each video's frames within ``keep_fraction`` of the way from the
+    candidates' lowest score to that video's best, merge runs whose neighbours are at most ``1.5 × every_s`` apart, and
     return the ``k`` best moments by their best frame's score (ties: earlier video id, earlier time).
 
     A moment spans its frames' sampling intervals: ``end_s`` is the last frame's time plus ``every_s``.
     """
     gap_s = 1.5 * every_s
+    hits = list(hits)
+    if not hits:
+        return []
+    floor = min(h.score for h in hits)
     by_video: dict[str, list[FrameHit]] = defaultdict(list)
     for hit in hits:
         by_video[hit.video_id].append(hit)
     moments: list[Moment] = []
     for video_hits in by_video.values():
-        video_hits.sort(key=lambda h: h.ts_s)
+        # A moment is where the video is close to its own best match: frames scoring in the lower
+        # half between the candidates' floor and this video's peak don't extend it.
+        peak = max(h.score for h in video_hits)
+        cut = peak - keep_fraction * (peak - floor)
+        video_hits = sorted((h for h in video_hits if h.score >= cut), key=lambda h: h.ts_s)
         run: list[FrameHit] = [video_hits[0]]
         for hit in video_hits[1:]:
             if hit.ts_s - run[-1].ts_s <= gap_s:
