@@ -69,3 +69,13 @@ def subscribe_bucket(client: Minio, bucket: str, queue_arn: str) -> bool:
     client.set_bucket_notification(bucket, config)
     log.info("subscribed bucket %s to %s", bucket, queue_arn)
     return True
+
+
+def prepare_buckets(client: Minio, buckets: list[str], index_bucket: str, queue_arn: str) -> None:
+    """Create the watched buckets and the index bucket if missing, and subscribe each watched bucket.
+    Declare the event queue (``declare_event_topology``) first, so no event is unroutable."""
+    for bucket in [*buckets, index_bucket]:
+        if not client.bucket_exists(bucket):
+            client.make_bucket(bucket)
+    for bucket in buckets:
+        subscribe_bucket(client, bucket, queue_arn)

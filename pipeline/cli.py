@@ -342,6 +342,36 @@ def wait(
     typer.echo(", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
 
 
+def _prepare_services(settings: Settings) -> None:
+    """Declare the event queue, create the buckets and subscribe them (idempotent)."""
+    import pika
+
+    from events.subscribe import declare_event_topology, prepare_buckets
+    from pipeline.stack import minio_client
+
+    connection = pika.BlockingConnection(pika.URLParameters(settings.amqp.url.get_secret_value()))
+    declare_event_topology(connection.channel(), settings.amqp)
+    connection.close()
+    prepare_buckets(minio_client(settings), settings.s3.buckets, settings.s3.index_bucket, settings.amqp.queue_arn)
+
+
+@app.command()
+def serve(ctx: typer.Context) -> None:
+    """Run the Ray Serve app in the foreground on a local Ray instance (containers; see infra/compose.yaml).
+    MinIO and RabbitMQ must already be reachable at the configured URLs."""
+    with _errors():
+        import ray
+        from ray import serve as ray_serve
+
+        from pipeline.deployments import build_app
+
+        settings = _settings(ctx)
+        _prepare_services(settings)
+        ray.init(address="local", num_cpus=settings.serve.ray_num_cpus, include_dashboard=False)
+        ray_serve.start(http_options={"host": settings.serve.host, "port": settings.serve.port})
+        ray_serve.run(build_app(settings), name=settings.serve.app_name, route_prefix="/", blocking=True)
+
+
 @app.command()
 def demo(ctx: typer.Context) -> None:
     """Start the stack, upload generated sample videos, wait until indexed, search them."""

@@ -340,7 +340,7 @@ def _minio_binary(layout: Layout) -> str:
 
 
 def _start_minio(settings: Settings, layout: Layout, echo: Echo) -> None:
-    from events.subscribe import minio_notify_env, subscribe_bucket
+    from events.subscribe import minio_notify_env, prepare_buckets
 
     host, port = _host_port(settings.s3.endpoint_url, 9000)
     log = layout.log("minio")
@@ -378,11 +378,7 @@ def _start_minio(settings: Settings, layout: Layout, echo: Echo) -> None:
         raise StackError(f"MinIO was not live within {MINIO_START_TIMEOUT_S:.0f}s; see {log}")
     client = minio_client(settings)
     try:
-        for bucket in [*settings.s3.buckets, settings.s3.index_bucket]:
-            if not client.bucket_exists(bucket):
-                client.make_bucket(bucket)
-        for bucket in settings.s3.buckets:
-            subscribe_bucket(client, bucket, settings.amqp.queue_arn)
+        prepare_buckets(client, settings.s3.buckets, settings.s3.index_bucket, settings.amqp.queue_arn)
     except Exception as exc:  # minio raises S3Error, urllib3 errors, ValueError
         raise StackError(f"setting up buckets failed ({type(exc).__name__}: {exc}); see {log}") from exc
     echo(

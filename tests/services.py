@@ -18,7 +18,7 @@ from minio import Minio
 from testcontainers.core.container import DockerContainer
 
 from events.config import AmqpSettings
-from events.subscribe import declare_event_topology, minio_notify_env, subscribe_bucket
+from events.subscribe import declare_event_topology, minio_notify_env, prepare_buckets
 
 MINIO_IMAGE = "vidx/minio:test"
 RABBITMQ_IMAGE = "vidx/rabbitmq:test"
@@ -62,11 +62,7 @@ class Services:
         connection = pika.BlockingConnection(pika.URLParameters(self.amqp_url))
         declare_event_topology(connection.channel(), amqp)
         connection.close()
-        client = self.minio_client()
-        for bucket in (f"{prefix}-videos", f"{prefix}-index"):
-            if not client.bucket_exists(bucket):
-                client.make_bucket(bucket)
-        subscribe_bucket(client, f"{prefix}-videos", AmqpSettings().queue_arn)
+        prepare_buckets(self.minio_client(), [f"{prefix}-videos"], f"{prefix}-index", AmqpSettings().queue_arn)
 
 
 def unique_prefix() -> str:
