@@ -1,0 +1,58 @@
+"""events/subscribe.py: the bucket subscription keeps other rules and is idempotent."""
+
+from __future__ import annotations
+
+from minio.notificationconfig import NotificationConfig, PrefixFilterRule, QueueConfig
+
+from events.config import AmqpSettings
+from events.subscribe import CONFIG_ID, SUBSCRIBED_EVENTS, minio_notify_env, subscribe_bucket
+
+ARN = AmqpSettings().queue_arn
+
+
+class FakeMinio:
+    """Stand-in for the two minio.Minio calls subscribe_bucket makes."""
+
+    def __init__(self, config: NotificationConfig) -> None:
+        self.config = config
+        self.sets = 0
+
+    def get_bucket_notification(self, bucket: str) -> NotificationConfig:
+        return self.config
+
+    def set_bucket_notification(self, bucket: str, config: NotificationConfig) -> None:
+        self.config = config
+        self.sets += 1
+
+
+def test_subscribing_keeps_other_rules_and_is_idempotent() -> None:
+    other = QueueConfig(
+        queue="arn:minio:sqs::OTHER:webhook",
+        events=["s3:ObjectCreated:*"],
+        config_id="someone-else",
+        prefix_filter_rule=PrefixFilterRule("images/"),
+    )
+    client = FakeMinio(NotificationConfig(queue_config_list=[other]))
+    assert subscribe_bucket(client, "videos", ARN) is True  # type: ignore[arg-type]
+    assert subscribe_bucket(client, "videos", ARN) is False  # type: ignore[arg-type]
+    assert client.sets == 1
+    rules = {q.config_id: q for q in client.config.queue_config_list}
+    assert rules["someone-else"] is other
+    assert rules[CONFIG_ID].queue == ARN and sorted(rules[CONFIG_ID].events) == sorted(SUBSCRIBED_EVENTS)
+
+
+def test_a_changed_target_replaces_only_our_rule() -> None:
+    stale = QueueConfig(queue="arn:minio:sqs::OLD:amqp", events=["s3:ObjectCreated:*"], config_id=CONFIG_ID)
+    client = FakeMinio(NotificationConfig(queue_config_list=[stale]))
+    assert subscribe_bucket(client, "videos", ARN) is True  # type: ignore[arg-type]
+    assert [q.queue for q in client.config.queue_config_list] == [ARN]
+
+
+def test_minio_target_is_durable_with_literal_on_flags() -> None:
+    env = minio_notify_env(AmqpSettings(), "amqp://u:p@rabbit:5672", "/queue")
+    target = AmqpSettings().minio_target_id
+    for flag in ("ENABLE", "DURABLE", "PUBLISHING_CONFIRMS"):
+        assert env[f"MINIO_NOTIFY_AMQP_{flag}_{target}"] == "on"  # MinIO reads "true" as off
+    assert env[f"MINIO_NOTIFY_AMQP_DELIVERY_MODE_{target}"] == "2"
+    assert env[f"MINIO_NOTIFY_AMQP_QUEUE_DIR_{target}"] == "/queue"
+    assert env[f"MINIO_NOTIFY_AMQP_EXCHANGE_{target}"] == AmqpSettings().exchange
