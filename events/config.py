@@ -22,6 +22,8 @@ class AmqpSettings(BaseModel):
     prefetch: int = Field(default=32, ge=1, le=1000)
     reconnect_delay_s: float = Field(default=2.0, gt=0)
     heartbeat_s: int = 30
+    #: How long a connection the broker blocks (resource alarm) may stay blocked before pika drops it.
+    blocked_connection_timeout_s: float = Field(default=60.0, gt=0)
 
     @property
     def queue_arn(self) -> str:

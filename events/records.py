@@ -59,6 +59,20 @@ def _kind(event_name: str) -> EventKind | None:
     return None
 
 
+def _optional_str(node: dict[str, Any], field: str, raw: bytes) -> str | None:
+    """The string at ``node[field]``; absent, ``null`` and ``""`` are ``None``.
+
+    Raises:
+        EventDecodeError: the field is present with a type other than string.
+    """
+    value = node.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise EventDecodeError(f"{field} is {type(value).__name__}, not a string", raw)
+    return value or None
+
+
 def _record_event(record: dict[str, Any], raw: bytes) -> BucketEvent | None:
     name = record.get("eventName")
     if not isinstance(name, str):
@@ -70,24 +84,34 @@ def _record_event(record: dict[str, Any], raw: bytes) -> BucketEvent | None:
         s3 = record["s3"]
         bucket = s3["bucket"]["name"]
         obj = s3["object"]
-        key = unquote_plus(obj["key"])
+        escaped_key = obj["key"]
     except (KeyError, TypeError) as exc:
         raise EventDecodeError(f"record lacks s3.bucket.name or s3.object.key: {exc!r}", raw) from exc
-    if not isinstance(bucket, str) or not bucket or not key:
+    # Wrong types are rejected here, the one decoding place, so nothing downstream (key unescaping,
+    # the video filter, the IndexJob model) can fail on them and stall the consumer.
+    if bucket is not None and not isinstance(bucket, str):
+        raise EventDecodeError(f"s3.bucket.name is {type(bucket).__name__}, not a string", raw)
+    if escaped_key is not None and not isinstance(escaped_key, str):
+        raise EventDecodeError(f"s3.object.key is {type(escaped_key).__name__}, not a string", raw)
+    key = unquote_plus(escaped_key) if escaped_key else ""
+    if not bucket or not key:
         raise EventDecodeError("empty bucket or key", raw)
     size = obj.get("size")
-    etag = obj.get("eTag") or obj.get("etag")
+    # bool is a subclass of int, but `"size": true` is no size.
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        raise EventDecodeError(f"s3.object.size is {size!r}, not a non-negative integer", raw)
+    etag = _optional_str(obj, "eTag", raw) or _optional_str(obj, "etag", raw)
     return BucketEvent(
         kind=kind,
         event_name=name,
         bucket=bucket,
         key=key,
-        version_id=obj.get("versionId") or None,
-        etag=etag.strip('"') if isinstance(etag, str) and etag else None,
-        size=size if isinstance(size, int) else None,
-        content_type=obj.get("contentType") or None,
-        sequencer=obj.get("sequencer") or None,
-        event_time=record.get("eventTime"),
+        version_id=_optional_str(obj, "versionId", raw),
+        etag=etag.strip('"') if etag else None,
+        size=size,
+        content_type=_optional_str(obj, "contentType", raw),
+        sequencer=_optional_str(obj, "sequencer", raw),
+        event_time=_optional_str(record, "eventTime", raw),
     )
 
 

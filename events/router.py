@@ -1,8 +1,9 @@
 """EventRouter: consume bucket events from RabbitMQ (pika, manual ack) and turn them into jobs.
 
 A message is acknowledged only after every job it carries is confirmed on the task queue. Objects
-that aren't videos are ignored and counted; a body that can't be decoded is parked with its raw
-bytes on a durable queue and acknowledged, so one bad record never stalls or crashes the router.
+that aren't videos are ignored and counted; a body that can't be decoded, or that routing fails on
+unexpectedly, is parked with its raw bytes on a durable queue and acknowledged, so one bad record
+never stalls or crashes the router.
 """
 
 from __future__ import annotations
@@ -55,6 +56,16 @@ def job_for(event: BucketEvent) -> IndexJob:
         hint_version=event.version_id or event.etag,
         sequencer=event.sequencer,
     )
+
+
+def _describe(exc: BaseException) -> str:
+    """Why the connection went, for the log: the broker's reply when it closed us, else the type.
+
+    Never ``str(exc)`` of arbitrary pika errors: connection errors may carry the connection parameters.
+    """
+    if isinstance(exc, pika.exceptions.ChannelClosedByBroker | pika.exceptions.ConnectionClosedByBroker):
+        return f"{type(exc).__name__} {exc.reply_code}: {exc.reply_text}"
+    return type(exc).__name__
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,15 +132,8 @@ class EventRouter:
         try:
             self.handle(body)
         except EventDecodeError as exc:
-            self.stats["parked"] += 1
             log.warning("parked an undecodable event (%s); raw body kept on %s", exc, self._amqp.parked_queue)
-            channel.basic_publish(
-                exchange="",
-                routing_key=self._amqp.parked_queue,
-                body=exc.raw,
-                properties=pika.BasicProperties(delivery_mode=2, headers={"x-vidx-reason": str(exc)[:500]}),
-            )
-            channel.basic_ack(method.delivery_tag)
+            self._park(channel, method, exc.raw, str(exc))
             return
         except TransientError as exc:
             self.stats["requeued"] += 1
@@ -137,6 +141,24 @@ class EventRouter:
             channel.basic_nack(method.delivery_tag, requeue=True)
             time.sleep(self._amqp.reconnect_delay_s)
             return
+        except Exception as exc:
+            # A bug must never stall the queue: park the body like an undecodable one. Jobs this
+            # message submitted before the failure stay submitted; they are idempotent hints.
+            reason = f"unexpected {type(exc).__name__}: {exc}"[:500]
+            log.exception("parked an event the router failed on; raw body kept on %s", self._amqp.parked_queue)
+            self._park(channel, method, body, reason)
+            return
+        channel.basic_ack(method.delivery_tag)
+
+    def _park(self, channel: Any, method: Any, body: bytes, reason: str) -> None:
+        """Publish ``body`` to the parked queue, with why in ``x-vidx-reason``, then ack the message."""
+        self.stats["parked"] += 1
+        channel.basic_publish(
+            exchange="",
+            routing_key=self._amqp.parked_queue,
+            body=body,
+            properties=pika.BasicProperties(delivery_mode=2, headers={"x-vidx-reason": reason[:500]}),
+        )
         channel.basic_ack(method.delivery_tag)
 
     def run(self, stop: threading.Event) -> None:
@@ -144,7 +166,7 @@ class EventRouter:
         delay_s = self._amqp.reconnect_delay_s
         params = pika.URLParameters(self._amqp.url.get_secret_value())
         params.heartbeat = self._amqp.heartbeat_s
-        params.blocked_connection_timeout = 60
+        params.blocked_connection_timeout = self._amqp.blocked_connection_timeout_s
         while not stop.is_set():
             connection = None
             try:
@@ -165,7 +187,7 @@ class EventRouter:
                 channel.cancel()
             except (pika.exceptions.AMQPError, OSError) as exc:
                 self.stats["reconnects"] += 1
-                log.warning("event broker connection lost (%s); reconnecting in %.1fs", type(exc).__name__, delay_s)
+                log.warning("event broker connection lost (%s); reconnecting in %.1fs", _describe(exc), delay_s)
             finally:
                 self._connected.clear()
                 if connection is not None and connection.is_open:

@@ -74,6 +74,9 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": {"code": code, "message": message}})
 
 
+#: Room for multipart headers around an image when checking a request's declared length.
+MULTIPART_OVERHEAD_BYTES = 64 * 1024
+
 _HTTP_CODES = {
     400: "bad_request",
     401: "unauthorized",
@@ -167,6 +170,9 @@ def create_app(
 
     @app.post("/v1/search/image")
     async def search_image(request: Request, image: Annotated[UploadFile, File()], k: int = 10) -> SearchResponse:
+        declared = int(request.headers.get("content-length") or 0)
+        if declared > settings.limits.max_image_bytes + MULTIPART_OVERHEAD_BYTES:
+            raise LimitExceeded(f"image exceeds max bytes {settings.limits.max_image_bytes}")
         data = await image.read(settings.limits.max_image_bytes + 1)
         return await search.search_image(data, k, str(request.base_url))
 

@@ -57,6 +57,11 @@ def _errors() -> Iterator[None]:
         _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
     except KeyboardInterrupt:
         _fail("interrupted", 130)
+    except typer.Exit:
+        raise
+    except Exception as exc:  # a library error we did not anticipate: still one line, no traceback
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        _fail(f"{type(exc).__name__}: {first}"[:300])
 
 
 def _settings(ctx: typer.Context) -> Settings:

@@ -119,6 +119,8 @@ def sample_frames(path: Path, every_s: float, limits: DecodeLimits, max_side: in
     if every_s <= 0:
         raise ValueError("every_s must be positive")
     started = time.monotonic()
+    # Time the consumer spends between frames (embedding, thumbnails) is not decode time.
+    paused_s = 0.0
     with _open(path) as container:
         info, stream = _info(container, limits)
         stream.thread_type = "AUTO"
@@ -140,7 +142,7 @@ def sample_frames(path: Path, every_s: float, limits: DecodeLimits, max_side: in
                 last_ts = ts
                 if ts > limits.max_duration_s:
                     raise LimitExceeded(f"exceeds max duration {hms(limits.max_duration_s)}")
-                if time.monotonic() - started > limits.max_decode_s:
+                if time.monotonic() - started - paused_s > limits.max_decode_s:
                     raise LimitExceeded(f"exceeds max decode time {limits.max_decode_s:g}s at {hms(ts)}")
                 # A small tolerance absorbs pts rounding: a frame at 3.9999 s is the frame for t = 4.
                 if ts + 1e-3 < next_target:
@@ -149,7 +151,9 @@ def sample_frames(path: Path, every_s: float, limits: DecodeLimits, max_side: in
                     raise LimitExceeded(f"exceeds max frames per video {limits.max_frames}")
                 # rgb24 is uint8 already (no copy); asarray narrows to_ndarray's union type for mypy.
                 rgb = np.asarray(frame.to_ndarray(format="rgb24", width=out_w, height=out_h), dtype=np.uint8)
+                handed_over = time.monotonic()
                 yield SampledFrame(index=index, ts_s=round(ts, 3), rgb=rgb)
+                paused_s += time.monotonic() - handed_over
                 index += 1
                 while next_target <= ts + 1e-3:
                     next_target += every_s

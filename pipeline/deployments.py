@@ -15,11 +15,12 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from pydantic import ValidationError
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 from ray.serve.task_consumer import task_consumer, task_handler
 
-from pipeline.errors import EncoderUnavailable, PermanentError, TransientError
+from pipeline.errors import EncoderUnavailable, InvalidInput, PermanentError, VidxError
 from pipeline.jobs import INDEX_TASK, IndexJob
 from pipeline.settings import ModelSettings, Settings
 from pipeline.taskqueue import CeleryJobSink, task_processor_config
@@ -76,18 +77,24 @@ class HandleEmbedder:
 
 
 class HandleQueryEncoder:
-    """``QueryEncoder`` over the Encoder deployment, for the async API."""
+    """``QueryEncoder`` over the Encoder deployment, for the async API; each call bounded in time."""
 
-    def __init__(self, encoder: DeploymentHandle) -> None:
+    def __init__(self, encoder: DeploymentHandle, timeout_s: float) -> None:
         self._encoder = encoder
+        self._timeout_s = timeout_s
+
+    async def _call(self, response: Any) -> NDArray[np.float32]:
+        try:
+            vector: NDArray[np.float32] = await asyncio.wait_for(response, self._timeout_s)
+        except Exception as exc:  # timeouts and Ray's actor/replica errors alike: the encoder is not serving
+            raise EncoderUnavailable(f"encoder did not answer: {type(exc).__name__}") from exc
+        return vector
 
     async def embed_text(self, text: str) -> NDArray[np.float32]:
-        vector: NDArray[np.float32] = await self._encoder.embed_text.remote(text)
-        return vector
+        return await self._call(self._encoder.embed_text.remote(text))
 
     async def embed_image(self, rgb: NDArray[np.uint8]) -> NDArray[np.float32]:
-        vector: NDArray[np.float32] = await self._encoder.embed_image.remote(rgb)
-        return vector
+        return await self._call(self._encoder.embed_image.remote(rgb))
 
 
 def consumer_deployment(settings: Settings) -> Any:
@@ -106,24 +113,29 @@ def consumer_deployment(settings: Settings) -> Any:
 
             logging.basicConfig(level=logging.INFO)
             self._settings = settings
-            self._indexer = Indexer(settings, HandleEmbedder(encoder, settings.model.id))
+            self._indexer = Indexer(
+                settings, HandleEmbedder(encoder, settings.model.id, settings.model.embed_timeout_s)
+            )
 
         @task_handler(name=INDEX_TASK)
         def index_video(self, job: dict[str, Any]) -> dict[str, Any]:
             from celery import current_task
 
-            parsed = IndexJob.model_validate(job)
+            try:
+                parsed = IndexJob.model_validate(job)
+            except ValidationError as exc:
+                raise InvalidInput(f"malformed job ({exc.error_count()} invalid fields)") from exc
             try:
                 result = self._indexer.run(parsed)
             except PermanentError as exc:
                 log.warning("job %s failed: %s", parsed.uri, exc.reason)
                 raise
-            except TransientError as exc:
+            except Exception as exc:  # transient, or a bug: retried with backoff, then recorded
                 retries = int(getattr(current_task.request, "retries", 0) or 0)
+                cause = str(exc) if isinstance(exc, VidxError) else f"internal error ({type(exc).__name__})"
                 if retries >= self._settings.serve.max_retries:
-                    reason = f"gave up after {retries + 1} attempts: {exc}"
-                    self._indexer.record_failure(parsed, reason)
-                log.warning("job %s attempt %d failed: %s", parsed.uri, retries + 1, exc)
+                    self._indexer.record_failure(parsed, f"gave up after {retries + 1} attempts: {cause}")
+                log.warning("job %s attempt %d failed: %s", parsed.uri, retries + 1, cause)
                 raise
             return {"video_id": result.video_id, "outcome": result.outcome.value, "frames": result.frames}
 
@@ -176,14 +188,20 @@ class Api:
 
         self._settings = settings
         self._store = IndexStore(settings.s3)
-        self._search = SearchService(settings, self._store, HandleQueryEncoder(encoder))
+        self._search = SearchService(settings, self._store, HandleQueryEncoder(encoder, settings.model.query_timeout_s))
         self._sink = CeleryJobSink(settings)
         self._router = router
         # Held so the consumer is part of the app graph (it takes work from the queue, not from here).
         self._consumer = consumer
 
     async def _stats(self) -> dict[str, Any]:
-        stats: dict[str, Any] = await self._router.stats.remote()
+        try:
+            stats: dict[str, Any] = await asyncio.wait_for(
+                self._router.stats.remote(), self._settings.serve.stats_timeout_s
+            )
+        except Exception:  # the router restarting must not take /metrics down
+            log.warning("event router counters unavailable", exc_info=True)
+            return {"connected": 0}
         return stats
 
     def __serve_build_asgi_app__(self) -> Any:
@@ -192,13 +210,21 @@ class Api:
         return create_app(self._settings, self._search, self._store, self._sink, self._stats)
 
 
+def _cluster_gpus() -> float:
+    """One GPU for the Encoder when the Ray cluster has any (Ray schedules it onto a GPU node)."""
+    import ray
+
+    return 1.0 if ray.is_initialized() and ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
+
+
 def build_app(settings: Settings) -> Any:
     """The vidx application graph, ready for ``serve.run``."""
     s = settings.serve
+    num_gpus = s.encoder_num_gpus if s.encoder_num_gpus is not None else _cluster_gpus()
     # serve.deployment returns a Deployment; its decorators are untyped, hence the ignores.
     encoder = Encoder.options(  # type: ignore[attr-defined]
         num_replicas=s.encoder_replicas,
-        ray_actor_options={"num_cpus": s.encoder_num_cpus, "num_gpus": s.encoder_num_gpus},
+        ray_actor_options={"num_cpus": s.encoder_num_cpus, "num_gpus": num_gpus},
     ).bind(settings.model)
     consumer = consumer_deployment(settings).bind(settings, encoder)
     router = EventRouterDeployment.options(  # type: ignore[attr-defined]

@@ -24,14 +24,19 @@ from numpy.typing import NDArray
 from PIL import Image
 
 from pipeline.decode import SampledFrame, probe, sample_frames
-from pipeline.errors import PermanentError
+from pipeline.errors import PermanentError, TransientError
 from pipeline.ids import fingerprint, frame_id
 from pipeline.jobs import IndexJob, JobOp
 from pipeline.settings import Settings
+from storage.config import S3Settings
 from storage.s3 import ObjectHead, ObjectStore
 from storage.tables import FrameRow, IndexStore, VideoRecord, VideoStatus
 
 log = logging.getLogger(__name__)
+
+
+#: Times one job follows an object that keeps changing under it before retrying later.
+MAX_CONVERGE_ROUNDS = 3
 
 
 class FrameEmbedder(Protocol):
@@ -43,11 +48,42 @@ class FrameEmbedder(Protocol):
     def embed_images(self, images: Sequence[NDArray[np.uint8]]) -> NDArray[np.float32]: ...
 
 
+class ObjectSource(Protocol):
+    """The object store as the indexer sees it (synchronous: jobs run in worker threads)."""
+
+    def head(self, bucket: str, key: str) -> ObjectHead | None: ...
+
+    def download(self, head: ObjectHead, dest: Path) -> int: ...
+
+
+class S3ObjectSource:
+    """``ObjectSource`` over the aiobotocore client, one short event loop per call."""
+
+    def __init__(self, s3: S3Settings, max_bytes: int) -> None:
+        self._s3 = s3
+        self._max_bytes = max_bytes
+
+    def head(self, bucket: str, key: str) -> ObjectHead | None:
+        async def run() -> ObjectHead | None:
+            async with ObjectStore(self._s3) as store:
+                return await store.head(bucket, key)
+
+        return asyncio.run(run())
+
+    def download(self, head: ObjectHead, dest: Path) -> int:
+        async def run() -> int:
+            async with ObjectStore(self._s3) as store:
+                return await store.download(head, dest, self._max_bytes)
+
+        return asyncio.run(run())
+
+
 class Outcome(enum.StrEnum):
     INDEXED = "indexed"
     UNCHANGED = "unchanged"
     DELETED = "deleted"
     FAILED = "failed"
+    SUPERSEDED = "superseded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,21 +110,27 @@ def thumbnail_jpeg(rgb: NDArray[np.uint8], max_side: int) -> bytes:
 def mark_queued(store: IndexStore, job: IndexJob) -> None:
     """Record that a job for this object is on the queue, unless that version is already indexed."""
     old = store.get_video(job.video_id)
-    if old is not None and old.status is VideoStatus.INDEXED and old.version == job.hint_version:
-        return
-    record = old or VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.QUEUED)
-    record.status = VideoStatus.QUEUED
-    record.error = None
-    store.put_video(record)
+    if old is None:
+        store.insert_video_if_absent(VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.QUEUED))
+    elif not (old.status is VideoStatus.INDEXED and old.version == job.hint_version):
+        # Status only: the consumer may be writing this row's version and fingerprint right now.
+        store.set_status(job.video_id, VideoStatus.QUEUED)
 
 
 class Indexer:
     """Runs index and delete jobs against the object store and the index tables."""
 
-    def __init__(self, settings: Settings, embedder: FrameEmbedder, store: IndexStore | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        embedder: FrameEmbedder,
+        store: IndexStore | None = None,
+        objects: ObjectSource | None = None,
+    ) -> None:
         self._settings = settings
         self._embedder = embedder
         self._store = store or IndexStore(settings.s3)
+        self._objects = objects or S3ObjectSource(settings.s3, settings.limits.max_bytes)
 
     @property
     def sampling_label(self) -> str:
@@ -102,13 +144,19 @@ class Indexer:
             TransientError: worth retrying; the catalog still says ``indexing``.
         """
         started = time.monotonic()
-        head = asyncio.run(self._head(job))
-        if head is None:
-            result = self._remove(job)
+        head = self._objects.head(job.bucket, job.key)
+        if head is not None and job.op is JobOp.DELETE:
+            log.info("delete event for %s but the object exists: indexing it", job.uri)
+        for _ in range(MAX_CONVERGE_ROUNDS):
+            if head is None:
+                result = self._remove(job)
+                break
+            result, head = self._index(job, head)
+            if result.outcome is not Outcome.SUPERSEDED:
+                break
+            log.info("%s changed while it was indexed: indexing the new version", job.uri)
         else:
-            if job.op is JobOp.DELETE:
-                log.info("delete event for %s but the object exists: indexing it", job.uri)
-            result = self._index(job, head)
+            raise TransientError(f"{job.uri} kept changing while it was indexed")
         log.info(
             "job %s %s -> %s (%d frames) in %.2fs",
             job.op.value,
@@ -120,27 +168,24 @@ class Indexer:
         return result
 
     def record_failure(self, job: IndexJob, reason: str, version: str | None = None) -> None:
-        """Mark ``job``'s video failed with ``reason`` (its old rows, if any, stay searchable)."""
+        """Mark ``job``'s video failed with ``reason`` (its old rows, if any, stay searchable), unless
+        the catalog already holds a newer outcome for another version."""
         old = self._store.get_video(job.video_id)
+        newer = old is not None and version is not None and old.version not in (None, version)
+        if newer and old is not None and old.status in (VideoStatus.INDEXED, VideoStatus.DELETED):
+            return
         record = old or VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.FAILED)
         record.status = VideoStatus.FAILED
         record.error = reason
         record.version = version or record.version
         self._store.put_video(record)
 
-    async def _head(self, job: IndexJob) -> ObjectHead | None:
-        async with ObjectStore(self._settings.s3) as s3:
-            return await s3.head(job.bucket, job.key)
-
-    async def _download(self, head: ObjectHead, dest: Path) -> int:
-        async with ObjectStore(self._settings.s3) as s3:
-            return await s3.download(head, dest, self._settings.limits.max_bytes)
-
     def _remove(self, job: IndexJob) -> JobResult:
         old = self._store.get_video(job.video_id)
-        self._store.delete_frames(job.video_id)
-        if old is None:
+        if old is None or (old.status is VideoStatus.DELETED and old.frames == 0):
+            # Never indexed, or already removed: no commit at all.
             return JobResult(job.video_id, Outcome.UNCHANGED)
+        self._store.delete_frames(job.video_id)
         old.status = VideoStatus.DELETED
         old.frames = 0
         old.fingerprint = None
@@ -148,7 +193,9 @@ class Indexer:
         self._store.put_video(old)
         return JobResult(job.video_id, Outcome.DELETED)
 
-    def _index(self, job: IndexJob, head: ObjectHead) -> JobResult:
+    def _index(self, job: IndexJob, head: ObjectHead) -> tuple[JobResult, ObjectHead | None]:
+        """Index ``head``'s version. SUPERSEDED (with the object's current head) when the object
+        changed while it was being embedded: nothing is written then, and the caller goes again."""
         settings = self._settings
         fp = fingerprint(head.version, self._embedder.model_id, settings.sampling.every_s)
         old = self._store.get_video(job.video_id)
@@ -158,7 +205,7 @@ class Indexer:
                 old.status = VideoStatus.INDEXED
                 old.error = None
                 self._store.put_video(old)
-            return JobResult(job.video_id, Outcome.UNCHANGED, frames=old.frames)
+            return JobResult(job.video_id, Outcome.UNCHANGED, frames=old.frames), head
         record = VideoRecord(
             video_id=job.video_id,
             uri=job.uri,
@@ -175,6 +222,10 @@ class Indexer:
         except PermanentError as exc:
             self.record_failure(job, exc.reason, version=head.version)
             raise
+        # Two jobs for one key may overlap: only the one that saw the current version writes.
+        current = self._objects.head(job.bucket, job.key)
+        if current is None or current.version != head.version:
+            return JobResult(job.video_id, Outcome.SUPERSEDED), current
         self._store.replace_frames(
             video_id=job.video_id, uri=job.uri, version=head.version, model=self._embedder.model_id, rows=rows
         )
@@ -184,13 +235,13 @@ class Indexer:
         record.fingerprint = fp
         record.error = None
         self._store.put_video(record)
-        return JobResult(job.video_id, Outcome.INDEXED, frames=len(rows))
+        return JobResult(job.video_id, Outcome.INDEXED, frames=len(rows)), head
 
     def _embed_object(self, head: ObjectHead, video_id: str) -> tuple[list[FrameRow], float | None]:
         settings = self._settings
         with tempfile.TemporaryDirectory(prefix="vidx-") as tmp:
             path = Path(tmp) / "video"
-            asyncio.run(self._download(head, path))
+            self._objects.download(head, path)
             info = probe(path, settings.limits)
             frames = sample_frames(
                 path, settings.sampling.every_s, settings.limits, max_side=settings.sampling.decode_max_side

@@ -56,9 +56,11 @@ def decode_query_image(data: bytes, max_bytes: int, max_pixels: int) -> NDArray[
         image = Image.open(io.BytesIO(data))
         # Checked before decoding pixels: a small file can declare a huge picture.
         if image.width * image.height > max_pixels:
-            raise LimitExceeded(f"image exceeds max pixels {max_pixels}")
+            raise LimitExceeded(f"image exceeds max pixels {max_pixels} ({image.width}x{image.height})")
         rgb = np.asarray(image.convert("RGB"), dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise LimitExceeded(f"image exceeds max pixels {max_pixels}") from exc
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
         raise InvalidInput(f"not a readable image: {type(exc).__name__}") from exc
     return rgb
 
@@ -83,15 +85,17 @@ class SearchService:
             raise InvalidInput("q must not be empty")
         if len(q) > self._settings.limits.max_query_chars:
             raise LimitExceeded(f"q exceeds max length {self._settings.limits.max_query_chars}")
+        k = self.check_k(k)
         vector = await self._encoder.embed_text(q)
-        return await self._respond(vector, self.check_k(k), base_url, started)
+        return await self._respond(vector, k, base_url, started)
 
     async def search_image(self, data: bytes, k: int, base_url: str) -> SearchResponse:
         started = time.perf_counter()
         limits = self._settings.limits
+        k = self.check_k(k)
         rgb = decode_query_image(data, limits.max_image_bytes, limits.max_image_pixels)
         vector = await self._encoder.embed_image(rgb)
-        return await self._respond(vector, self.check_k(k), base_url, started)
+        return await self._respond(vector, k, base_url, started)
 
     async def _respond(self, vector: NDArray[np.float32], k: int, base_url: str, started: float) -> SearchResponse:
         limit = min(k * CANDIDATES_PER_MOMENT, MAX_CANDIDATES)
@@ -109,7 +113,7 @@ class SearchService:
         moments = merge_moments(hits, self._settings.sampling.every_s, k)
         results: list[MomentOut] = []
         s3 = self._settings.s3
-        async with ObjectStore(s3) as store:
+        async with ObjectStore(s3, endpoint_url=s3.public_endpoint_url) as store:
             for m in moments:
                 bucket, _, key = m.uri.removeprefix("s3://").partition("/")
                 link = await store.presign_get(bucket, key, s3.presign_ttl_s)

@@ -33,6 +33,9 @@ class ModelSettings(BaseModel):
     batch_wait_timeout_s: float = Field(default=0.02, ge=0, le=5)
     #: SigLIP text towers were trained on texts padded to 64 tokens.
     text_max_length: int = Field(default=64, ge=8, le=512)
+    #: Longest wait for one query embedding (API) and for one frame embedding (indexing).
+    query_timeout_s: float = Field(default=30.0, gt=0)
+    embed_timeout_s: float = Field(default=300.0, gt=0)
     #: CPU threads for torch (0: torch's default).
     cpu_threads: int = Field(default=0, ge=0)
 
@@ -76,11 +79,14 @@ class ServeSettings(BaseModel):
     encoder_replicas: int = Field(default=1, ge=1)
     #: Fractions of a CPU each deployment asks Ray for (small machines can't give each a whole core).
     encoder_num_cpus: float = Field(default=0.5, ge=0)
-    encoder_num_gpus: float = Field(default=0.0, ge=0)
+    #: GPUs the Encoder reserves; unset: one when the Ray cluster has a GPU, else none.
+    encoder_num_gpus: float | None = Field(default=None, ge=0)
     consumer_num_cpus: float = Field(default=0.25, ge=0)
     api_num_cpus: float = Field(default=0.1, ge=0)
     router_num_cpus: float = Field(default=0.1, ge=0)
     ray_num_cpus: int | None = None
+    #: Longest wait for the EventRouter's counters (/metrics).
+    stats_timeout_s: float = Field(default=5.0, gt=0)
 
 
 class Settings(BaseSettings):

@@ -31,9 +31,18 @@ def task_processor_config(settings: Settings) -> TaskProcessorConfig:
             backend_url=backend_url,
             # A job counts as submitted only once the broker confirmed it.
             broker_transport_options={"confirm_publish": True},
-            app_custom_config={"broker_connection_retry_on_startup": True, "result_expires": 24 * 3600},
-            # Permanent errors (corrupt file, over a limit) fail at once; the rest retry with backoff.
-            task_custom_config={"dont_autoretry_for": (PermanentError,)},
+            app_custom_config={
+                "broker_connection_retry_on_startup": True,
+                # One unacked task per worker thread: a task waiting behind long jobs must not outlive
+                # RabbitMQ's consumer_timeout while it sits prefetched.
+                "worker_prefetch_multiplier": 1,
+            },
+            task_custom_config={
+                # Permanent errors (corrupt file, over a limit) fail at once; the rest retry with backoff.
+                "dont_autoretry_for": (PermanentError,),
+                # Outcomes live in the videos table; stored task results would only pile up.
+                "ignore_result": True,
+            },
         ),
         max_retries=settings.serve.max_retries,
         failed_task_queue_name=settings.serve.failed_queue,

@@ -18,6 +18,8 @@ class S3Settings(BaseModel):
     index_bucket: str = "vidx-index"
     #: Prefix of the LanceDB database inside the index bucket.
     index_prefix: str = "lancedb"
+    #: Endpoint clients use to play videos, when it differs from ``endpoint_url`` (containers, proxies).
+    public_endpoint_url: str | None = None
     #: Lifetime of presigned playback links.
     presign_ttl_s: int = Field(default=900, ge=10, le=7 * 24 * 3600)
     connect_timeout_s: float = 5.0

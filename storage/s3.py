@@ -39,8 +39,9 @@ _TRANSIENT = {
 }
 
 
-class ObjectGone(PermanentError):
-    """Raised when an object disappeared (or changed version) while it was being read."""
+class ObjectGone(TransientError):
+    """Raised when an object disappeared (or changed version) while it was being read. Transient:
+    the retry HEADs the object again and indexes or removes whatever is there now."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +83,10 @@ def _is_missing(exc: Exception) -> bool:
 class ObjectStore:
     """Async object-store client. Use as ``async with ObjectStore(settings) as store: ...``."""
 
-    def __init__(self, settings: S3Settings) -> None:
+    def __init__(self, settings: S3Settings, endpoint_url: str | None = None) -> None:
+        """``endpoint_url`` overrides the settings' endpoint (e.g. a public one for presigned links)."""
         self._settings = settings
+        self._endpoint_url = endpoint_url or settings.endpoint_url
         self._stack = contextlib.AsyncExitStack()
         self._client: Any = None
 
@@ -100,7 +103,7 @@ class ObjectStore:
         self._client = await self._stack.enter_async_context(
             session.create_client(
                 "s3",
-                endpoint_url=s.endpoint_url,
+                endpoint_url=self._endpoint_url,
                 region_name=s.region,
                 aws_access_key_id=s.access_key.get_secret_value(),
                 aws_secret_access_key=s.secret_key.get_secret_value(),

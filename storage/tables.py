@@ -126,10 +126,11 @@ def storage_options(s3: S3Settings) -> dict[str, str]:
 class IndexStore:
     """The frames and videos tables of one LanceDB database in the index bucket."""
 
-    def __init__(self, s3: S3Settings) -> None:
+    def __init__(self, s3: S3Settings, uri: str | None = None) -> None:
+        """``uri`` overrides the database location (a local directory in unit tests)."""
         self._db = lancedb.connect(
-            s3.index_uri,
-            storage_options=storage_options(s3),
+            uri or s3.index_uri,
+            storage_options=None if uri else storage_options(s3),
             # Long-lived handles (API, consumers) must see other processes' commits at once.
             read_consistency_interval=timedelta(0),
         )
@@ -166,12 +167,14 @@ class IndexStore:
             clauses.append(f"uri = {_quote(uri)}")
         if status is not None:
             clauses.append(f"status = {_quote(status.value)}")
-        query = self._videos_table().search()
+        table = self._videos_table()
+        query = table.search()
         if clauses:
             query = query.where(" AND ".join(clauses))
-        records = [VideoRecord.from_row(r) for r in query.limit(limit).to_list()]
+        # Newest first: every match is read before the limit applies (the catalog is one row per video).
+        records = [VideoRecord.from_row(r) for r in query.limit(max(1, table.count_rows())).to_list()]
         records.sort(key=lambda r: r.updated_at, reverse=True)
-        return records
+        return records[:limit]
 
     def count_videos(self) -> dict[str, int]:
         table = self._videos_table().to_arrow().select(["status"])
@@ -179,6 +182,21 @@ class IndexStore:
         for value in table.column("status").to_pylist():
             counts[value] = counts.get(value, 0) + 1
         return counts
+
+    def insert_video_if_absent(self, record: VideoRecord) -> None:
+        """Insert ``record`` unless a row for its video exists (atomic: concurrent inserts keep one)."""
+        record.updated_at = datetime.now(UTC)
+        row = asdict(record)
+        row["status"] = record.status.value
+        data = pa.Table.from_pylist([row], schema=VIDEOS_SCHEMA)
+        self._videos_table().merge_insert("video_id").when_not_matched_insert_all().execute(data)
+
+    def set_status(self, video_id: str, status: VideoStatus, error: str | None = None) -> None:
+        """Change only the status (and error) of one row, leaving what other writers set alone."""
+        self._videos_table().update(
+            where=f"video_id = {_quote(video_id)}",
+            values={"status": status.value, "error": error, "updated_at": datetime.now(UTC)},
+        )
 
     def put_video(self, record: VideoRecord) -> None:
         """Insert or replace one catalog row."""

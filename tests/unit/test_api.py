@@ -52,6 +52,12 @@ class FakeStore:
     def put_video(self, record: VideoRecord) -> None:
         self.videos[record.video_id] = record
 
+    def insert_video_if_absent(self, record: VideoRecord) -> None:
+        self.videos.setdefault(record.video_id, record)
+
+    def set_status(self, vid: str, status: VideoStatus, error: str | None = None) -> None:
+        self.videos[vid].status, self.videos[vid].error = status, error
+
     def find_videos(self, *, status: VideoStatus | None = None, limit: int = 100) -> list[VideoRecord]:
         return [v for v in self.videos.values() if status is None or v.status is status][:limit]
 

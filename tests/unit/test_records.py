@@ -276,3 +276,61 @@ def test_not_json_keeps_the_cause() -> None:
         decode_message(b"{oops")
 
     assert isinstance(info.value.__cause__, json.JSONDecodeError)
+
+
+def _with(record: dict[str, Any], value: Any, *path: str) -> dict[str, Any]:
+    node = record
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value
+    return record
+
+
+def _put(value: Any, *path: str) -> bytes:
+    return json.dumps({"Records": [_with(minio_record("s3:ObjectCreated:Put", "a.mp4"), value, *path)]}).encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (_put(5, "s3", "object", "key"), "s3.object.key is int"),
+        (_put(["a.mp4"], "s3", "object", "key"), "s3.object.key is list"),
+        (_put(None, "s3", "object", "key"), "empty bucket or key"),
+        (_put(7, "s3", "bucket", "name"), "s3.bucket.name is int"),
+        (_put(None, "s3", "bucket", "name"), "empty bucket or key"),
+        (_put("a.mp4", "s3", "object"), "lacks"),
+        (_put(5, "s3", "object", "versionId"), "versionId is int"),
+        (_put(5, "s3", "object", "eTag"), "eTag is int"),
+        (_put({"md5": "x"}, "s3", "object", "eTag"), "eTag is dict"),
+        (_put(5, "s3", "object", "contentType"), "contentType is int"),
+        (_put(7, "s3", "object", "sequencer"), "sequencer is int"),
+        (_put(1.5, "eventTime"), "eventTime is float"),
+        (_put("12", "s3", "object", "size"), "size is '12'"),
+        (_put(12.0, "s3", "object", "size"), "size is 12.0"),
+        (_put(True, "s3", "object", "size"), "size is True"),
+        (_put(-1, "s3", "object", "size"), "size is -1"),
+    ],
+)
+def test_fields_of_the_wrong_type_raise_with_the_raw_body(body: bytes, message: str) -> None:
+    with pytest.raises(EventDecodeError, match=message) as info:
+        decode_message(body)
+
+    assert info.value.raw == body
+
+
+def test_null_and_empty_optional_fields_are_none() -> None:
+    record = minio_record("s3:ObjectRemoved:Delete", "a.mp4", size=None, etag=None, content_type=None)
+    obj = record["s3"]["object"]
+    obj.update(size=None, eTag="", versionId=None, contentType=None, sequencer="")
+    record["eventTime"] = None
+
+    event = decode_one(minio_body(record))
+
+    assert (event.size, event.etag, event.version_id, event.content_type, event.sequencer, event.event_time) == (
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
