@@ -19,6 +19,8 @@ class AmqpSettings(BaseModel):
     parked_queue: str = "vidx.bucket-events.parked"
     #: MinIO notification target id: the ARN is arn:minio:sqs::<id>:amqp.
     minio_target_id: str = "VIDX"
+    #: Events MinIO keeps in its queue_dir while the broker is unreachable.
+    minio_queue_limit: int = Field(default=100_000, gt=0)
     prefetch: int = Field(default=32, ge=1, le=1000)
     reconnect_delay_s: float = Field(default=2.0, gt=0)
     heartbeat_s: int = 30

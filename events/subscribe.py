@@ -37,7 +37,7 @@ def minio_notify_env(amqp: AmqpSettings, broker_url: str, queue_dir: Path | str)
         f"MINIO_NOTIFY_AMQP_DELIVERY_MODE_{target}": "2",
         f"MINIO_NOTIFY_AMQP_PUBLISHING_CONFIRMS_{target}": "on",
         f"MINIO_NOTIFY_AMQP_QUEUE_DIR_{target}": str(queue_dir),
-        f"MINIO_NOTIFY_AMQP_QUEUE_LIMIT_{target}": "100000",
+        f"MINIO_NOTIFY_AMQP_QUEUE_LIMIT_{target}": str(amqp.minio_queue_limit),
     }
 
 

@@ -374,7 +374,9 @@ def serve(ctx: typer.Context) -> None:
         _prepare_services(settings)
         ray.init(address="local", num_cpus=settings.serve.ray_num_cpus, include_dashboard=False)
         ray_serve.start(http_options={"host": settings.serve.host, "port": settings.serve.port})
-        ray_serve.run(build_app(settings), name=settings.serve.app_name, route_prefix="/", blocking=True)
+        ray_serve.run(
+            build_app(settings), name=settings.serve.app_name, route_prefix=settings.serve.route_prefix, blocking=True
+        )
 
 
 @app.command()
