@@ -8,7 +8,6 @@ and prints the moments. The stack is left running.
 from __future__ import annotations
 
 import io
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -38,7 +37,7 @@ def _seed(n: int) -> int:
 
 def choose_model(settings: Settings, echo: Echo) -> str:
     """The configured model if it can be loaded from the cache or the hub, else a tiny local one."""
-    if "VIDX_MODEL__ID" in os.environ or Path(settings.model.id).is_dir():
+    if "id" in settings.model.model_fields_set or Path(settings.model.id).is_dir():
         return settings.model.id
     outcome: dict[str, Any] = {}
 
@@ -77,7 +76,6 @@ def run_demo(settings: Settings, echo: Echo) -> None:
     StackError, CliError: one clear line on what went wrong.
     """
     model_id = choose_model(settings, echo)
-    os.environ["VIDX_MODEL__ID"] = model_id  # the stack's deploy step reads the environment
     settings = settings.model_copy(update={"model": settings.model.model_copy(update={"id": model_id})})
     stack.up(settings, echo)
 

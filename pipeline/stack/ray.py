@@ -38,8 +38,9 @@ def child_env(settings: Settings, layout: Layout) -> dict[str, str]:
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
     }
     env.pop("RAY_AUTH_TOKEN", None)
-    if Path(settings.model.id).is_dir():
-        env["VIDX_MODEL__ID"] = str(Path(settings.model.id).resolve())
+    # The driver rebuilds Settings from this environment: hand it the model this stack was asked for.
+    model = Path(settings.model.id)
+    env["VIDX_MODEL__ID"] = str(model.resolve()) if model.is_dir() else settings.model.id
     return env
 
 
