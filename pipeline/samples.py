@@ -31,8 +31,8 @@ _FAST_OPTIONS: dict[str, dict[str, str]] = {
 #: Bit rates for encoders without a constant-quality default: FFmpeg's 200 kb/s blurs scene cuts.
 _BIT_RATES: dict[str, int] = {"mpeg4": 2_000_000, "mpeg2video": 2_000_000, "mpeg1video": 2_000_000}
 
-#: An encoder that suits each container suffix, all present in the pinned PyAV wheel (tests that must
-#: also run on other builds check ``can_encode``). Use: ``write_video(p, codec=VIDEO_FORMATS[p.suffix])``.
+#: An encoder that suits each container suffix, all present in the pinned PyAV wheel.
+#: Use: ``write_video(p, codec=VIDEO_FORMATS[p.suffix])``.
 VIDEO_FORMATS: dict[str, str] = {
     ".mp4": "libx264",
     ".mkv": "libx264",
@@ -62,15 +62,6 @@ class _NonSeekable(io.RawIOBase):
 
     def write(self, data: bytes) -> int:  # type: ignore[override]
         return self._raw.write(data)
-
-
-def can_encode(codec: str) -> bool:
-    """Whether the installed PyAV wheel has an encoder named ``codec``."""
-    try:
-        av.Codec(codec, "w")
-    except (av.codec.codec.UnknownCodecError, ValueError):
-        return False
-    return True
 
 
 def frame_at(seconds_index: int, seed: int, size: tuple[int, int] = (160, 120)) -> NDArray[np.uint8]:

@@ -2,7 +2,6 @@
 
 from pipeline.samples import (
     VIDEO_FORMATS,
-    can_encode,
     expected_sample_count,
     frame_at,
     mae,
@@ -14,7 +13,6 @@ from pipeline.samples import (
 
 __all__ = [
     "VIDEO_FORMATS",
-    "can_encode",
     "expected_sample_count",
     "frame_at",
     "mae",

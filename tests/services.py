@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -63,6 +63,16 @@ class Services:
         declare_event_topology(connection.channel(), amqp)
         connection.close()
         prepare_buckets(self.minio_client(), [f"{prefix}-videos"], f"{prefix}-index", AmqpSettings().queue_arn)
+
+
+def eventually(check: Callable[[], bool], what: str, timeout_s: float, poll_s: float = 0.2) -> None:
+    """Poll ``check`` until it holds; fail the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def unique_prefix() -> str:

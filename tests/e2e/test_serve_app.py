@@ -8,7 +8,7 @@ import io
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from PIL import Image
 from pipeline.ids import video_id
 from pipeline.settings import Settings
 from tests.media import frame_at, write_corrupt_mp4, write_video
-from tests.services import Services, unique_prefix
+from tests.services import Services, eventually, unique_prefix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -72,15 +72,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _eventually(check: Callable[[], bool], what: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
 @pytest.fixture(scope="module")
 def app(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
     import ray
@@ -111,8 +102,8 @@ def app(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.TempP
                 except httpx.HTTPError:
                     return False
 
-            _eventually(healthy, "the API to answer /healthz", STARTUP_TIMEOUT_S)
-            _eventually(
+            eventually(healthy, "the API to answer /healthz", STARTUP_TIMEOUT_S)
+            eventually(
                 lambda: http.get("/metrics").text.count('kind="connected"} 1.0') == 1, "the event router to connect", 60
             )
             yield App(settings, services, http)
@@ -166,7 +157,7 @@ def test_delete_and_overwrite_follow_the_bucket(app: App, tmp_path: Path) -> Non
     assert app.image_search(frame_at(3, 400))["results"][0]["video_id"] == vid
     # Overwrite with different content: search follows the new content.
     app.upload("e2e/changing.mp4", write_video(tmp_path / "b.mp4", seconds=6, seed=401))
-    _eventually(
+    eventually(
         lambda: (app.video(vid) or {}).get("frames") == 6 and app.video(vid)["status"] == "indexed",  # type: ignore[index]
         "the overwrite to be indexed",
         INDEX_TIMEOUT_S,
@@ -187,7 +178,7 @@ def test_bad_objects_are_answered_and_good_ones_still_indexed(app: App, tmp_path
     assert failed["error"].startswith("decode error")
     app.wait_status(good, "indexed")
     assert app.video(video_id(app.bucket, "e2e/notes.txt")) is None
-    _eventually(
+    eventually(
         lambda: 'vidx_router_events{kind="ignored_not_video"} 1.0' in app.http.get("/metrics").text,
         "the .txt to be counted as ignored",
         10,

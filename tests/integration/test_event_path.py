@@ -12,7 +12,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +27,7 @@ from pipeline.jobs import IndexJob, JobOp
 from pipeline.settings import Settings
 from storage.tables import IndexStore, VideoStatus
 from tests.media import frame_at, write_corrupt_mp4, write_video
-from tests.services import Services, unique_prefix
+from tests.services import Services, eventually, unique_prefix
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -71,15 +71,6 @@ class Stack:
         return self.indexer.run(job)
 
 
-def wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture
 def stack(services: Services, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
     prefix = unique_prefix()
@@ -97,7 +88,7 @@ def stack(services: Services, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPa
     thread = threading.Thread(target=router.run, args=(stop,), daemon=True)
     thread.start()
     encoder = SiglipEncoder(settings.model)
-    wait_for(lambda: router.connected, "the router to connect")
+    eventually(lambda: router.connected, "the router to connect", WAIT_S)
     yield Stack(settings, services, sink, router, Indexer(settings, encoder, store), store, encoder)
     stop.set()
     thread.join(timeout=10)
@@ -115,7 +106,7 @@ def test_uploads_become_searchable_moments_without_api_calls(stack: Stack, tmp_p
     jobs = stack.sink.take(3)
     assert sorted(j.key for j in jobs) == [f"clips/video {n}.mp4" for n in range(3)]
     assert all(j.op is JobOp.INDEX for j in jobs)
-    wait_for(lambda: stack.router.stats["ignored_not_video"] == 1, "the .txt event to be ignored")
+    eventually(lambda: stack.router.stats["ignored_not_video"] == 1, "the .txt event to be ignored", WAIT_S)
     assert stack.store.get_video(jobs[0].video_id).status is VideoStatus.QUEUED  # type: ignore[union-attr]
     results = [stack.run(j) for j in jobs]
     # Then each video is indexed with one frame per second
@@ -185,7 +176,7 @@ def test_undecodable_message_is_parked_and_router_keeps_going(stack: Stack, tmp_
     channel = connection.channel()
     channel.basic_publish(amqp.exchange, amqp.routing_key, b"\x00not json")
     channel.basic_publish(amqp.exchange, amqp.routing_key, json.dumps({"Records": [{"x": 1}]}).encode())
-    wait_for(lambda: stack.router.stats["parked"] >= 2, "two bodies to be parked")
+    eventually(lambda: stack.router.stats["parked"] >= 2, "two bodies to be parked", WAIT_S)
     parked = []
     for _ in range(2):
         method, props, body = channel.basic_get(amqp.parked_queue, auto_ack=True)
