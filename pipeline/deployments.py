@@ -15,13 +15,12 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import ValidationError
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 from ray.serve.task_consumer import task_consumer, task_handler
 
-from pipeline.errors import EncoderUnavailable, InvalidInput, PermanentError, VidxError
-from pipeline.jobs import INDEX_TASK, IndexJob
+from pipeline.errors import EncoderUnavailable
+from pipeline.jobs import INDEX_TASK
 from pipeline.settings import ModelSettings, Settings
 from pipeline.taskqueue import CeleryJobSink, task_processor_config
 
@@ -109,35 +108,24 @@ def consumer_deployment(settings: Settings) -> Any:
     @task_consumer(task_processor_config=task_processor_config(settings))
     class IndexConsumer:
         def __init__(self, settings: Settings, encoder: DeploymentHandle) -> None:
+            from pipeline.consumer import IndexTaskHandler
+            from pipeline.deadletters import DeadLetterQueue
             from pipeline.indexer import Indexer
 
             logging.basicConfig(level=logging.INFO)
-            self._settings = settings
-            self._indexer = Indexer(
-                settings, HandleEmbedder(encoder, settings.model.id, settings.model.embed_timeout_s)
-            )
+            indexer = Indexer(settings, HandleEmbedder(encoder, settings.model.id, settings.model.embed_timeout_s))
+            dead_letters = DeadLetterQueue(settings.amqp.url.get_secret_value(), settings.serve.failed_queue)
+            self._handler = IndexTaskHandler(indexer, dead_letters, settings.serve.max_retries)
 
         @task_handler(name=INDEX_TASK)
         def index_video(self, job: dict[str, Any]) -> dict[str, Any]:
             from celery import current_task
 
-            try:
-                parsed = IndexJob.model_validate(job)
-            except ValidationError as exc:
-                raise InvalidInput(f"malformed job ({exc.error_count()} invalid fields)") from exc
-            try:
-                result = self._indexer.run(parsed)
-            except PermanentError as exc:
-                log.warning("job %s failed: %s", parsed.uri, exc.reason)
-                raise
-            except Exception as exc:  # transient, or a bug: retried with backoff, then recorded
-                retries = int(getattr(current_task.request, "retries", 0) or 0)
-                cause = str(exc) if isinstance(exc, VidxError) else f"internal error ({type(exc).__name__})"
-                if retries >= self._settings.serve.max_retries:
-                    self._indexer.record_failure(parsed, f"gave up after {retries + 1} attempts: {cause}")
-                log.warning("job %s attempt %d failed: %s", parsed.uri, retries + 1, cause)
-                raise
-            return {"video_id": result.video_id, "outcome": result.outcome.value, "frames": result.frames}
+            from pipeline.consumer import TaskContext
+
+            request = current_task.request
+            context = TaskContext(task_id=str(request.id), retries=int(getattr(request, "retries", 0) or 0))
+            return self._handler.handle(job, context)
 
     return IndexConsumer
 

@@ -205,20 +205,55 @@ class ObjectStore:
             if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 raise _convert(exc, f"create bucket {bucket}") from exc
 
-    async def list_objects(self, bucket: str, prefix: str = "") -> AsyncIterator[ObjectHead]:
-        """Every object under ``prefix``, page by page (bounded memory)."""
-        paginator = self._client.get_paginator("list_objects_v2")
+    async def is_versioned(self, bucket: str) -> bool:
+        """Whether ``bucket`` keeps versions (enabled or suspended: versionIds may exist)."""
         try:
-            async for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
-                for item in page.get("Contents", []):
-                    yield ObjectHead(
+            resp = await self._client.get_bucket_versioning(Bucket=bucket)
+        except Exception as exc:
+            raise _convert(exc, f"GET versioning of {bucket}") from exc
+        return resp.get("Status") in ("Enabled", "Suspended")
+
+    async def list_current(self, bucket: str, prefix: str = "") -> AsyncIterator[list[ObjectHead]]:
+        """The objects under ``prefix`` as they are now, one listing page at a time, in key order.
+
+        ``version`` is what HEAD would report: the latest versionId on versioned buckets (delete
+        markers hide their object), else the ETag.
+
+        Raises:
+            TransientError, PermanentError.
+        """
+        versioned = await self.is_versioned(bucket)
+        what = f"LIST s3://{bucket}/{prefix}"
+        try:
+            if not versioned:
+                async for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+                    yield [
+                        ObjectHead(
+                            bucket=bucket,
+                            key=item["Key"],
+                            size=int(item.get("Size", 0)),
+                            etag=str(item.get("ETag", "")).strip('"'),
+                            version_id=None,
+                            content_type=None,
+                            last_modified=item.get("LastModified"),
+                        )
+                        for item in page.get("Contents", [])
+                    ]
+                return
+            async for page in self._client.get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=prefix):
+                # A key whose latest version is a delete marker has no latest entry in "Versions".
+                yield [
+                    ObjectHead(
                         bucket=bucket,
                         key=item["Key"],
                         size=int(item.get("Size", 0)),
                         etag=str(item.get("ETag", "")).strip('"'),
-                        version_id=None,
+                        version_id=item.get("VersionId") if item.get("VersionId") not in (None, "null") else None,
                         content_type=None,
                         last_modified=item.get("LastModified"),
                     )
+                    for item in page.get("Versions", [])
+                    if item.get("IsLatest")
+                ]
         except botocore.exceptions.ClientError as exc:
-            raise _convert(exc, f"LIST s3://{bucket}/{prefix}") from exc
+            raise _convert(exc, what) from exc

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -182,6 +183,19 @@ class IndexStore:
         for value in table.column("status").to_pylist():
             counts[value] = counts.get(value, 0) + 1
         return counts
+
+    def scan_videos(
+        self, uri_from: str, uri_to: str, *, include_from: bool, batch_rows: int = 4096
+    ) -> Iterator[VideoRecord]:
+        """Catalog rows whose ``uri`` lies in (``uri_from``, ``uri_to``] (``[`` with ``include_from``),
+        streamed in batches: memory stays bounded however many rows match. Byte order of UTF-8, the
+        order S3 lists keys in."""
+        lower = ">=" if include_from else ">"
+        where = f"uri {lower} {_quote(uri_from)} AND uri <= {_quote(uri_to)}"
+        reader = self._videos_table().search().where(where).limit(None).to_batches(batch_rows)
+        for batch in reader:
+            for row in batch.to_pylist():
+                yield VideoRecord.from_row(row)
 
     def insert_video_if_absent(self, record: VideoRecord) -> None:
         """Insert ``record`` unless a row for its video exists (atomic: concurrent inserts keep one)."""

@@ -1,0 +1,100 @@
+"""What the IndexConsumer does with one task, without Ray or Celery: run the job, and decide between
+done, retry and dead letter.
+
+    permanent error (not a video, corrupt, over a limit, malformed job)
+        -> the catalog says ``failed`` with the reason, a dead letter is stored, the task completes
+    transient error (S3, broker, encoder) or an unexpected one
+        -> re-raised: Celery retries with exponential backoff (``serve.max_retries`` times, at most
+           60 s apart); on the last attempt the catalog says ``failed`` and a dead letter is stored
+
+A task is acknowledged only after this returns (acks_late), so a dead letter is stored before the
+task leaves the queue; a crash in between stores it twice, and the list shows it once (same id).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from pipeline.deadletters import DeadLetter, FailureKind
+from pipeline.errors import PermanentError, VidxError
+from pipeline.indexer import JobResult
+from pipeline.jobs import IndexJob
+
+log = logging.getLogger(__name__)
+
+
+class JobRunner(Protocol):
+    def run(self, job: IndexJob) -> JobResult: ...
+
+    def record_failure(self, job: IndexJob, reason: str, version: str | None = None) -> None: ...
+
+
+class DeadLetterSink(Protocol):
+    def publish(self, letter: DeadLetter) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TaskContext:
+    """What Celery knows about the running task."""
+
+    task_id: str
+    #: Retries so far (0 on the first attempt).
+    retries: int
+
+
+class IndexTaskHandler:
+    """Runs index tasks; ``max_retries`` is the task queue's retry budget."""
+
+    def __init__(self, runner: JobRunner, dead_letters: DeadLetterSink, max_retries: int) -> None:
+        self._runner = runner
+        self._dead_letters = dead_letters
+        self._max_retries = max_retries
+
+    def handle(self, payload: Any, task: TaskContext) -> dict[str, Any]:
+        """Run one task.
+
+        Raises:
+            TransientError (or any unexpected error): retry it; the last attempt does not raise.
+        """
+        try:
+            job = IndexJob.model_validate(payload)
+        except ValidationError as exc:
+            reason = f"malformed job ({exc.error_count()} invalid fields)"
+            self._dead_letters.publish(
+                DeadLetter(
+                    id=task.task_id,
+                    kind=FailureKind.MALFORMED,
+                    reason=reason,
+                    attempts=task.retries + 1,
+                    raw_job=repr(payload)[:2000],
+                )
+            )
+            log.warning("task %s dead-lettered: %s", task.task_id, reason)
+            return {"outcome": "failed", "reason": reason}
+        try:
+            result = self._runner.run(job)
+        except PermanentError as exc:
+            # The indexer already recorded the reason in the catalog.
+            self._dead_letter(job, task, FailureKind.PERMANENT, exc.reason)
+            return {"video_id": job.video_id, "outcome": "failed", "reason": exc.reason}
+        except Exception as exc:
+            cause = str(exc) if isinstance(exc, VidxError) else f"internal error ({type(exc).__name__})"
+            attempt = task.retries + 1
+            if task.retries < self._max_retries:
+                log.warning("job %s attempt %d failed, will retry: %s", job.uri, attempt, cause)
+                raise
+            reason = f"gave up after {attempt} attempts: {cause}"
+            self._runner.record_failure(job, reason)
+            self._dead_letter(job, task, FailureKind.EXHAUSTED, reason)
+            return {"video_id": job.video_id, "outcome": "failed", "reason": reason}
+        return {"video_id": result.video_id, "outcome": result.outcome.value, "frames": result.frames}
+
+    def _dead_letter(self, job: IndexJob, task: TaskContext, kind: FailureKind, reason: str) -> None:
+        self._dead_letters.publish(
+            DeadLetter(id=task.task_id, kind=kind, reason=reason, attempts=task.retries + 1, job=job)
+        )
+        log.warning("job %s dead-lettered (%s): %s", job.uri, kind.value, reason)

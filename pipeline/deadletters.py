@@ -1,0 +1,264 @@
+"""The dead-letter queue: every job that failed for good, with its reason, listable and replayable.
+
+Dead letters live on a durable RabbitMQ queue (``serve.failed_queue``, the same queue Ray Serve's
+task adapter moves a task to when its handler raises after its last retry), so the operator sees them
+in the broker's UI too. The consumer publishes a typed ``DeadLetter`` (JSON) with publisher confirms;
+a message Ray's adapter moved there (a Celery task message) is read as well.
+
+Listing takes messages without acknowledging them and hands them all back (nack, requeue) when done:
+the queue is unchanged. Replaying resubmits the chosen jobs and acknowledges only those.
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import json
+import logging
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import pika
+import pika.exceptions
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline.errors import TransientError
+from pipeline.jobs import IndexJob, JobSource
+
+log = logging.getLogger(__name__)
+
+
+class FailureKind(enum.StrEnum):
+    #: The input can't be indexed (not a video, corrupt, over a limit): retrying won't help.
+    PERMANENT = "permanent"
+    #: A transient error that outlasted the retry budget.
+    EXHAUSTED = "exhausted"
+    #: The job itself could not be read.
+    MALFORMED = "malformed"
+
+
+class DeadLetter(BaseModel):
+    """One failed job. ``id`` is the task id, stable across retries and redeliveries."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    kind: FailureKind
+    reason: str
+    attempts: int | None = None
+    failed_at: datetime | None = Field(default_factory=lambda: datetime.now(UTC))
+    job: IndexJob | None = None
+    #: The job as received, when it could not be parsed (kept so nothing is lost).
+    raw_job: str | None = None
+
+    @property
+    def uri(self) -> str | None:
+        return self.job.uri if self.job else None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "uri": self.uri,
+            "kind": self.kind.value,
+            "reason": self.reason,
+            "attempts": self.attempts,
+            "failed_at": self.failed_at.isoformat() if self.failed_at else None,
+        }
+
+
+class JobSink(Protocol):
+    def submit(self, job: IndexJob) -> str: ...
+
+
+def _from_celery(body: bytes, headers: dict[str, Any]) -> DeadLetter:
+    """A task Ray's adapter moved here: args are (task id, exception text, repr(args), repr(kwargs), traceback)."""
+    payload = json.loads(body)
+    args = payload[0] if isinstance(payload, list) else payload.get("args", [])
+    task_id, exc_text, job_args = str(args[0]), str(args[1]), str(args[2])
+    job: IndexJob | None = None
+    raw: str | None = None
+    try:
+        parsed = ast.literal_eval(job_args)
+        job = IndexJob.model_validate(parsed[0] if isinstance(parsed, list | tuple) else parsed)
+    except (ValueError, SyntaxError, IndexError, TypeError, ValidationError):
+        raw = job_args[:2000]
+    retries = headers.get("retries")
+    return DeadLetter(
+        id=task_id,
+        kind=FailureKind.EXHAUSTED if job else FailureKind.MALFORMED,
+        reason=exc_text or "failed",
+        attempts=int(retries) + 1 if isinstance(retries, int) else None,
+        failed_at=None,
+        job=job,
+        raw_job=raw,
+    )
+
+
+def decode_dead_letter(body: bytes, headers: dict[str, Any] | None) -> DeadLetter:
+    """Read one message of the dead-letter queue, whichever way it got there.
+
+    Raises:
+        ValueError: the message is neither a DeadLetter nor a Celery task message.
+    """
+    headers = headers or {}
+    if "task" in headers:
+        try:
+            return _from_celery(body, headers)
+        except (ValueError, IndexError, KeyError, TypeError) as exc:
+            raise ValueError(f"unreadable task message: {type(exc).__name__}") from exc
+    try:
+        return DeadLetter.model_validate_json(body)
+    except ValidationError as exc:
+        raise ValueError(f"unreadable dead letter ({exc.error_count()} invalid fields)") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayReport:
+    replayed: list[DeadLetter]
+    #: Messages still on the queue after the replay.
+    remaining: int
+
+
+class DeadLetterQueue:
+    """Publish, list and replay dead letters. Each call opens its own short connection (pika's
+    blocking connections aren't thread-safe, and failures are rare)."""
+
+    def __init__(self, amqp_url: str, queue: str, max_list: int = 10_000, timeout_s: float = 10.0) -> None:
+        self._params = pika.URLParameters(amqp_url)
+        self._params.socket_timeout = timeout_s
+        self._params.blocked_connection_timeout = timeout_s
+        self._queue = queue
+        self._max_list = max_list
+
+    @property
+    def queue(self) -> str:
+        return self._queue
+
+    def _connect(self) -> pika.BlockingConnection:
+        try:
+            return pika.BlockingConnection(self._params)
+        except pika.exceptions.AMQPError as exc:
+            # Never str(exc): connection errors may carry the parameters.
+            raise TransientError(f"dead-letter queue unreachable: {type(exc).__name__}") from exc
+
+    def _declare(self, channel: Any) -> None:
+        # Same arguments Celery (Ray's adapter) declares it with: durable, classic.
+        channel.queue_declare(queue=self._queue, durable=True)
+
+    def publish(self, letter: DeadLetter) -> None:
+        """Store ``letter`` durably; returns once the broker confirmed it.
+
+        Raises:
+            TransientError: the broker did not take it.
+        """
+        connection = self._connect()
+        try:
+            channel = connection.channel()
+            self._declare(channel)
+            channel.confirm_delivery()
+            channel.basic_publish(
+                exchange="",
+                routing_key=self._queue,
+                body=letter.model_dump_json().encode(),
+                properties=pika.BasicProperties(
+                    content_type="application/json", delivery_mode=pika.DeliveryMode.Persistent
+                ),
+                mandatory=True,
+            )
+        except pika.exceptions.AMQPError as exc:
+            raise TransientError(f"dead letter not stored: {type(exc).__name__}") from exc
+        finally:
+            _close(connection)
+
+    def _take(self, channel: Any, limit: int) -> list[tuple[int, DeadLetter]]:
+        """Up to ``limit`` messages, unacknowledged; unreadable ones come back as MALFORMED letters."""
+        taken: list[tuple[int, DeadLetter]] = []
+        while len(taken) < limit:
+            method, properties, body = channel.basic_get(queue=self._queue, auto_ack=False)
+            if method is None:
+                break
+            try:
+                letter = decode_dead_letter(body, properties.headers)
+            except ValueError as exc:
+                letter = DeadLetter(
+                    id=f"raw-{method.delivery_tag}",
+                    kind=FailureKind.MALFORMED,
+                    reason=str(exc),
+                    failed_at=None,
+                    raw_job=body[:2000].decode("utf-8", "replace"),
+                )
+            taken.append((method.delivery_tag, letter))
+        return taken
+
+    def list(self, limit: int | None = None) -> list[DeadLetter]:
+        """The dead letters, oldest first, one per id (a job dead-lettered twice, e.g. after a crash
+        between publishing and acknowledging, shows once). The queue is left as it was.
+
+        Raises:
+            TransientError: the broker is unreachable.
+        """
+        connection = self._connect()
+        try:
+            channel = connection.channel()
+            self._declare(channel)
+            taken = self._take(channel, min(limit or self._max_list, self._max_list))
+            channel.basic_nack(delivery_tag=0, multiple=True, requeue=True)
+        except pika.exceptions.AMQPError as exc:
+            raise TransientError(f"dead-letter queue unreadable: {type(exc).__name__}") from exc
+        finally:
+            _close(connection)
+        by_id: dict[str, DeadLetter] = {}
+        for _tag, letter in taken:
+            by_id.pop(letter.id, None)
+            by_id[letter.id] = letter
+        return list(by_id.values())
+
+    def replay(
+        self,
+        sink: JobSink,
+        ids: Collection[str] | None = None,
+        on_queued: Callable[[IndexJob], None] | None = None,
+    ) -> ReplayReport:
+        """Resubmit the jobs of the chosen dead letters (``None``: all) and remove those letters.
+
+        A letter is acknowledged only after its job is confirmed on the task queue; if submitting
+        fails, the rest stay on the dead-letter queue. Letters without a readable job stay too.
+
+        Raises:
+            TransientError: the broker is unreachable (nothing not yet resubmitted is lost).
+        """
+        wanted = set(ids) if ids is not None else None
+        replayed: dict[str, DeadLetter] = {}
+        connection = self._connect()
+        try:
+            channel = connection.channel()
+            self._declare(channel)
+            taken = self._take(channel, self._max_list)
+            for tag, letter in taken:
+                if (wanted is not None and letter.id not in wanted) or letter.job is None:
+                    continue
+                if letter.id not in replayed:
+                    job = letter.job.model_copy(update={"source": JobSource.REPLAY, "submitted_at": datetime.now(UTC)})
+                    sink.submit(job)
+                    if on_queued is not None:
+                        on_queued(job)
+                    replayed[letter.id] = letter
+                channel.basic_ack(delivery_tag=tag)
+            channel.basic_nack(delivery_tag=0, multiple=True, requeue=True)
+            remaining = channel.queue_declare(queue=self._queue, durable=True).method.message_count
+        except pika.exceptions.AMQPError as exc:
+            raise TransientError(f"dead-letter queue unreadable: {type(exc).__name__}") from exc
+        finally:
+            _close(connection)
+        log.info("replayed %d dead letters, %d remain", len(replayed), remaining)
+        return ReplayReport(replayed=list(replayed.values()), remaining=int(remaining))
+
+
+def _close(connection: pika.BlockingConnection) -> None:
+    try:
+        if connection.is_open:
+            connection.close()
+    except pika.exceptions.AMQPError:
+        log.debug("dead-letter connection already gone")
