@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import posixpath
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any, Protocol
 
 import pika
@@ -40,7 +40,7 @@ class JobSink(Protocol):
 
 
 def is_video(event: BucketEvent, videos: VideoFilterSettings) -> bool:
-    suffix = PurePosixPath(event.key).suffix.lower()
+    suffix = posixpath.splitext(event.key)[1].lower()
     if suffix in {e.lower() for e in videos.extensions}:
         return True
     content_type = (event.content_type or "").lower()

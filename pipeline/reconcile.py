@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import posixpath
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import PurePosixPath
 from typing import Protocol
 
 from events.config import VideoFilterSettings
@@ -183,7 +183,7 @@ class Reconciler:
     def _compare(self, report: ReconcileReport, obj: ObjectHead, record: VideoRecord | None, now: datetime) -> None:
         uri = s3_uri(obj.bucket, obj.key)
         if record is None:
-            if PurePosixPath(obj.key).suffix.lower() not in self._extensions:
+            if posixpath.splitext(obj.key)[1].lower() not in self._extensions:
                 report.ignored += 1
                 return
             self._index(report, Change(Drift.MISSING, uri, "not in the index"), obj)

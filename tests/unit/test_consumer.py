@@ -1,0 +1,99 @@
+"""The consumer's decision per task: done, retry, or dead letter (with the catalog saying why)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.consumer import IndexTaskHandler, TaskContext
+from pipeline.deadletters import DeadLetter, FailureKind
+from pipeline.errors import CorruptVideo, TransientError
+from pipeline.indexer import JobResult, Outcome
+from pipeline.jobs import IndexJob, JobOp, JobSource
+
+JOB = IndexJob(op=JobOp.INDEX, bucket="videos", key="a/b.mp4", source=JobSource.EVENT)
+
+
+class Runner:
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+        self.failures: list[str] = []
+        self.runs = 0
+
+    def run(self, job: IndexJob) -> JobResult:
+        self.runs += 1
+        if self.error is not None:
+            raise self.error
+        return JobResult(job.video_id, Outcome.INDEXED, frames=7)
+
+    def record_failure(self, job: IndexJob, reason: str, version: str | None = None) -> None:
+        self.failures.append(reason)
+
+
+class Letters:
+    def __init__(self) -> None:
+        self.letters: list[DeadLetter] = []
+
+    def publish(self, letter: DeadLetter) -> None:
+        self.letters.append(letter)
+
+
+def handler(runner: Runner, letters: Letters) -> IndexTaskHandler:
+    return IndexTaskHandler(runner, letters, max_retries=3)
+
+
+def test_a_good_job_is_done_without_a_dead_letter() -> None:
+    runner, letters = Runner(), Letters()
+    out = handler(runner, letters).handle(JOB.model_dump(mode="json"), TaskContext("t1", 0))
+    assert out == {"video_id": JOB.video_id, "outcome": "indexed", "frames": 7}
+    assert letters.letters == []
+
+
+def test_a_permanent_error_is_dead_lettered_at_once_and_not_retried() -> None:
+    runner, letters = Runner(CorruptVideo("moov atom not found")), Letters()
+    out = handler(runner, letters).handle(JOB.model_dump(mode="json"), TaskContext("t1", 0))
+    assert out["outcome"] == "failed" and out["reason"] == "decode error: moov atom not found"
+    [letter] = letters.letters
+    assert (letter.id, letter.kind, letter.attempts, letter.uri) == ("t1", FailureKind.PERMANENT, 1, JOB.uri)
+    assert letter.reason == "decode error: moov atom not found"
+    assert runner.runs == 1
+
+
+@pytest.mark.parametrize("retries", [0, 1, 2])
+def test_a_transient_error_is_raised_for_retry_while_the_budget_lasts(retries: int) -> None:
+    runner, letters = Runner(TransientError("HEAD: object store answered 503")), Letters()
+    with pytest.raises(TransientError):
+        handler(runner, letters).handle(JOB.model_dump(mode="json"), TaskContext("t1", retries))
+    assert letters.letters == [] and runner.failures == []
+
+
+def test_the_last_attempt_records_the_failure_and_dead_letters_it() -> None:
+    runner, letters = Runner(TransientError("HEAD: object store answered 503")), Letters()
+    out = handler(runner, letters).handle(JOB.model_dump(mode="json"), TaskContext("t1", 3))
+    reason = "gave up after 4 attempts: HEAD: object store answered 503"
+    assert out["reason"] == reason and runner.failures == [reason]
+    [letter] = letters.letters
+    assert (letter.kind, letter.attempts, letter.job) == (FailureKind.EXHAUSTED, 4, JOB)
+
+
+def test_an_unexpected_error_is_named_by_type_only() -> None:
+    runner, letters = Runner(KeyError("secret-looking detail")), Letters()
+    handler(runner, letters).handle(JOB.model_dump(mode="json"), TaskContext("t1", 3))
+    assert runner.failures == ["gave up after 4 attempts: internal error (KeyError)"]
+
+
+def test_a_malformed_job_is_dead_lettered_with_its_raw_payload() -> None:
+    runner, letters = Runner(), Letters()
+    out = handler(runner, letters).handle({"op": "index", "bucket": 3}, TaskContext("t9", 0))
+    assert out["outcome"] == "failed" and out["reason"].startswith("malformed job (")
+    [letter] = letters.letters
+    assert letter.kind is FailureKind.MALFORMED and letter.job is None and "bucket" in (letter.raw_job or "")
+    assert runner.runs == 0
+
+
+def test_when_the_dead_letter_cant_be_stored_the_task_is_retried() -> None:
+    class Down(Letters):
+        def publish(self, letter: DeadLetter) -> None:
+            raise TransientError("dead letter not stored: AMQPConnectionError")
+
+    with pytest.raises(TransientError):
+        handler(Runner(CorruptVideo("bad")), Down()).handle(JOB.model_dump(mode="json"), TaskContext("t1", 0))
