@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import enum
+import hashlib
 import hmac
 import logging
+import posixpath
+import re
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Any, Protocol
@@ -14,8 +18,9 @@ from fastapi import FastAPI, File, HTTPException, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pipeline.errors import InvalidInput, LimitExceeded, TransientError, VidxError
 from pipeline.ids import parse_s3_uri, video_id
@@ -74,18 +79,119 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": {"code": code, "message": message}})
 
 
-#: Room for multipart headers around an image when checking a request's declared length.
+#: Room for multipart headers around an image when bounding an image search's body.
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
+#: Largest body of any other request (JSON control bodies such as ``{"uri": ...}``).
+MAX_BODY_BYTES = 1024 * 1024
+#: The one path served without a key (load balancers and ``vidx up`` probe it).
+PUBLIC_PATH = "/healthz"
+#: Paths under this prefix need the admin key (dead letters, reindex).
+ADMIN_PREFIX = "/v1/admin"
+IMAGE_SEARCH_PATH = "/v1/search/image"
 
 _HTTP_CODES = {
     400: "bad_request",
     401: "unauthorized",
+    403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
     413: "too_large",
     422: "invalid_request",
     503: "unavailable",
 }
+
+
+class Access(enum.Enum):
+    """What a request's bearer key opens."""
+
+    NONE = "none"
+    USER = "user"
+    ADMIN = "admin"
+
+
+class BearerKeys:
+    """Checks ``Authorization: Bearer KEY`` against the configured keys in constant time.
+
+    Keys are kept as SHA-256 digests: each comparison is between equal-length values, so neither
+    a key's content nor its length leaks through timing, and every key is compared on every call.
+    """
+
+    def __init__(self, api_keys: list[SecretStr], admin_key: SecretStr | None) -> None:
+        self._users = [self._digest(k.get_secret_value()) for k in api_keys]
+        self._admin = self._digest(admin_key.get_secret_value()) if admin_key else None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._users) or self._admin is not None
+
+    @staticmethod
+    def _digest(key: str) -> bytes:
+        return hashlib.sha256(key.encode()).digest()
+
+    def access(self, authorization: str | None) -> Access:
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return Access.NONE
+        given = self._digest(token.strip())
+        user = False
+        for digest in self._users:
+            user |= hmac.compare_digest(given, digest)
+        admin = self._admin is not None and hmac.compare_digest(given, self._admin)
+        return Access.ADMIN if admin else Access.USER if user else Access.NONE
+
+
+def route_path(scope: Scope) -> str:
+    """The request path below the app's mount point (Serve's route prefix arrives as ``root_path``)."""
+    path: str = scope.get("path", "/")
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :] or "/"
+    return path
+
+
+def is_admin_path(path: str) -> bool:
+    """Whether ``path`` is under ``/v1/admin``, however it is spelled (case, ``//``, ``.`` segments)."""
+    squeezed = re.sub(r"/+", "/", "/" + path.lower())
+    return any(p == ADMIN_PREFIX or p.startswith(ADMIN_PREFIX + "/") for p in (squeezed, posixpath.normpath(squeezed)))
+
+
+class BodyTooLarge(HTTPException):
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, f"request body exceeds max bytes {max_bytes}")
+
+
+class BodyLimit:
+    """ASGI middleware bounding request bodies as they are read, whatever ``Content-Length`` says:
+    a declared length over the bound is refused before reading; a body that grows past it (chunked,
+    or longer than declared) fails the read with 413."""
+
+    def __init__(self, app: ASGIApp, max_bytes_for: Callable[[str], int]) -> None:
+        self._app = app
+        self._max_bytes_for = max_bytes_for
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        max_bytes = self._max_bytes_for(route_path(scope))
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared and (not declared.isdigit() or int(declared) > max_bytes):
+            exc = BodyTooLarge(max_bytes)
+            await _error(413, "too_large", str(exc.detail))(scope, receive, send)
+            return
+        received = 0
+
+        async def bounded() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > max_bytes:
+                    # fastapi's HTTPException: FastAPI re-raises it from body parsing as it is.
+                    raise BodyTooLarge(max_bytes)
+            return message
+
+        await self._app(scope, bounded, send)
 
 
 def create_app(
@@ -97,14 +203,28 @@ def create_app(
 ) -> FastAPI:
     """Build the API over its services (plain objects: testable without Ray)."""
     app = FastAPI(title="vidx", version="1", docs_url="/docs", redoc_url=None)
-    api_key = settings.api_key.get_secret_value() if settings.api_key else None
+    keys = BearerKeys(settings.api_keys, settings.admin_key)
+    limits = settings.limits
+
+    def max_body_bytes(path: str) -> int:
+        return limits.max_image_bytes + MULTIPART_OVERHEAD_BYTES if path == IMAGE_SEARCH_PATH else MAX_BODY_BYTES
+
+    # Added first, so it runs inside ``auth``: no body is read before the key is checked.
+    app.add_middleware(BodyLimit, max_bytes_for=max_body_bytes)
 
     @app.middleware("http")
     async def auth(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if api_key and request.url.path != "/healthz":
-            given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-            if not hmac.compare_digest(given.encode(), api_key.encode()):
-                return _error(401, "unauthorized", "a valid bearer API key is required")
+        path = route_path(request.scope)
+        if not keys.enabled or path == PUBLIC_PATH:
+            return await call_next(request)
+        access = keys.access(request.headers.get("authorization"))
+        if access is Access.NONE:
+            given = "authorization" in request.headers
+            response = _error(401, "unauthorized", "a valid API key is required: Authorization: Bearer KEY")
+            response.headers["WWW-Authenticate"] = 'Bearer realm="vidx"' + (', error="invalid_token"' if given else "")
+            return response
+        if is_admin_path(path) and access is not Access.ADMIN:
+            return _error(403, "forbidden", "this endpoint needs the admin key")
         return await call_next(request)
 
     @app.exception_handler(VidxError)
@@ -168,12 +288,10 @@ def create_app(
     async def search_text(request: Request, q: str, k: int = 10) -> SearchResponse:
         return await search.search_text(q, k, str(request.base_url))
 
-    @app.post("/v1/search/image")
+    @app.post(IMAGE_SEARCH_PATH)
     async def search_image(request: Request, image: Annotated[UploadFile, File()], k: int = 10) -> SearchResponse:
-        declared = int(request.headers.get("content-length") or 0)
-        if declared > settings.limits.max_image_bytes + MULTIPART_OVERHEAD_BYTES:
-            raise LimitExceeded(f"image exceeds max bytes {settings.limits.max_image_bytes}")
-        data = await image.read(settings.limits.max_image_bytes + 1)
+        # The body was bounded while it was read (BodyLimit); the part itself is bounded here.
+        data = await image.read(limits.max_image_bytes + 1)
         return await search.search_image(data, k, str(request.base_url))
 
     @app.get("/v1/frames/{frame_id}/thumbnail")

@@ -21,6 +21,9 @@ from storage.tables import IndexStore
 #: Frames fetched per requested moment: neighbours of one moment collapse into it.
 CANDIDATES_PER_MOMENT = 20
 MAX_CANDIDATES = 2000
+#: Image formats a query may use. Pillow's other plugins stay off: some hand the file to outside
+#: programs (EPS runs Ghostscript) and rarely used decoders are where parser bugs live.
+QUERY_IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
 
 
 class QueryEncoder(Protocol):
@@ -46,22 +49,24 @@ class SearchResponse(BaseModel):
 
 
 def decode_query_image(data: bytes, max_bytes: int, max_pixels: int) -> NDArray[np.uint8]:
-    """Raises:
-    LimitExceeded: over the byte or pixel limit.
-    InvalidInput: not an image.
+    """Decode a query image to RGB; its size is checked from the header before any pixel is decoded.
+
+    Raises:
+        LimitExceeded: over the byte or pixel limit (a small file can declare a huge picture).
+        InvalidInput: not an image in one of ``QUERY_IMAGE_FORMATS``.
     """
     if len(data) > max_bytes:
         raise LimitExceeded(f"image exceeds max bytes {max_bytes}")
     try:
-        image = Image.open(io.BytesIO(data))
-        # Checked before decoding pixels: a small file can declare a huge picture.
+        image = Image.open(io.BytesIO(data), formats=QUERY_IMAGE_FORMATS)
+        # Image.open reads only the header: the pixel count is known before decoding.
         if image.width * image.height > max_pixels:
             raise LimitExceeded(f"image exceeds max pixels {max_pixels} ({image.width}x{image.height})")
         rgb = np.asarray(image.convert("RGB"), dtype=np.uint8)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise LimitExceeded(f"image exceeds max pixels {max_pixels}") from exc
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
-        raise InvalidInput(f"not a readable image: {type(exc).__name__}") from exc
+        raise InvalidInput(f"not a readable image ({', '.join(QUERY_IMAGE_FORMATS)}): {type(exc).__name__}") from exc
     return rgb
 
 

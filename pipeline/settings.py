@@ -6,10 +6,11 @@ part they need in their constructor.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from events.config import AmqpSettings, VideoFilterSettings
@@ -19,6 +20,11 @@ from storage.config import S3Settings
 #: SigLIP 2 base/16 at 224 px: same cost as SigLIP base (the B/16 architecture), better retrieval
 #: and multilingual text; loads through AutoModel like every SigLIP-family checkpoint.
 DEFAULT_MODEL_ID = "google/siglip2-base-patch16-224"
+
+#: Shortest API key accepted: a short key is a guessable one (``vidx up`` makes 43-character keys).
+MIN_API_KEY_CHARS = 16
+#: A bearer token as it travels in an ``Authorization`` header: printable ASCII, no spaces.
+API_KEY_PATTERN = rf"[\x21-\x7e]{{{MIN_API_KEY_CHARS},}}"
 
 
 class ModelSettings(BaseModel):
@@ -92,7 +98,10 @@ class ServeSettings(BaseModel):
 class Settings(BaseSettings):
     """Everything configurable in vidx. Defaults run the local stack (``vidx up``)."""
 
-    model_config = SettingsConfigDict(env_prefix="VIDX_", env_nested_delimiter="__", extra="ignore")
+    # Validation errors never quote the input: it holds credentials and keys.
+    model_config = SettingsConfigDict(
+        env_prefix="VIDX_", env_nested_delimiter="__", extra="ignore", hide_input_in_errors=True
+    )
 
     s3: S3Settings = Field(default_factory=S3Settings)
     amqp: AmqpSettings = Field(default_factory=AmqpSettings)
@@ -103,8 +112,49 @@ class Settings(BaseSettings):
     serve: ServeSettings = Field(default_factory=ServeSettings)
     #: Where the local stack keeps its data, logs and pids.
     state_dir: Path = Path(".vidx")
-    #: Optional bearer key for the API (``vidx up`` prints where it is).
+    #: Bearer keys the API accepts; several at once let a key rotate (``VIDX_API_KEYS='["k1","k2"]'``).
+    #: Once validated it also holds ``api_key`` and the key in ``api_key_file``. None at all: no auth.
+    api_keys: list[SecretStr] = Field(default_factory=list)
+    #: One more key, the common case (``VIDX_API_KEY``).
     api_key: SecretStr | None = None
+    #: A file holding one API key (``vidx up`` writes ``<state_dir>/api-key``, mode 0600).
+    api_key_file: Path | None = None
+    #: The key for ``/v1/admin/...`` (dead letters, reindex); it opens every other endpoint too.
+    #: Once validated it holds the key in ``admin_key_file`` when that is set.
+    admin_key: SecretStr | None = None
+    admin_key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _gather_keys(self) -> Settings:
+        """Fold ``api_key`` and the key files into ``api_keys``/``admin_key`` and check every key.
+
+        Raises ValueError (never quoting a key) for an unreadable or empty file, both ``admin_key``
+        and ``admin_key_file``, or a key that is short or not a plain header token.
+        """
+        keys = [*self.api_keys, *([self.api_key] if self.api_key else [])]
+        if self.api_key_file is not None:
+            keys.append(self._read_key_file(self.api_key_file, "api_key_file"))
+        if self.admin_key_file is not None:
+            if self.admin_key is not None:
+                raise ValueError("set admin_key or admin_key_file, not both")
+            self.admin_key = self._read_key_file(self.admin_key_file, "admin_key_file")
+        for name, key in [*(("api_keys", k) for k in keys), ("admin_key", self.admin_key)]:
+            if key is not None and not re.fullmatch(API_KEY_PATTERN, key.get_secret_value()):
+                raise ValueError(f"{name}: a key is at least {MIN_API_KEY_CHARS} printable ASCII characters, no spaces")
+        unique = {k.get_secret_value(): k for k in keys}
+        self.api_keys = list(unique.values())
+        return self
+
+    @staticmethod
+    def _read_key_file(path: Path, name: str) -> SecretStr:
+        try:
+            return SecretStr(path.expanduser().read_text(encoding="utf-8").strip())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{name}: cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from exc
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.api_keys or self.admin_key)
 
     @property
     def api_url(self) -> str:

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import io
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from PIL import Image
 from pydantic import SecretStr
 
-from pipeline.api import create_app
+from pipeline.api import MAX_BODY_BYTES, MULTIPART_OVERHEAD_BYTES, create_app, is_admin_path
 from pipeline.errors import InvalidInput, LimitExceeded, TransientError
 from pipeline.ids import video_id
 from pipeline.jobs import IndexJob
-from pipeline.search import MomentOut, SearchResponse
-from pipeline.settings import Settings
+from pipeline.search import MomentOut, SearchResponse, decode_query_image
+from pipeline.settings import LimitSettings, Settings
 from storage.tables import VideoRecord, VideoStatus
 
 MOMENT = MomentOut(
@@ -30,8 +33,10 @@ MOMENT = MomentOut(
 
 
 class FakeSearch:
-    def __init__(self) -> None:
+    def __init__(self, limits: LimitSettings) -> None:
         self.fail: Exception | None = None
+        self.limits = limits
+        self.images: list[bytes] = []
 
     async def search_text(self, q: str, k: int, base_url: str) -> SearchResponse:
         if self.fail:
@@ -39,6 +44,9 @@ class FakeSearch:
         return SearchResponse(results=[MOMENT], took_ms=1.5)
 
     async def search_image(self, data: bytes, k: int, base_url: str) -> SearchResponse:
+        self.images.append(data)
+        if data != b"png":  # the real service's bounds, over the bytes the route handed on
+            decode_query_image(data, self.limits.max_image_bytes, self.limits.max_image_pixels)
         return SearchResponse(results=[MOMENT], took_ms=2.5)
 
 
@@ -77,9 +85,15 @@ class FakeJobs:
         return "task-1"
 
 
-def client(api_key: str | None = None) -> tuple[TestClient, FakeStore, FakeJobs, FakeSearch]:
-    settings = Settings(api_key=SecretStr(api_key) if api_key else None)
-    store, jobs, search = FakeStore(), FakeJobs(), FakeSearch()
+def client(
+    api_keys: list[str] | None = None, admin_key: str | None = None, limits: LimitSettings | None = None
+) -> tuple[TestClient, FakeStore, FakeJobs, FakeSearch]:
+    settings = Settings(
+        api_keys=[SecretStr(k) for k in api_keys or []],
+        admin_key=SecretStr(admin_key) if admin_key else None,
+        limits=limits or LimitSettings(),
+    )
+    store, jobs, search = FakeStore(), FakeJobs(), FakeSearch(settings.limits)
 
     async def stats() -> dict[str, Any]:
         return {"ignored_not_video": 2, "connected": 1}
@@ -170,13 +184,236 @@ def test_missing_query_is_a_json_422() -> None:
     assert resp.status_code == 422 and resp.json()["error"]["code"] == "invalid_request"
 
 
-def test_api_key_guards_everything_but_healthz() -> None:
-    http, _, _, _ = client(api_key="s3cret-key")
-    assert http.get("/healthz").json() == {"status": "ok"}
-    assert http.get("/v1/search", params={"q": "x"}).status_code == 401
-    assert http.get("/v1/search", params={"q": "x"}, headers={"Authorization": "Bearer wrong"}).status_code == 401
-    ok = http.get("/v1/search", params={"q": "x"}, headers={"Authorization": "Bearer s3cret-key"})
-    assert ok.status_code == 200
+KEY = "user-key-0123456789abcdef"
+OTHER_KEY = "user-key-rotated-0123456789"
+ADMIN_KEY = "admin-key-0123456789abcdef"
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def guarded() -> TestClient:
+    http, _, _, _ = client(api_keys=[KEY, OTHER_KEY], admin_key=ADMIN_KEY)
+    # Stand-ins for the admin routes another module adds: the rule is by path, not by route.
+    app = http.app
+    app.add_api_route("/v1/admin/dlq", lambda: {"messages": []}, methods=["GET"])  # type: ignore[attr-defined]
+    return http
+
+
+GUARDED = [
+    ("GET", "/v1/search?q=x"),
+    ("POST", "/v1/search/image"),
+    ("POST", "/v1/index"),
+    ("GET", "/v1/videos"),
+    ("GET", "/v1/videos/v1"),
+    ("GET", "/v1/frames/f1/thumbnail"),
+    ("GET", "/metrics"),
+    ("GET", "/docs"),
+    ("GET", "/openapi.json"),
+    ("GET", "/no/such/path"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), GUARDED)
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        bearer("wrong-key-0123456789abcdef"),
+        bearer(""),
+        {"Authorization": KEY},
+        {"Authorization": f"Basic {KEY}"},
+        {"Authorization": f"Bearer {KEY}x"},
+        {"Authorization": f"Bearer {KEY[:-1]}"},
+        {"X-Api-Key": KEY},
+    ],
+)
+def test_every_endpoint_but_healthz_needs_a_valid_key(
+    guarded: TestClient, method: str, path: str, headers: dict[str, str]
+) -> None:
+    resp = guarded.request(method, path, headers=headers)
+    assert resp.status_code == 401
+    assert resp.json() == {
+        "error": {"code": "unauthorized", "message": "a valid API key is required: Authorization: Bearer KEY"}
+    }
+    assert resp.headers["WWW-Authenticate"].startswith("Bearer")
+    assert KEY not in resp.text and ADMIN_KEY not in resp.text
+
+
+@pytest.mark.parametrize("key", [KEY, OTHER_KEY, ADMIN_KEY])
+def test_each_configured_key_opens_the_api(guarded: TestClient, key: str) -> None:
+    assert guarded.get("/v1/search", params={"q": "x"}, headers=bearer(key)).status_code == 200
+    assert guarded.get("/metrics", headers={"Authorization": f"bearer  {key} "}).status_code == 200
+    assert guarded.post("/v1/index", json={"uri": "s3://videos/a.mp4"}, headers=bearer(key)).status_code == 202
+
+
+def test_healthz_needs_no_key(guarded: TestClient) -> None:
+    assert guarded.get("/healthz").json() == {"status": "ok"}
+    assert guarded.get("/healthz", headers=bearer("wrong-key-0123456789abcdef")).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/admin/dlq", "/v1/admin/reindex", "/V1/Admin/dlq", "/v1//admin/dlq", "/v1/admin"])
+def test_admin_paths_need_the_admin_key(guarded: TestClient, path: str) -> None:
+    assert guarded.get(path).status_code == 401
+    assert guarded.get(path, headers=bearer("wrong-key-0123456789abcdef")).status_code == 401
+    regular = guarded.get(path, headers=bearer(KEY))
+    assert regular.status_code == 403
+    assert regular.json()["error"] == {"code": "forbidden", "message": "this endpoint needs the admin key"}
+    assert guarded.get(path, headers=bearer(ADMIN_KEY)).status_code != 403
+
+
+def test_admin_route_answers_the_admin_key(guarded: TestClient) -> None:
+    resp = guarded.get("/v1/admin/dlq", headers=bearer(ADMIN_KEY))
+    assert resp.status_code == 200 and resp.json() == {"messages": []}
+
+
+@pytest.mark.parametrize(
+    ("path", "admin"),
+    [
+        ("/v1/admin/dlq", True),
+        ("/v1/admin", True),
+        ("/v1/x/../admin/dlq", True),
+        ("/v1/./admin/", True),
+        ("/V1/ADMIN/dlq", True),
+        ("/v1/administrator", False),
+        ("/v1/videos", False),
+        ("/admin/v1", False),
+    ],
+)
+def test_admin_path_rule(path: str, admin: bool) -> None:
+    assert is_admin_path(path) is admin
+
+
+def test_without_an_admin_key_admin_paths_are_closed() -> None:
+    http, _, _, _ = client(api_keys=[KEY])
+    assert http.get("/v1/admin/dlq", headers=bearer(KEY)).status_code == 403
+    assert http.get("/v1/videos", headers=bearer(KEY)).status_code == 200
+
+
+def test_without_keys_the_api_is_open() -> None:
+    http, _, _, _ = client()
+    assert http.get("/v1/videos").status_code == 200
+
+
+# -- bounds ---------------------------------------------------------------------------------------------
+
+
+def png(width: int, height: int) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 10, 30)).save(out, format="PNG")
+    return out.getvalue()
+
+
+SMALL_LIMITS = LimitSettings(max_image_bytes=100_000, max_image_pixels=1_000_000)
+
+
+def test_an_image_within_bounds_is_searched() -> None:
+    http, _, _, search = client(limits=SMALL_LIMITS)
+    resp = http.post("/v1/search/image", files={"image": ("q.png", png(64, 48), "image/png")})
+    assert resp.status_code == 200, resp.text
+    assert len(search.images) == 1
+
+
+def test_an_image_over_the_byte_limit_is_413() -> None:
+    http, _, _, search = client(limits=SMALL_LIMITS)
+    resp = http.post("/v1/search/image", files={"image": ("q.bin", b"\0" * 150_000, "image/png")})
+    assert resp.status_code == 413 and resp.json()["error"]["code"] == "too_large"
+    # Within the multipart slack the body is read, but only one byte past the bound is handed on.
+    assert [len(d) for d in search.images] == [SMALL_LIMITS.max_image_bytes + 1]
+
+
+def test_an_image_just_over_the_limit_inside_the_multipart_slack_is_413() -> None:
+    http, _, _, _ = client(limits=SMALL_LIMITS)
+    resp = http.post("/v1/search/image", files={"image": ("q.bin", b"\0" * 100_001, "image/png")})
+    assert resp.status_code == 413
+    assert "max bytes 100000" in resp.json()["error"]["message"]
+
+
+def test_a_40_mb_image_is_413_with_default_limits() -> None:
+    http, _, _, search = client()
+    resp = http.post("/v1/search/image", files={"image": ("big.png", b"\0" * (40 * 1024**2), "image/png")})
+    assert resp.status_code == 413 and search.images == []
+
+
+def _multipart(part: bytes) -> tuple[bytes, str]:
+    boundary = "vidxboundary"
+    body = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="image"; filename="q.png"\r\n'
+        f"Content-Type: image/png\r\n\r\n"
+    ).encode()
+    return body + part + f"\r\n--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+def test_a_chunked_image_body_is_bounded_while_read() -> None:
+    http, _, _, search = client(limits=SMALL_LIMITS)
+    body, content_type = _multipart(b"\0" * 300_000)
+
+    def chunks() -> Iterator[bytes]:
+        for i in range(0, len(body), 8192):
+            yield body[i : i + 8192]
+
+    resp = http.post("/v1/search/image", content=chunks(), headers={"Content-Type": content_type})
+    assert resp.status_code == 413 and search.images == []
+
+
+def test_a_body_longer_than_its_declared_length_is_bounded() -> None:
+    http, _, _, search = client(limits=SMALL_LIMITS)
+    body, content_type = _multipart(b"\0" * 300_000)
+    resp = http.post("/v1/search/image", content=body, headers={"Content-Type": content_type, "Content-Length": "1000"})
+    assert resp.status_code == 413 and search.images == []
+
+
+def test_a_declared_length_over_the_bound_is_refused_before_reading() -> None:
+    http, _, _, _ = client(limits=SMALL_LIMITS)
+    body, content_type = _multipart(b"\0" * 10)
+    limit = SMALL_LIMITS.max_image_bytes + MULTIPART_OVERHEAD_BYTES
+    resp = http.post(
+        "/v1/search/image", content=body, headers={"Content-Type": content_type, "Content-Length": str(limit + 1)}
+    )
+    assert resp.status_code == 413
+
+
+def test_other_bodies_are_bounded_too() -> None:
+    http, _, jobs, _ = client()
+    resp = http.post("/v1/index", json={"uri": "s3://videos/" + "a" * MAX_BODY_BYTES})
+    assert resp.status_code == 413 and jobs.jobs == []
+
+
+def test_too_many_pixels_is_413_before_decoding() -> None:
+    http, _, _, _ = client(limits=SMALL_LIMITS)
+    data = png(4000, 3000)
+    assert len(data) < SMALL_LIMITS.max_image_bytes
+    resp = http.post("/v1/search/image", files={"image": ("q.png", data, "image/png")})
+    assert resp.status_code == 413 and "max pixels" in resp.json()["error"]["message"]
+
+
+def test_formats_outside_the_allowed_few_are_refused() -> None:
+    http, _, _, _ = client(limits=SMALL_LIMITS)
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n%%EndComments\nshowpage\n"
+    resp = http.post("/v1/search/image", files={"image": ("q.eps", eps, "application/postscript")})
+    assert resp.status_code == 400 and "not a readable image" in resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "s3://videos/a/%2e%2e/b.mp4",
+        "s3://videos/a%2Fb.mp4",
+        "s3://videos/a\\b.mp4",
+        "s3://videos/a\u0000b.mp4",
+        "s3://videos/" + "k" * 1025,
+        "S3://videos/a.mp4",
+        "s3://videos.evil/a.mp4",
+        "s3://videos@evil/a.mp4",
+    ],
+)
+def test_index_rejects_tricky_uris(uri: str) -> None:
+    http, _, jobs, _ = client()
+    resp = http.post("/v1/index", json={"uri": uri})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["code"] == "bad_request" and jobs.jobs == []
 
 
 def test_thumbnail_and_metrics() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +29,8 @@ def test_defaults_run_the_local_stack() -> None:
     assert settings.sampling.every_s == 1.0
     assert settings.model.id == DEFAULT_MODEL_ID
     assert settings.api_key is None
+    assert settings.api_keys == [] and settings.admin_key is None and not settings.auth_enabled
+    assert 60 <= settings.s3.presign_ttl_s <= 3600
     assert settings.api_url == "http://127.0.0.1:8000"
     assert isinstance(settings.limits, DecodeLimits)
 
@@ -89,14 +92,15 @@ def test_secrets_do_not_show(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VIDX_S3__ACCESS_KEY", "AKIA-visible-nowhere")
     monkeypatch.setenv("VIDX_S3__SECRET_KEY", "s3-secret-value")
     monkeypatch.setenv("VIDX_AMQP__URL", "amqp://vidx:amqp-password@rabbit:5672/%2F")
-    monkeypatch.setenv("VIDX_API_KEY", "api-key-value")
+    monkeypatch.setenv("VIDX_API_KEY", "api-key-value-0123456789")
+    monkeypatch.setenv("VIDX_ADMIN_KEY", "admin-key-value-0123456789")
 
     settings = Settings()
 
     assert settings.s3.secret_key.get_secret_value() == "s3-secret-value"
     assert settings.amqp.url.get_secret_value() == "amqp://vidx:amqp-password@rabbit:5672/%2F"
     assert settings.api_key is not None
-    assert settings.api_key.get_secret_value() == "api-key-value"
+    assert settings.api_key.get_secret_value() == "api-key-value-0123456789"
     shown = [
         repr(settings),
         str(settings),
@@ -105,7 +109,7 @@ def test_secrets_do_not_show(monkeypatch: pytest.MonkeyPatch) -> None:
         settings.model_dump_json(),
     ]
     for text in shown:
-        for secret in ("AKIA-visible-nowhere", "s3-secret-value", "amqp-password", "api-key-value"):
+        for secret in ("AKIA-visible-nowhere", "s3-secret-value", "amqp-password", "api-key-value", "admin-key-value"):
             assert secret not in text
 
 
@@ -115,3 +119,89 @@ def test_constructor_arguments_override_env(monkeypatch: pytest.MonkeyPatch) -> 
     settings = Settings(sampling=SamplingSettings(every_s=2.0))
 
     assert settings.sampling.every_s == 2.0
+
+
+KEY_A = "key-a-0123456789abcdef"
+KEY_B = "key-b-0123456789abcdef"
+
+
+def test_api_keys_gather_from_list_single_and_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    key_file = tmp_path / "api-key"
+    key_file.write_text("key-from-file-0123456789\n")
+    admin_file = tmp_path / "admin-key"
+    admin_file.write_text("admin-from-file-0123456789")
+    monkeypatch.setenv("VIDX_API_KEYS", f'["{KEY_A}", "{KEY_B}"]')
+    monkeypatch.setenv("VIDX_API_KEY", KEY_A)
+    monkeypatch.setenv("VIDX_API_KEY_FILE", str(key_file))
+    monkeypatch.setenv("VIDX_ADMIN_KEY_FILE", str(admin_file))
+
+    settings = Settings()
+
+    assert [k.get_secret_value() for k in settings.api_keys] == [KEY_A, KEY_B, "key-from-file-0123456789"]
+    assert settings.admin_key is not None and settings.admin_key.get_secret_value() == "admin-from-file-0123456789"
+    assert settings.auth_enabled
+
+
+def test_an_admin_key_alone_turns_auth_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VIDX_ADMIN_KEY", KEY_A)
+
+    assert Settings().auth_enabled
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("VIDX_API_KEY", "short-key", "at least 16"),
+        ("VIDX_API_KEY", "a key with spaces in it", "no spaces"),
+        ("VIDX_API_KEYS", '["0123456789abcdef", ""]', "at least 16"),
+        ("VIDX_ADMIN_KEY", "short", "admin_key"),
+        ("VIDX_API_KEY_FILE", "/nonexistent/vidx/api-key", "cannot read /nonexistent/vidx/api-key"),
+    ],
+)
+def test_bad_keys_are_rejected_without_quoting_them(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str
+) -> None:
+    monkeypatch.setenv(name, value)
+
+    with pytest.raises(ValueError, match=message) as info:
+        Settings()
+
+    if "FILE" not in name:
+        assert value not in str(info.value)
+
+
+def test_an_empty_key_file_is_rejected(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "empty").write_text("\n")
+    monkeypatch.setenv("VIDX_API_KEY_FILE", str(tmp_path / "empty"))
+
+    with pytest.raises(ValueError, match="at least 16"):
+        Settings()
+
+
+def test_admin_key_and_admin_key_file_exclude_each_other(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "admin").write_text(KEY_B)
+    monkeypatch.setenv("VIDX_ADMIN_KEY", KEY_A)
+    monkeypatch.setenv("VIDX_ADMIN_KEY_FILE", str(tmp_path / "admin"))
+
+    with pytest.raises(ValueError, match="not both"):
+        Settings()
+
+
+def test_validation_errors_never_quote_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VIDX_S3__SECRET_KEY", "s3-secret-value")
+    monkeypatch.setenv("VIDX_AMQP__URL", "amqp://vidx:amqp-password@rabbit:5672/%2F")
+    monkeypatch.setenv("VIDX_API_KEY", "bad key with spaces")
+
+    with pytest.raises(ValueError) as info:
+        Settings()
+
+    for secret in ("s3-secret-value", "amqp-password", "bad key with spaces"):
+        assert secret not in str(info.value)
+
+
+@pytest.mark.parametrize("ttl", ["0", "5", "3601", "604800"])
+def test_presigned_links_are_short_lived(monkeypatch: pytest.MonkeyPatch, ttl: str) -> None:
+    monkeypatch.setenv("VIDX_S3__PRESIGN_TTL_S", ttl)
+
+    with pytest.raises(ValueError):
+        Settings()
