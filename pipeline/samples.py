@@ -9,13 +9,17 @@ so a decoded frame can be matched to the second it came from with ``frame_at`` a
 from __future__ import annotations
 
 import io
+import itertools
 import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
 import av
 import numpy as np
 from numpy.typing import NDArray
+from PIL import Image
 
 #: Grid of flat colour blocks drawn for each second (columns, rows).
 GRID = (8, 6)
@@ -23,7 +27,9 @@ GRID = (8, 6)
 #: Encoder options that keep generation fast; codecs not listed use FFmpeg's defaults.
 _FAST_OPTIONS: dict[str, dict[str, str]] = {
     "libx264": {"preset": "ultrafast"},
-    "libx265": {"preset": "ultrafast", "log-level": "error"},
+    # x265 reads its own log level from x265-params, not from FFmpeg's options.
+    "libx265": {"preset": "ultrafast", "x265-params": "log-level=error"},
+    "libsvtav1": {"preset": "12"},
     "libvpx": {"deadline": "realtime", "cpu-used": "8"},
     "libvpx-vp9": {"deadline": "realtime", "cpu-used": "8"},
 }
@@ -40,7 +46,38 @@ VIDEO_FORMATS: dict[str, str] = {
     ".avi": "mpeg4",
     ".webm": "libvpx-vp9",
     ".ts": "mpeg2video",
+    ".mpg": "mpeg2video",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class VideoFormat:
+    """One container/codec combination of the bad-input matrix, and the codec a decoder reports."""
+
+    suffix: str
+    encoder: str
+    codec: str
+    pix_fmt: str = "yuv420p"
+
+
+#: Every format vidx must index, by name; all encoders are in the pinned PyAV wheel.
+MATRIX_FORMATS: dict[str, VideoFormat] = {
+    "h264-mp4": VideoFormat(".mp4", "libx264", "h264"),
+    "h264-mkv": VideoFormat(".mkv", "libx264", "h264"),
+    "h264-mov": VideoFormat(".mov", "libx264", "h264"),
+    "hevc10-mp4": VideoFormat(".mp4", "libx265", "hevc", "yuv420p10le"),
+    "hevc10-mkv": VideoFormat(".mkv", "libx265", "hevc", "yuv420p10le"),
+    "av1-mp4": VideoFormat(".mp4", "libsvtav1", "av1"),
+    "av1-webm": VideoFormat(".webm", "libsvtav1", "av1"),
+    "vp8-webm": VideoFormat(".webm", "libvpx", "vp8"),
+    "vp9-webm": VideoFormat(".webm", "libvpx-vp9", "vp9"),
+    "mpeg2-mpg": VideoFormat(".mpg", "mpeg2video", "mpeg2video"),
+    "mpeg2-ts": VideoFormat(".ts", "mpeg2video", "mpeg2video"),
+    "mpeg4-avi": VideoFormat(".avi", "mpeg4", "mpeg4"),
+}
+
+#: Picture for output frame ``i`` at presentation time ``ts_s``: (i, ts_s) -> RGB.
+_Painter = Callable[[int, float], NDArray[np.uint8]]
 
 
 #: Muxers for ``write_video(..., seekable=False)``, which can't infer the format from a file name.
@@ -94,62 +131,177 @@ def write_video(
     gop: int | None = None,
     pix_fmt: str = "yuv420p",
     seekable: bool = True,
+    rotation: int = 0,
 ) -> Path:
     """Encode ``round(seconds * fps)`` frames; frame i shows ``frame_at(i // fps, seed, size)``.
 
-    The container is inferred from the suffix (.mp4, .mkv, .mov, .avi, .webm, .ts, ...). ``gop`` is
-    the keyframe interval in frames (None: the encoder's default). ``seekable=False`` writes through
-    a pipe-like sink (.mkv, .webm, .ts only), so the container carries no duration. Returns ``path``.
+    The container is inferred from the suffix (.mp4, .mkv, .mov, .avi, .webm, .ts, .mpg, ...).
+    ``gop`` is the keyframe interval in frames (None: the encoder's default). ``seekable=False``
+    writes through a pipe-like sink (.mkv, .webm, .ts only), so the container carries no duration.
+    ``rotation`` (a multiple of 90, counter-clockwise) stores the pictures turned the other way with
+    a display matrix that turns them back, like a phone held upright: ``size`` is the upright size.
+    Returns ``path``.
 
     Raises:
-        ValueError: no frame to write (``seconds * fps`` rounds to 0), or ``seekable=False`` with a
-            suffix that has no streaming muxer here.
+        ValueError: no frame to write (``seconds * fps`` rounds to 0), ``seekable=False`` with a
+            suffix that has no streaming muxer here, or a rotation that isn't a multiple of 90.
     """
     n_frames = round(seconds * fps)
     if n_frames <= 0:
         raise ValueError("seconds * fps must give at least one frame")
-    if not seekable and path.suffix not in _STREAM_FORMATS:
-        raise ValueError(f"seekable=False needs one of {sorted(_STREAM_FORMATS)}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if seekable:
-        _encode(str(path), None, n_frames, fps, size, codec, seed, gop, pix_fmt)
-    else:
-        with path.open("wb") as raw:
-            sink = _NonSeekable(raw)
-            _encode(sink, _STREAM_FORMATS[path.suffix], n_frames, fps, size, codec, seed, gop, pix_fmt)
+    pictures = [frame_at(second, seed, size) for second in range(math.ceil(n_frames / fps))]
+    return _write(
+        path,
+        [Fraction(i, fps) for i in range(n_frames)],
+        lambda i, _ts: pictures[i // fps],
+        fps=fps,
+        size=size,
+        codec=codec,
+        gop=gop,
+        pix_fmt=pix_fmt,
+        seekable=seekable,
+        rotation=rotation,
+    )
+
+
+def write_timed_video(
+    path: Path,
+    times_s: Sequence[float],
+    *,
+    size: tuple[int, int] = (160, 120),
+    codec: str = "libx264",
+    seed: int = 0,
+) -> Path:
+    """Encode one frame per presentation time in ``times_s`` (strictly increasing, from 0, on a
+    millisecond clock); the frame at t shows ``frame_at(floor(t), seed, size)``. Irregular times
+    make a variable-frame-rate video; sparse ones a long low-fps video. Returns ``path``.
+
+    Raises:
+        ValueError: no times, or times that don't increase.
+    """
+    ticks = [Fraction(round(t * 1000), 1000) for t in times_s]
+    if not ticks or any(b <= a for a, b in itertools.pairwise(ticks)):
+        raise ValueError("times_s must be non-empty and strictly increasing (1 ms apart at least)")
+    pictures: dict[int, NDArray[np.uint8]] = {}
+
+    def paint(_i: int, ts_s: float) -> NDArray[np.uint8]:
+        second = math.floor(ts_s + 1e-9)
+        if second not in pictures:
+            pictures[second] = frame_at(second, seed, size)
+        return pictures[second]
+
+    # The stream's nominal rate only sets the encoder's rate control; times come from the pts.
+    return _write(path, ticks, paint, fps=1000, size=size, codec=codec, time_base=Fraction(1, 1000))
+
+
+def write_large_video(path: Path, *, min_bytes: int, seed: int = 0, size: tuple[int, int] = (320, 240)) -> Path:
+    """A lossless H.264 video of at least ``min_bytes`` (for multipart uploads): 10 fps, second s
+    shows ``frame_at(s, seed, size)`` under fresh noise of +-12 per frame so nothing compresses away
+    (a decoded frame stays within MAE 8 of its picture). Returns ``path``.
+    """
+    width, height = size
+    # About 0.3 bytes per noisy channel value survive lossless compression; 0.25 leaves some slack.
+    n_frames = max(10, math.ceil(min_bytes / (width * height * 3 * 0.25)))
+    fps = 10
+    rng = np.random.default_rng(seed)
+
+    def paint(i: int, _ts: float) -> NDArray[np.uint8]:
+        noise = rng.integers(-12, 13, size=(height, width, 3), dtype=np.int16)
+        return np.clip(frame_at(i // fps, seed, size).astype(np.int16) + noise, 0, 255).astype(np.uint8)
+
+    _write(
+        path,
+        [Fraction(i, fps) for i in range(n_frames)],
+        paint,
+        fps=fps,
+        size=size,
+        codec="libx264",
+        options={"preset": "ultrafast", "qp": "0"},
+    )
+    if path.stat().st_size < min_bytes:
+        raise AssertionError(f"{path} came out at {path.stat().st_size} bytes, under {min_bytes}")
     return path
 
 
-def _encode(
-    target: str | io.RawIOBase,
-    format_name: str | None,
-    n_frames: int,
+def _write(
+    path: Path,
+    times: Sequence[Fraction],
+    paint: _Painter,
+    *,
     fps: int,
     size: tuple[int, int],
     codec: str,
-    seed: int,
-    gop: int | None,
-    pix_fmt: str,
-) -> None:
-    width, height = size
-    with av.open(target, mode="w", format=format_name) as container:
-        stream = container.add_stream(codec, rate=fps, options=_FAST_OPTIONS.get(codec, {}))
-        assert isinstance(stream, av.VideoStream), f"{codec} is not a video encoder"
-        stream.width = width
-        stream.height = height
-        stream.pix_fmt = pix_fmt
-        stream.time_base = Fraction(1, fps)
-        if codec in _BIT_RATES:
-            stream.bit_rate = _BIT_RATES[codec]
-        if gop is not None:
-            stream.codec_context.gop_size = gop
-        pictures = [frame_at(second, seed, size) for second in range(math.ceil(n_frames / fps))]
-        for i in range(n_frames):
-            frame = av.VideoFrame.from_ndarray(pictures[i // fps], format="rgb24").reformat(format=pix_fmt)
-            frame.pts = i
-            frame.time_base = Fraction(1, fps)
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode(None))
+    gop: int | None = None,
+    pix_fmt: str = "yuv420p",
+    seekable: bool = True,
+    rotation: int = 0,
+    time_base: Fraction | None = None,
+    options: dict[str, str] | None = None,
+) -> Path:
+    if not seekable and path.suffix not in _STREAM_FORMATS:
+        raise ValueError(f"seekable=False needs one of {sorted(_STREAM_FORMATS)}")
+    if rotation % 90:
+        raise ValueError("rotation must be a multiple of 90 degrees")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    encode = _Encode(
+        times=times,
+        paint=paint,
+        fps=fps,
+        size=size,
+        codec=codec,
+        gop=gop,
+        pix_fmt=pix_fmt,
+        rotation=rotation,
+        time_base=time_base or Fraction(1, fps),
+        options=options if options is not None else _FAST_OPTIONS.get(codec, {}),
+    )
+    if seekable:
+        encode(str(path), None)
+    else:
+        with path.open("wb") as raw:
+            encode(_NonSeekable(raw), _STREAM_FORMATS[path.suffix])
+    return path
+
+
+@dataclass(frozen=True, slots=True)
+class _Encode:
+    times: Sequence[Fraction]
+    paint: _Painter
+    fps: int
+    size: tuple[int, int]
+    codec: str
+    gop: int | None
+    pix_fmt: str
+    rotation: int
+    time_base: Fraction
+    options: dict[str, str]
+
+    def __call__(self, target: str | io.RawIOBase, format_name: str | None) -> None:
+        # Stored pictures are turned clockwise by ``rotation``; the display matrix turns them back.
+        turns = -(self.rotation // 90)
+        width, height = self.size if turns % 2 == 0 else self.size[::-1]
+        with av.open(target, mode="w", format=format_name) as container:
+            stream = container.add_stream(self.codec, rate=self.fps, options=self.options)
+            assert isinstance(stream, av.VideoStream), f"{self.codec} is not a video encoder"
+            stream.width = width
+            stream.height = height
+            stream.pix_fmt = self.pix_fmt
+            stream.time_base = self.time_base
+            if self.rotation:
+                stream.set_display_rotation(self.rotation)
+            if self.codec in _BIT_RATES:
+                stream.bit_rate = _BIT_RATES[self.codec]
+            if self.gop is not None:
+                stream.codec_context.gop_size = self.gop
+            for i, ts in enumerate(self.times):
+                picture = self.paint(i, float(ts))
+                if turns % 4:
+                    picture = np.ascontiguousarray(np.rot90(picture, k=turns))
+                frame = av.VideoFrame.from_ndarray(picture, format="rgb24").reformat(format=self.pix_fmt)
+                frame.pts = int(ts / self.time_base)
+                frame.time_base = self.time_base
+                container.mux(stream.encode(frame))
+            container.mux(stream.encode(None))
 
 
 def expected_sample_count(seconds: float, fps: int, every_s: float) -> int:
@@ -199,6 +351,62 @@ def write_audio_only(path: Path, *, seconds: float = 1.0, rate: int = 16_000) ->
             frame.sample_rate = rate
             frame.pts = start
             frame.time_base = Fraction(1, rate)
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    return path
+
+
+def write_no_streams_mp4(path: Path) -> Path:
+    """A well-formed MP4 that holds no stream at all: an ``ftyp`` box and a ``moov`` with only its
+    movie header (FFmpeg's muxer refuses to write one, so the boxes are written here)."""
+
+    def box(kind: bytes, payload: bytes) -> bytes:
+        return (8 + len(payload)).to_bytes(4, "big") + kind + payload
+
+    ftyp = box(b"ftyp", b"isom" + (512).to_bytes(4, "big") + b"isomiso2mp41")
+    # mvhd v0: flags, times, timescale 1000, duration 0, rate 1.0, volume 1.0, identity matrix, next id.
+    matrix = b"".join(v.to_bytes(4, "big") for v in (0x10000, 0, 0, 0, 0x10000, 0, 0, 0, 0x40000000))
+    mvhd = box(
+        b"mvhd",
+        bytes(4)
+        + bytes(8)
+        + (1000).to_bytes(4, "big")
+        + bytes(4)
+        + (0x10000).to_bytes(4, "big")
+        + (0x100).to_bytes(2, "big")
+        + bytes(10)
+        + matrix
+        + bytes(24)
+        + (1).to_bytes(4, "big"),
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(ftyp + box(b"moov", mvhd))
+    return path
+
+
+def write_still_image(path: Path, *, image_format: str = "PNG", seed: int = 0) -> Path:
+    """A still image in ``image_format`` (PNG, JPEG, ...) whatever the suffix of ``path`` says."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(frame_at(0, seed)).save(path, format=image_format)
+    return path
+
+
+def write_pixel_bomb(path: Path, *, size: tuple[int, int] = (8000, 8000), seconds: int = 1) -> Path:
+    """A decompression bomb: one flat black H.264 frame per second at ``size`` (8000x8000 by default,
+    64 Mpixels, over 8K UHD), a couple of hundred kilobytes on disk. Returns ``path``."""
+    width, height = size
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), mode="w") as container:
+        stream = container.add_stream("libx264", rate=1, options=_FAST_OPTIONS["libx264"])
+        assert isinstance(stream, av.VideoStream)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        # Filled planes directly: drawing and converting 64 Mpixels of RGB would take seconds.
+        frame = av.VideoFrame(width, height, "yuv420p")
+        for plane in frame.planes:
+            plane.update(bytes(plane.buffer_size))
+        for second in range(seconds):
+            frame.pts = second
+            frame.time_base = Fraction(1, 1)
             container.mux(stream.encode(frame))
         container.mux(stream.encode(None))
     return path

@@ -10,14 +10,19 @@ import numpy as np
 import pydantic
 import pytest
 
-from pipeline.decode import DecodeLimits, SampledFrame, VideoInfo, probe, sample_frames
+from pipeline.decode import DecodeLimits, SampledFrame, VideoInfo, probe, sample_frames, span
 from pipeline.errors import CorruptVideo, LimitExceeded, NotAVideo, PermanentError
 from tests.media import (
+    MATRIX_FORMATS,
     expected_sample_count,
     frame_at,
     mae,
     write_audio_only,
     write_corrupt_mp4,
+    write_no_streams_mp4,
+    write_pixel_bomb,
+    write_still_image,
+    write_timed_video,
     write_truncated,
     write_video,
 )
@@ -29,25 +34,11 @@ OTHER_PICTURE_MAE = 40.0
 SECONDS = 3.0
 SIZE = (160, 120)
 
-#: (suffix, encoder, codec name the decoder reports)
-FORMATS = [
-    (".mp4", "libx264", "h264"),
-    (".mkv", "libx264", "h264"),
-    (".mov", "libx264", "h264"),
-    (".avi", "mpeg4", "mpeg4"),
-    (".webm", "libvpx-vp9", "vp9"),
-    (".webm", "libvpx", "vp8"),
-    (".ts", "mpeg2video", "mpeg2video"),
-]
+#: (suffix, encoder, codec name the probe reports, pixel format): every format of the matrix.
 FORMAT_PARAMS = [
-    pytest.param(
-        suffix,
-        encoder,
-        name,
-        # No skip: the pinned PyAV wheel ships every one of these encoders; losing one must fail.
-        id=f"{encoder}{suffix}",
-    )
-    for suffix, encoder, name in FORMATS
+    # No skip: the pinned PyAV wheel ships every one of these encoders; losing one must fail.
+    pytest.param(f.suffix, f.encoder, f.codec, f.pix_fmt, id=name)
+    for name, f in MATRIX_FORMATS.items()
 ]
 FPS = [10, 24, 25, 30]
 EVERY_S = [1.0, 0.5, 2.0]
@@ -85,12 +76,12 @@ def assert_shows_second(frame: SampledFrame, second: int, seed: int, seconds: fl
 
 @pytest.mark.parametrize("every_s", EVERY_S)
 @pytest.mark.parametrize("fps", FPS)
-@pytest.mark.parametrize(("suffix", "encoder", "codec_name"), FORMAT_PARAMS)
+@pytest.mark.parametrize(("suffix", "encoder", "codec_name", "pix_fmt"), FORMAT_PARAMS)
 def test_samples_one_frame_per_interval_by_presentation_time(
-    video: VideoFactory, suffix: str, encoder: str, codec_name: str, fps: int, every_s: float
+    video: VideoFactory, suffix: str, encoder: str, codec_name: str, pix_fmt: str, fps: int, every_s: float
 ) -> None:
     seed = fps
-    path = video(suffix, codec=encoder, fps=fps, seed=seed)
+    path = video(suffix, codec=encoder, fps=fps, seed=seed, pix_fmt=pix_fmt)
 
     frames = sample(path, every_s)
 
@@ -200,13 +191,94 @@ def test_stopping_early_closes_cleanly(video: VideoFactory) -> None:
     assert first.ts_s == 0.0
 
 
-@pytest.mark.parametrize(("suffix", "encoder", "codec_name"), FORMAT_PARAMS)
-def test_probe_reads_stream_facts(video: VideoFactory, suffix: str, encoder: str, codec_name: str) -> None:
-    info = probe(video(suffix, codec=encoder, fps=25, seed=25), DecodeLimits())
+@pytest.mark.parametrize(("suffix", "encoder", "codec_name", "pix_fmt"), FORMAT_PARAMS)
+def test_probe_reads_stream_facts(
+    video: VideoFactory, suffix: str, encoder: str, codec_name: str, pix_fmt: str
+) -> None:
+    info = probe(video(suffix, codec=encoder, fps=25, seed=25, pix_fmt=pix_fmt), DecodeLimits())
 
+    # The codec, not the decoder FFmpeg picked (AV1 decodes with libdav1d).
     assert (info.width, info.height, info.codec) == (160, 120, codec_name)
     assert info.fps == pytest.approx(25.0)
+    # MPEG program streams (.mpg) report the last frame's start, one frame short.
     assert info.duration_s == pytest.approx(SECONDS, abs=0.1)
+
+
+# Odd but valid videos.
+
+
+@pytest.mark.parametrize("rotation", [90, -90, 180, 270])
+def test_rotated_video_yields_upright_frames(tmp_path: Path, rotation: int) -> None:
+    # A phone held upright: pictures stored turned, with a display matrix that turns them back.
+    upright = (120, 160)
+    path = write_video(tmp_path / f"phone{rotation}.mp4", seconds=2, size=upright, rotation=rotation, seed=11)
+
+    frames = sample(path)
+
+    assert [f.ts_s for f in frames] == [0.0, 1.0]
+    for frame in frames:
+        assert frame.rgb.shape == (160, 120, 3)
+        assert frame.rgb.flags.c_contiguous
+        second = int(frame.ts_s)
+        assert mae(frame.rgb, frame_at(second, 11, upright)) < SAME_PICTURE_MAE
+        # The stored picture, turned back the wrong way, is not the upright one.
+        wrong = np.rot90(frame.rgb, k=2)
+        assert mae(wrong, frame_at(second, 11, upright)) > OTHER_PICTURE_MAE
+
+
+def test_rotated_frames_are_scaled_by_their_longer_side(tmp_path: Path) -> None:
+    path = write_video(tmp_path / "phone.mov", seconds=1, size=(240, 320), rotation=-90, seed=12)
+
+    (frame,) = sample(path, max_side=160)
+
+    assert frame.rgb.shape == (160, 120, 3)
+    assert mae(frame.rgb, frame_at(0, 12, (120, 160))) < SAME_PICTURE_MAE
+
+
+def test_variable_frame_rate_is_sampled_by_presentation_time(tmp_path: Path) -> None:
+    times = [0.0, 0.04, 0.1, 0.5, 0.55, 1.2, 1.25, 1.3, 2.7, 2.9, 3.05]
+    path = write_timed_video(tmp_path / "vfr.mp4", times, seed=13)
+
+    frames = sample(path, 1.0)
+
+    # The first frame presented at or after 0, 1, 2 and 3 s.
+    assert [f.ts_s for f in frames] == [0.0, 1.2, 2.7, 3.05]
+    for frame in frames:
+        assert_shows_second(frame, math.floor(frame.ts_s), seed=13, seconds=4)
+
+
+def test_one_frame_video_yields_one_sample(tmp_path: Path) -> None:
+    path = write_video(tmp_path / "one.mp4", seconds=0.1, fps=10, seed=14)
+
+    frames = sample(path, 1.0)
+
+    assert [f.ts_s for f in frames] == [0.0]
+    assert mae(frames[0].rgb, frame_at(0, 14, SIZE)) < SAME_PICTURE_MAE
+
+
+def test_long_low_fps_video_within_limits(tmp_path: Path) -> None:
+    # Ten minutes, one frame every 10 s: 60 frames, 60 samples at 1 s (never a frame twice).
+    path = write_timed_video(tmp_path / "timelapse.mp4", [10.0 * i for i in range(60)], seed=15)
+
+    assert probe(path, DecodeLimits(max_duration_s=600)).duration_s == pytest.approx(590, abs=1)
+    frames = sample(path, 1.0, DecodeLimits(max_duration_s=600, max_frames=60))
+
+    assert [f.ts_s for f in frames] == [10.0 * i for i in range(60)]
+    assert mae(frames[-1].rgb, frame_at(590, 15, SIZE)) < SAME_PICTURE_MAE
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"times_s": []}, {"times_s": [0.0, 1.0, 1.0]}, {"times_s": [1.0, 0.5]}],
+)
+def test_timed_video_needs_increasing_times(tmp_path: Path, kwargs: dict[str, list[float]]) -> None:
+    with pytest.raises(ValueError, match="strictly increasing"):
+        write_timed_video(tmp_path / "x.mp4", kwargs["times_s"])
+
+
+def test_rotation_must_be_a_quarter_turn(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="multiple of 90"):
+        write_video(tmp_path / "x.mp4", seconds=1, rotation=45)
 
 
 def test_probe_of_a_streamed_file_has_no_duration(tmp_path: Path) -> None:
@@ -261,12 +333,37 @@ def test_truncated_mp4_without_its_index_is_corrupt(video: VideoFactory, tmp_pat
         sample(path)
 
 
-def test_text_with_a_video_suffix_is_corrupt(tmp_path: Path) -> None:
+# FFmpeg fails on some texts and takes others for audio (the second opens as AMR).
+@pytest.mark.parametrize("text", ["these are not the frames you are looking for\n", "grüße, 日本語\t\r\n" * 400])
+def test_text_with_a_video_suffix_is_not_a_video(tmp_path: Path, text: str) -> None:
     path = tmp_path / "notes.mp4"
-    path.write_text("these are not the frames you are looking for\n")
+    path.write_text(text, encoding="utf-8")
 
-    with pytest.raises(CorruptVideo):
+    with pytest.raises(NotAVideo) as info:
         probe(path, DecodeLimits())
+    with pytest.raises(NotAVideo):
+        sample(path)
+
+    assert info.value.reason == "not a video: a text file"
+
+
+@pytest.mark.parametrize(("image_format", "name"), [("PNG", "png"), ("JPEG", "jpeg"), ("BMP", "bmp")])
+def test_image_with_a_video_suffix_is_not_a_video(tmp_path: Path, image_format: str, name: str) -> None:
+    path = write_still_image(tmp_path / "photo.mp4", image_format=image_format)
+
+    with pytest.raises(NotAVideo) as info:
+        sample(path)
+
+    assert info.value.reason == f"not a video: a still image ({name})"
+
+
+def test_mp4_without_streams_is_not_a_video(tmp_path: Path) -> None:
+    path = write_no_streams_mp4(tmp_path / "empty.mp4")
+
+    with pytest.raises(NotAVideo) as info:
+        sample(path)
+
+    assert info.value.reason == "not a video: no video stream"
 
 
 @pytest.mark.parametrize("suffix", [".mkv", ".ts"])
@@ -287,23 +384,39 @@ def test_truncated_stream_container_yields_what_it_has(video: VideoFactory, tmp_
 def test_max_pixels(video: VideoFactory) -> None:
     path = video()
 
-    with pytest.raises(LimitExceeded, match="max pixels") as info:
+    with pytest.raises(LimitExceeded) as info:
         sample(path, limits=DecodeLimits(max_pixels=160 * 120 - 1))
     with pytest.raises(LimitExceeded, match="max pixels"):
         probe(path, DecodeLimits(max_pixels=160 * 120 - 1))
 
-    assert "160x120" in str(info.value)
+    assert info.value.reason == "frame 160x120 exceeds max pixels per frame 19199"
     assert isinstance(info.value, PermanentError)
     assert len(sample(path, limits=DecodeLimits(max_pixels=160 * 120))) == 3
+
+
+def test_decompression_bomb_is_refused_from_its_stream_parameters(tmp_path: Path) -> None:
+    # 200 kB on disk, 64 Mpixels a frame: refused by the default limit (8K UHD) without decoding.
+    path = write_pixel_bomb(tmp_path / "bomb.mp4")
+    assert path.stat().st_size < 1_000_000
+
+    with pytest.raises(LimitExceeded) as info:
+        probe(path, DecodeLimits())
+    frames = sample_frames(path, 1.0, DecodeLimits())
+    with pytest.raises(LimitExceeded) as sampled:
+        next(frames)
+
+    assert info.value.reason == sampled.value.reason == "frame 8000x8000 exceeds max pixels per frame 33177600"
 
 
 def test_max_duration_from_the_container(video: VideoFactory) -> None:
     path = video()
 
-    with pytest.raises(LimitExceeded, match="max duration"):
+    with pytest.raises(LimitExceeded) as info:
         sample(path, limits=DecodeLimits(max_duration_s=2.0))
     with pytest.raises(LimitExceeded, match="max duration"):
         probe(path, DecodeLimits(max_duration_s=2.0))
+
+    assert info.value.reason == "exceeds max duration 2s (video is 3s)"
     assert len(sample(path, limits=DecodeLimits(max_duration_s=3.0))) == 3
 
 
@@ -312,7 +425,7 @@ def test_max_duration_while_decoding_a_stream_without_duration(tmp_path: Path) -
     frames = sample_frames(path, 1.0, DecodeLimits(max_duration_s=1.5))
 
     assert [next(frames).ts_s, next(frames).ts_s] == [0.0, 1.0]
-    with pytest.raises(LimitExceeded, match="max duration"):
+    with pytest.raises(LimitExceeded, match=r"^exceeds max duration 1\.5s \(a frame at 1\.6s\)$"):
         next(frames)
 
 
@@ -321,7 +434,7 @@ def test_max_frames(video: VideoFactory) -> None:
     frames = sample_frames(path, 1.0, DecodeLimits(max_frames=2))
 
     assert [next(frames).index, next(frames).index] == [0, 1]
-    with pytest.raises(LimitExceeded, match="max frames per video 2"):
+    with pytest.raises(LimitExceeded, match=r"^exceeds max frames per video 2 \(at 00:00:02\)$"):
         next(frames)
     assert len(sample(path, limits=DecodeLimits(max_frames=3))) == 3
 
@@ -332,8 +445,16 @@ def test_max_frames_counts_samples_not_decoded_frames(video: VideoFactory) -> No
 
 
 def test_max_decode_time(video: VideoFactory) -> None:
-    with pytest.raises(LimitExceeded, match="max decode time"):
+    with pytest.raises(LimitExceeded, match=r"^exceeds max decode time 0s \([0-9.]+s to reach 00:00:00\)$"):
         sample(video(), limits=DecodeLimits(max_decode_s=1e-9))
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.04, "0s"), (2.5, "2.5s"), (59.96, "60s"), (150, "2m30s"), (600, "10m"), (4 * 3600, "4h"), (18_120, "5h02m")],
+)
+def test_span_reads_like_a_person_wrote_it(seconds: float, text: str) -> None:
+    assert span(seconds) == text
 
 
 @pytest.mark.parametrize("field", ["max_duration_s", "max_pixels", "max_frames", "max_decode_s"])
