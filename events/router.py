@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import pika
 import pika.exceptions
@@ -25,18 +25,12 @@ from events.config import AmqpSettings, VideoFilterSettings
 from events.records import BucketEvent, EventDecodeError, EventKind, decode_message
 from events.subscribe import declare_event_topology
 from pipeline.errors import TransientError
-from pipeline.jobs import IndexJob, JobOp, JobSource
+from pipeline.jobs import IndexJob, JobOp, JobSink, JobSource
 
 log = logging.getLogger(__name__)
 
 #: Longest pause between reconnect attempts.
 MAX_RECONNECT_DELAY_S = 30.0
-
-
-class JobSink(Protocol):
-    """Where jobs go: the task queue. ``submit`` returns once the broker has the job."""
-
-    def submit(self, job: IndexJob) -> str: ...
 
 
 def is_video(event: BucketEvent, videos: VideoFilterSettings) -> bool:

@@ -388,6 +388,13 @@ def demo(ctx: typer.Context) -> None:
         run_demo(_settings(ctx), typer.echo)
 
 
+# The operator commands live in their own module; registered here, after the helpers they import.
+from pipeline.cli_admin import dlq_app, reconcile  # noqa: E402
+
+app.command()(reconcile)
+app.add_typer(dlq_app, name="dlq")
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

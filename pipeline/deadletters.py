@@ -18,14 +18,14 @@ import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 import pika
 import pika.exceptions
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.errors import TransientError
-from pipeline.jobs import IndexJob, JobSource
+from pipeline.jobs import IndexJob, JobSink, JobSource
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +66,6 @@ class DeadLetter(BaseModel):
             "attempts": self.attempts,
             "failed_at": self.failed_at.isoformat() if self.failed_at else None,
         }
-
-
-class JobSink(Protocol):
-    def submit(self, job: IndexJob) -> str: ...
 
 
 def _from_celery(body: bytes, headers: dict[str, Any]) -> DeadLetter:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from datetime import UTC, datetime
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -46,3 +47,13 @@ class IndexJob(BaseModel):
     @property
     def uri(self) -> str:
         return s3_uri(self.bucket, self.key)
+
+
+class JobSink(Protocol):
+    """Where jobs go: the task queue. ``submit`` returns the task id once the broker has the job.
+
+    Raises:
+        TransientError: the broker did not confirm the job.
+    """
+
+    def submit(self, job: IndexJob) -> str: ...

@@ -21,7 +21,7 @@ from typing import Protocol
 
 from events.config import VideoFilterSettings
 from pipeline.ids import fingerprint, s3_uri, video_id
-from pipeline.jobs import IndexJob, JobOp, JobSource
+from pipeline.jobs import IndexJob, JobOp, JobSink, JobSource
 from storage.config import S3Settings
 from storage.s3 import ObjectHead, ObjectStore
 from storage.tables import VideoRecord, VideoStatus
@@ -86,10 +86,6 @@ class PageLister(Protocol):
 
 class Catalog(Protocol):
     def scan_videos(self, uri_from: str, uri_to: str, *, include_from: bool) -> Iterator[VideoRecord]: ...
-
-
-class JobSink(Protocol):
-    def submit(self, job: IndexJob) -> str: ...
 
 
 class S3PageLister:

@@ -1,0 +1,113 @@
+"""Operator commands of the ``vidx`` CLI: ``vidx reconcile`` and ``vidx dlq list|replay``.
+
+They talk to the services directly (object store, catalog, broker) rather than through the API, so
+they work while the app is down — which is when they are needed most.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from pipeline.cli import _errors, _print_json, _settings
+from pipeline.deadletters import DeadLetterQueue
+from pipeline.errors import InvalidInput
+from pipeline.settings import Settings
+
+dlq_app = typer.Typer(
+    help="The dead-letter queue: jobs that failed for good.", no_args_is_help=True, rich_markup_mode=None
+)
+
+
+def dead_letter_queue(settings: Settings) -> DeadLetterQueue:
+    return DeadLetterQueue(settings.amqp.url.get_secret_value(), settings.serve.failed_queue)
+
+
+def reconcile(
+    ctx: typer.Context,
+    bucket: Annotated[
+        list[str] | None,
+        typer.Option("--bucket", "-b", metavar="BUCKET", help="A configured bucket (repeatable; default: all)."),
+    ] = None,
+    prefix: Annotated[str, typer.Option(help="Only keys under this prefix.")] = "",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Report the drift; submit nothing.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="One line per change.")] = False,
+) -> None:
+    """Compare buckets with the index and queue the jobs that repair drift: objects never indexed,
+    indexed at an old version, and index entries whose object is gone."""
+    with _errors():
+        from pipeline.indexer import mark_queued
+        from pipeline.reconcile import Reconciler, S3PageLister
+        from pipeline.taskqueue import CeleryJobSink
+        from storage.tables import IndexStore
+
+        settings = _settings(ctx)
+        buckets = bucket or settings.s3.buckets
+        foreign = [b for b in buckets if b not in settings.s3.buckets]
+        if foreign:
+            raise InvalidInput(f"not a configured bucket: {', '.join(foreign)} (VIDX_S3__BUCKETS)")
+        store = IndexStore(settings.s3)
+        reconciler = Reconciler(
+            model_id=settings.model.id,
+            every_s=settings.sampling.every_s,
+            videos=settings.videos,
+            catalog=store,
+            lister=S3PageLister(settings.s3),
+            sink=None if dry_run else CeleryJobSink(settings),
+            on_queued=lambda job: mark_queued(store, job),
+        )
+        for name in buckets:
+            report = reconciler.run(name, prefix=prefix, dry_run=dry_run)
+            if verbose:
+                for change in report.changes:
+                    typer.echo(f"{change.drift.value:<8} {change.uri}  ({change.detail})")
+            typer.echo(report.summary())
+
+
+@dlq_app.command("list")
+def dlq_list(
+    ctx: typer.Context,
+    limit: Annotated[int, typer.Option(help="List at most this many.", min=1)] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Failed jobs: id, when, attempts, uri, reason. The queue is left as it was."""
+    with _errors():
+        letters = dead_letter_queue(_settings(ctx)).list(limit)
+    if as_json:
+        _print_json([letter.summary() for letter in letters])
+        return
+    if not letters:
+        typer.echo("no dead letters")
+    for letter in letters:
+        when = letter.failed_at.strftime("%Y-%m-%d %H:%M:%S") if letter.failed_at else "-"
+        attempts = letter.attempts if letter.attempts is not None else "?"
+        typer.echo(f"{letter.id}  {when}  {attempts} attempts  {letter.uri or '-'}  {letter.reason}")
+
+
+@dlq_app.command("replay")
+def dlq_replay(
+    ctx: typer.Context,
+    ids: Annotated[list[str] | None, typer.Argument(help="Dead-letter ids (from 'vidx dlq list').")] = None,
+    replay_all: Annotated[bool, typer.Option("--all", help="Replay every dead letter.")] = False,
+) -> None:
+    """Queue the jobs of dead letters again (after fixing their cause) and remove those letters."""
+    with _errors():
+        if bool(ids) == replay_all:
+            raise InvalidInput("name dead-letter ids or pass --all (not both)")
+        from pipeline.indexer import mark_queued
+        from pipeline.taskqueue import CeleryJobSink
+        from storage.tables import IndexStore
+
+        settings = _settings(ctx)
+        store = IndexStore(settings.s3)
+        report = dead_letter_queue(settings).replay(
+            CeleryJobSink(settings), None if replay_all else ids, on_queued=lambda job: mark_queued(store, job)
+        )
+        missing = sorted(set(ids or []) - {letter.id for letter in report.replayed})
+    for letter in report.replayed:
+        typer.echo(f"replayed {letter.id}  {letter.uri}")
+    typer.echo(f"{len(report.replayed)} replayed, {report.remaining} left in the dead-letter queue")
+    if missing:
+        typer.echo(f"vidx: not found: {', '.join(missing)}", err=True)
+        raise typer.Exit(1)
