@@ -86,15 +86,23 @@ def _main(ctx: typer.Context) -> None:
 
 
 class ApiClient:
-    """The vidx HTTP API; errors become one-line ``CliError``s."""
+    """The vidx HTTP API; errors become one-line ``CliError``s.
 
-    def __init__(self, settings: Settings) -> None:
+    Sends the configured API key (``VIDX_API_KEY``, ``VIDX_API_KEYS``, ``VIDX_API_KEY_FILE``), else
+    the one ``vidx up`` keeps under the state dir; ``admin=True`` sends the admin key instead.
+    """
+
+    def __init__(self, settings: Settings, admin: bool = False) -> None:
         import httpx
 
+        from pipeline.stack import client_key
+
         self.url = settings.api_url
-        key = settings.api_key.get_secret_value() if settings.api_key else None
+        key = client_key(settings, admin=admin)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=HTTP_TIMEOUT_S)
+        which = "VIDX_ADMIN_KEY or VIDX_ADMIN_KEY_FILE" if admin else "VIDX_API_KEY or VIDX_API_KEY_FILE"
+        self._key_hint = f"sent {'a' if key else 'no'} key; set {which}, or use the state dir of 'vidx up'"
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         import httpx
@@ -113,6 +121,8 @@ class ApiClient:
             except (ValueError, KeyError, TypeError):
                 text = response.text.strip()
                 message = text.splitlines()[0] if text else response.reason_phrase
+            if response.status_code in (401, 403):
+                message += f" ({self._key_hint})"
             raise CliError(f"{method} {path} failed ({response.status_code}): {message}")
         return response.json()
 

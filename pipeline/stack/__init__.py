@@ -13,13 +13,25 @@ from typing import Any
 
 from pipeline.settings import Settings
 from pipeline.stack.app import DRIVER_TIMEOUT_S, RUNNING, healthy, run_driver, start_app
+from pipeline.stack.keys import StackKeys, client_key, ensure_keys
 from pipeline.stack.layout import Echo, Layout, StackError
 from pipeline.stack.minio import MINIO_STOP_TIMEOUT_S, minio_client, start_minio
 from pipeline.stack.process import host_port, running_pid, stop
 from pipeline.stack.rabbitmq import RABBITMQ_STOP_TIMEOUT_S, start_rabbitmq, stop_epmd
 from pipeline.stack.ray import RAY_STOP_TIMEOUT_S, ray_address, start_ray
 
-__all__ = ["ComponentStatus", "Echo", "Layout", "StackError", "down", "minio_client", "status", "up"]
+__all__ = [
+    "ComponentStatus",
+    "Echo",
+    "Layout",
+    "StackError",
+    "StackKeys",
+    "client_key",
+    "down",
+    "minio_client",
+    "status",
+    "up",
+]
 
 
 @dataclass(frozen=True)
@@ -37,6 +49,7 @@ def up(settings: Settings, echo: Echo = print) -> None:
     """Start (or leave running) RabbitMQ, MinIO, Ray and the Serve app. Raises StackError."""
     layout = Layout.of(settings)
     layout.create()
+    keys = ensure_keys(settings, layout)
     start_rabbitmq(settings, layout, echo)
     start_minio(settings, layout, echo)
     start_ray(settings, layout, echo)
@@ -45,6 +58,19 @@ def up(settings: Settings, echo: Echo = print) -> None:
         f"vidx is up: API {settings.api_url}  (logs: {layout.logs}/, Serve logs: "
         f"{layout.ray_temp}/session_latest/logs/serve/; stop with 'vidx down')"
     )
+    echo(describe_keys(keys))
+
+
+def describe_keys(keys: StackKeys) -> str:
+    """Where the keys are, never the keys themselves."""
+    api = f"API key in {keys.api_key_file}" if keys.api_key_file else "API keys from your settings"
+    admin = f"admin key in {keys.admin_key_file}" if keys.admin_key_file else "admin key from your settings"
+    hint = (
+        f'; the vidx CLI sends it, curl: -H "Authorization: Bearer $(cat {keys.api_key_file})"'
+        if keys.api_key_file
+        else ""
+    )
+    return f"keys: {api}, {admin} (kept by 'vidx down'){hint}"
 
 
 def down(settings: Settings, echo: Echo = print) -> None:
@@ -90,7 +116,10 @@ def status(settings: Settings) -> list[ComponentStatus]:
         except StackError as exc:
             app["status"] = f"unknown ({exc})"
     app["healthy"] = healthy(settings) if out[-1].running else False
+    app["api_key_file"] = str(layout.api_key_file) if layout.api_key_file.exists() else None
     running = app["status"] == RUNNING and app["healthy"]
     detail = f"{app['status']} at {settings.api_url}" if out[-1].running else "stopped"
+    if out[-1].running and app["api_key_file"]:
+        detail += f", API key in {app['api_key_file']}"
     out.append(ComponentStatus("app", running, detail, app))
     return out

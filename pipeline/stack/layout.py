@@ -50,6 +50,14 @@ class Layout:
     def pids(self) -> Path:
         return self.root / "pids"
 
+    @property
+    def api_key_file(self) -> Path:
+        return self.root / "api-key"
+
+    @property
+    def admin_key_file(self) -> Path:
+        return self.root / "admin-key"
+
     def log(self, name: str) -> Path:
         return self.logs / f"{name}.log"
 

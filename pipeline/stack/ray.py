@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from pipeline.settings import Settings
+from pipeline.stack.keys import key_env
 from pipeline.stack.layout import Echo, Layout, StackError
 from pipeline.stack.process import alive, port_open, running_pid, spawn, taken, wait
 
@@ -38,6 +39,8 @@ def child_env(settings: Settings, layout: Layout) -> dict[str, str]:
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
     }
     env.pop("RAY_AUTH_TOKEN", None)
+    # The app reads its keys from the stack's key files (paths only: keys stay out of environments).
+    env.update(key_env(settings, layout))
     # The driver rebuilds Settings from this environment: hand it the model this stack was asked for.
     model = Path(settings.model.id)
     env["VIDX_MODEL__ID"] = str(model.resolve()) if model.is_dir() else settings.model.id

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import stat
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,8 @@ def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("VIDX_SERVE__PORT", str(_unused_port()))
     monkeypatch.setenv("VIDX_S3__ENDPOINT_URL", f"http://127.0.0.1:{_unused_port()}")
     monkeypatch.setenv("VIDX_AMQP__URL", f"amqp://guest:guest@127.0.0.1:{_unused_port()}/%2F")
-    monkeypatch.delenv("VIDX_API_KEY", raising=False)
+    for name in ("VIDX_API_KEY", "VIDX_API_KEYS", "VIDX_API_KEY_FILE", "VIDX_ADMIN_KEY", "VIDX_ADMIN_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)
     return state
 
 
@@ -96,3 +98,121 @@ def test_invalid_settings_fail_in_one_line(offline: Path, monkeypatch: pytest.Mo
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("vidx: invalid settings:"), result.stderr
+
+
+# -- API keys of the local stack ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_services(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """``vidx up`` with every service start replaced by a note of its name."""
+    import pipeline.stack as stack
+
+    started: list[str] = []
+    for name in ("start_rabbitmq", "start_minio", "start_ray", "start_app"):
+        monkeypatch.setattr(stack, name, lambda *_args, _n=name: started.append(_n))
+    return started
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_up_makes_keys_says_where_and_never_prints_them(offline: Path, fake_services: list[str]) -> None:
+    result = CliRunner().invoke(app, ["up"])
+    assert result.exit_code == 0, result.output
+    api, admin = offline / "api-key", offline / "admin-key"
+    key, admin_key = api.read_text().strip(), admin.read_text().strip()
+    assert len(key) >= 40 and len(admin_key) >= 40 and key != admin_key
+    assert _mode(api) == 0o600 and _mode(admin) == 0o600
+    assert str(api.resolve()) in result.output and str(admin.resolve()) in result.output
+    assert key not in result.output and admin_key not in result.output
+    # down keeps them; the next up reuses them.
+    assert CliRunner().invoke(app, ["down"]).exit_code == 0
+    assert CliRunner().invoke(app, ["up"]).exit_code == 0
+    assert api.read_text().strip() == key and admin.read_text().strip() == admin_key
+
+
+def test_up_leaves_configured_keys_alone(
+    offline: Path, fake_services: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VIDX_API_KEY", "my-own-key-0123456789abcdef")
+    result = CliRunner().invoke(app, ["up"])
+    assert result.exit_code == 0, result.output
+    assert not (offline / "api-key").exists() and (offline / "admin-key").exists()
+    assert "API keys from your settings" in result.output
+    assert "my-own-key-0123456789abcdef" not in result.output
+
+
+def test_a_loosened_key_file_is_tightened(offline: Path, fake_services: list[str]) -> None:
+    offline.mkdir(parents=True)
+    (offline / "api-key").write_text("kept-key-0123456789abcdef\n")
+    (offline / "api-key").chmod(0o644)
+    assert CliRunner().invoke(app, ["up"]).exit_code == 0
+    assert _mode(offline / "api-key") == 0o600
+    assert (offline / "api-key").read_text() == "kept-key-0123456789abcdef\n"
+
+
+def test_the_app_is_handed_key_files_not_keys(offline: Path, fake_services: list[str]) -> None:
+    from pipeline.settings import Settings
+    from pipeline.stack.layout import Layout
+    from pipeline.stack.ray import child_env
+
+    assert CliRunner().invoke(app, ["up"]).exit_code == 0
+    settings = Settings()
+    env = child_env(settings, Layout.of(settings))
+    assert env["VIDX_API_KEY_FILE"] == str((offline / "api-key").resolve())
+    assert env["VIDX_ADMIN_KEY_FILE"] == str((offline / "admin-key").resolve())
+    key = (offline / "api-key").read_text().strip()
+    assert all(key not in value for value in env.values())
+    # What the app builds from that environment accepts the stack's keys.
+    app_settings = Settings(api_key_file=Path(env["VIDX_API_KEY_FILE"]))
+    assert [k.get_secret_value() for k in app_settings.api_keys] == [key]
+
+
+def test_cli_sends_the_stack_key(offline: Path, fake_services: list[str]) -> None:
+    from pipeline.cli import ApiClient
+    from pipeline.settings import Settings
+
+    assert CliRunner().invoke(app, ["up"]).exit_code == 0
+    key = (offline / "api-key").read_text().strip()
+    admin_key = (offline / "admin-key").read_text().strip()
+    assert ApiClient(Settings())._client.headers["authorization"] == f"Bearer {key}"
+    assert ApiClient(Settings(), admin=True)._client.headers["authorization"] == f"Bearer {admin_key}"
+
+
+def test_cli_prefers_the_configured_key(offline: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.cli import ApiClient
+    from pipeline.settings import Settings
+
+    monkeypatch.setenv("VIDX_API_KEY", "configured-key-0123456789")
+    assert ApiClient(Settings())._client.headers["authorization"] == "Bearer configured-key-0123456789"
+
+
+def test_cli_without_any_key_sends_none(offline: Path) -> None:
+    from pipeline.cli import ApiClient
+    from pipeline.settings import Settings
+
+    assert "authorization" not in ApiClient(Settings())._client.headers
+
+
+def test_a_refused_key_is_one_line_that_says_what_to_set(offline: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import httpx
+
+    from pipeline import cli
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        body = {"error": {"code": "unauthorized", "message": "a valid API key is required"}}
+        return httpx.Response(401, json=body, headers={"WWW-Authenticate": "Bearer"})
+
+    real_init = cli.ApiClient.__init__
+
+    def init(self: cli.ApiClient, settings: object, admin: bool = False) -> None:
+        real_init(self, settings, admin)  # type: ignore[arg-type]
+        self._client = httpx.Client(base_url=self.url, transport=httpx.MockTransport(refuse))
+
+    monkeypatch.setattr(cli.ApiClient, "__init__", init)
+    result = CliRunner().invoke(app, ["videos"])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "(401)" in lines[0] and "VIDX_API_KEY" in lines[0], result.stderr
