@@ -9,90 +9,20 @@ from __future__ import annotations
 
 import io
 import json
-import queue
-import threading
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pika
 import pytest
 
-from events.router import EventRouter
-from pipeline.embed import SiglipEncoder
 from pipeline.errors import CorruptVideo, PermanentError
-from pipeline.indexer import Indexer, JobResult, Outcome, mark_queued
-from pipeline.jobs import IndexJob, JobOp
-from pipeline.settings import Settings
-from storage.tables import IndexStore, VideoStatus
+from pipeline.indexer import Outcome
+from pipeline.jobs import JobOp
+from storage.tables import VideoStatus
+from tests.harness import WAIT_S, Stack
 from tests.media import frame_at, write_corrupt_mp4, write_video
-from tests.services import Services, eventually, unique_prefix
+from tests.services import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
-
-WAIT_S = 30.0
-
-
-class QueueSink:
-    def __init__(self) -> None:
-        self.jobs: queue.Queue[IndexJob] = queue.Queue()
-
-    def submit(self, job: IndexJob) -> str:
-        self.jobs.put(job)
-        return f"local-{self.jobs.qsize()}"
-
-    def take(self, n: int) -> list[IndexJob]:
-        deadline = time.monotonic() + WAIT_S
-        out = []
-        while len(out) < n:
-            out.append(self.jobs.get(timeout=max(0.1, deadline - time.monotonic())))
-        return out
-
-
-@dataclass
-class Stack:
-    settings: Settings
-    services: Services
-    sink: QueueSink
-    router: EventRouter
-    indexer: Indexer
-    store: IndexStore
-    encoder: SiglipEncoder
-
-    @property
-    def bucket(self) -> str:
-        return self.settings.s3.upload_bucket
-
-    def upload(self, key: str, path: Path, content_type: str = "video/mp4") -> None:
-        self.services.minio_client().fput_object(self.bucket, key, str(path), content_type=content_type)
-
-    def run(self, job: IndexJob) -> JobResult:
-        return self.indexer.run(job)
-
-
-@pytest.fixture
-def stack(services: Services, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
-    prefix = unique_prefix()
-    services.prepare_buckets(prefix)
-    for key, value in services.env(prefix).items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("VIDX_MODEL__ID", str(tiny_model_dir))
-    settings = Settings()
-    store = IndexStore(settings.s3)
-    sink = QueueSink()
-    router = EventRouter(
-        settings.amqp, settings.videos, sink, settings.s3.buckets, on_queued=lambda j: mark_queued(store, j)
-    )
-    stop = threading.Event()
-    thread = threading.Thread(target=router.run, args=(stop,), daemon=True)
-    thread.start()
-    encoder = SiglipEncoder(settings.model)
-    eventually(lambda: router.connected, "the router to connect", WAIT_S)
-    yield Stack(settings, services, sink, router, Indexer(settings, encoder, store), store, encoder)
-    stop.set()
-    thread.join(timeout=10)
-    assert not thread.is_alive()
 
 
 def test_uploads_become_searchable_moments_without_api_calls(stack: Stack, tmp_path: Path) -> None:
