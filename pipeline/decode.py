@@ -131,6 +131,8 @@ def _open(path: Path) -> av.container.InputContainer:
 
 def _info(container: av.container.InputContainer, limits: DecodeLimits) -> tuple[VideoInfo, av.VideoStream]:
     if not container.streams.video:
+        if container.streams.audio:
+            raise NotAVideo(f"audio only ({container.streams.audio[0].codec_context.name})")
         raise NotAVideo("no video stream")
     stream = container.streams.video[0]
     ctx = stream.codec_context

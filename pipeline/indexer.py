@@ -12,6 +12,7 @@ import enum
 import io
 import logging
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from pipeline.decode import SampledFrame, probe, sample_frames
 from pipeline.errors import PermanentError, TransientError
 from pipeline.ids import fingerprint, frame_id
 from pipeline.jobs import IndexJob, JobOp
-from pipeline.settings import Settings
+from pipeline.settings import LimitSettings, Settings
 from storage.config import S3Settings
 from storage.s3 import ObjectHead, ObjectStore
 from storage.tables import FrameRow, IndexStore, VideoRecord, VideoStatus
@@ -57,11 +58,14 @@ class ObjectSource(Protocol):
 
 
 class S3ObjectSource:
-    """``ObjectSource`` over the aiobotocore client, one short event loop per call."""
+    """``ObjectSource`` over the aiobotocore client, one short event loop per call. At most
+    ``limits.max_concurrent_downloads`` downloads run at once through one source (one per consumer
+    process), each bounded by ``limits.max_bytes``."""
 
-    def __init__(self, s3: S3Settings, max_bytes: int) -> None:
+    def __init__(self, s3: S3Settings, limits: LimitSettings) -> None:
         self._s3 = s3
-        self._max_bytes = max_bytes
+        self._limits = limits
+        self._download_slots = threading.BoundedSemaphore(limits.max_concurrent_downloads)
 
     def head(self, bucket: str, key: str) -> ObjectHead | None:
         async def run() -> ObjectHead | None:
@@ -71,11 +75,28 @@ class S3ObjectSource:
         return asyncio.run(run())
 
     def download(self, head: ObjectHead, dest: Path) -> int:
+        """Download ``head``'s version to ``dest`` once a download slot is free.
+
+        Raises:
+            TransientError: no slot within ``download_slot_wait_s``, or the store's transient errors.
+            LimitExceeded: the object is larger than ``max_bytes``.
+            PermanentError.
+        """
+
         async def run() -> int:
             async with ObjectStore(self._s3) as store:
-                return await store.download(head, dest, self._max_bytes)
+                return await store.download(head, dest, self._limits.max_bytes)
 
-        return asyncio.run(run())
+        limits = self._limits
+        if not self._download_slots.acquire(timeout=limits.download_slot_wait_s):
+            raise TransientError(
+                f"no download slot within {limits.download_slot_wait_s:g}s "
+                f"(max concurrent downloads {limits.max_concurrent_downloads})"
+            )
+        try:
+            return asyncio.run(run())
+        finally:
+            self._download_slots.release()
 
 
 class Outcome(enum.StrEnum):
@@ -130,7 +151,7 @@ class Indexer:
         self._settings = settings
         self._embedder = embedder
         self._store = store or IndexStore(settings.s3)
-        self._objects = objects or S3ObjectSource(settings.s3, settings.limits.max_bytes)
+        self._objects = objects or S3ObjectSource(settings.s3, settings.limits)
 
     @property
     def sampling_label(self) -> str:

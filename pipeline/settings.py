@@ -60,7 +60,12 @@ class SamplingSettings(BaseModel):
 class LimitSettings(DecodeLimits):
     """Bounds on work and input, each a named setting (decode limits are inherited)."""
 
+    #: Largest object downloaded for indexing (checked from HEAD, then while reading).
     max_bytes: int = Field(default=8 * 1024**3, gt=0)
+    #: Downloads one consumer process runs at once (beyond it, jobs wait for a slot)...
+    max_concurrent_downloads: int = Field(default=4, ge=1, le=256)
+    #: ...for at most this long, then the job is retried later (a transient failure).
+    download_slot_wait_s: float = Field(default=300.0, gt=0)
     max_query_chars: int = Field(default=512, gt=0)
     max_k: int = Field(default=100, gt=0)
     max_image_bytes: int = Field(default=16 * 1024**2, gt=0)

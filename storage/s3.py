@@ -163,7 +163,7 @@ class ObjectStore:
                     while chunk := await body.read(chunk_bytes):
                         written += len(chunk)
                         if written > max_bytes:
-                            raise LimitExceeded(f"exceeds max bytes {max_bytes}")
+                            raise LimitExceeded(f"exceeds max bytes {max_bytes} (read {written} bytes)")
                         out.write(chunk)
         except LimitExceeded:
             raise

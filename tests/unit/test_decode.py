@@ -300,7 +300,7 @@ def test_audio_only_is_not_a_video(tmp_path: Path, suffix: str) -> None:
     with pytest.raises(NotAVideo):
         probe(path, DecodeLimits())
 
-    assert info.value.reason == "not a video: no video stream"
+    assert info.value.reason == f"not a video: audio only ({'pcm_s16le' if suffix == '.wav' else 'aac'})"
 
 
 def test_zero_byte_file_is_corrupt_with_a_readable_reason(tmp_path: Path) -> None:
