@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import BaseModel, SecretStr
+from starlette._utils import get_route_path
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -141,12 +142,9 @@ class BearerKeys:
 
 
 def route_path(scope: Scope) -> str:
-    """The request path below the app's mount point (Serve's route prefix arrives as ``root_path``)."""
-    path: str = scope.get("path", "/")
-    root: str = scope.get("root_path", "")
-    if root and path.startswith(root):
-        path = path[len(root) :] or "/"
-    return path
+    """The request path below the app's mount point (Serve's route prefix arrives as ``root_path``),
+    read by Starlette's own rule: access is decided on exactly the path the router routes."""
+    return get_route_path(scope)
 
 
 def is_admin_path(path: str) -> bool:

@@ -423,3 +423,13 @@ def test_thumbnail_and_metrics() -> None:
     metrics = http.get("/metrics").text
     assert 'vidx_router_events{kind="ignored_not_video"} 2.0' in metrics
     assert 'vidx_videos{status="indexed"} 0.0' in metrics
+
+
+def test_the_rules_hold_under_a_route_prefix(guarded: TestClient) -> None:
+    # Serve mounts the app under its route prefix, handed over as the ASGI root_path.
+    http = TestClient(guarded.app, root_path="/vidx", raise_server_exceptions=False)
+    assert http.get("/vidx/healthz").status_code == 200
+    assert http.get("/vidx/v1/videos").status_code == 401
+    assert http.get("/vidx/v1/videos", headers=bearer(KEY)).status_code == 200
+    assert http.get("/vidx/v1/admin/dlq", headers=bearer(KEY)).status_code == 403
+    assert http.get("/vidx/v1/admin/dlq", headers=bearer(ADMIN_KEY)).status_code == 200
