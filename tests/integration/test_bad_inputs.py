@@ -138,7 +138,11 @@ def report(request: pytest.FixtureRequest) -> Iterator[list[str]]:
     lines: list[str] = []
     yield lines
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None or capture is None:
+        return
+    # Output is captured at the file-descriptor level here; step around it, as live logging does.
+    with capture.global_and_fixture_disabled():
         reporter.ensure_newline()
         for line in lines:
             reporter.write_line(line)
@@ -425,7 +429,7 @@ def test_bad_input_matrix(stack: Stack, tmp_path: Path, report: list[str]) -> No
         duplicated += max(0, rows_here - written)
         statuses[status.value if status else "none"] += 1
         error = record.error if record else None
-        detail = error if status is VideoStatus.FAILED else f"{rows_here} frames"
+        detail = error if status is VideoStatus.FAILED else f"{rows_here} frame{'' if rows_here == 1 else 's'}"
         report.append(f"bad-input {case.name}: {status.value if status else 'NO STATUS'} ({detail}) key={case.key!r}")
         if status is not case.status:
             problems.append(f"{case.name}: {status} != {case.status} ({error}; results {case.results})")
