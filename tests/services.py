@@ -144,3 +144,57 @@ def start_services() -> Iterator[Services]:
             minio.stop()
     finally:
         rabbit.stop()
+
+
+# -- fault injection (tests/faults) ----------------------------------------------------------------
+#: Longest wait for a restarted broker or object store to answer again.
+RESTART_TIMEOUT_S = 120.0
+
+
+def restart_rabbitmq(services: Services, down_s: float = 2.0) -> float:
+    """Restart the broker inside its container (``rabbitmqctl stop_app``, wait ``down_s``, ``start_app``)
+    and wait until it takes connections again. Returns the seconds clients could not connect.
+
+    In place rather than a container restart: podman gives a restarted container a new address, and
+    MinIO's notification target names the broker by address, so a container restart would cut MinIO off
+    for good. stop_app closes every client connection and stops every queue; start_app recovers the
+    durable queues and persistent messages from disk, which is what a broker restart means to clients.
+    """
+    started = time.monotonic()
+    result = services.rabbit.exec(["rabbitmqctl", "stop_app"])
+    if result.exit_code != 0:
+        raise RuntimeError(f"rabbitmqctl stop_app failed: {result.output[-500:]!r}")
+    time.sleep(down_s)
+    result = services.rabbit.exec(["rabbitmqctl", "start_app"])
+    if result.exit_code != 0:
+        raise RuntimeError(f"rabbitmqctl start_app failed: {result.output[-500:]!r}")
+    _wait("RabbitMQ after restart", lambda: _amqp_ready(services.amqp_url), services.rabbit)
+    return time.monotonic() - started
+
+
+def restart_minio(services: Services, stop_timeout_s: int = 10) -> float:
+    """Restart the MinIO container (SIGTERM, then SIGKILL after ``stop_timeout_s``) and wait until it is
+    live. Host port mappings survive a podman restart; only MinIO's own container address changes, and
+    nothing reaches MinIO by that address. Its queue_dir lives in the container's filesystem and so
+    survives too. Returns the seconds it was away."""
+    started = time.monotonic()
+    services.minio.get_wrapped_container().restart(timeout=stop_timeout_s)
+    _wait(
+        "MinIO after restart",
+        lambda: httpx.get(f"{services.s3_endpoint}/minio/health/live", timeout=2).status_code == 200,
+        services.minio,
+    )
+    return time.monotonic() - started
+
+
+def queue_counts(services: Services, queue: str) -> tuple[int, int]:
+    """(ready, unacknowledged) messages on ``queue`` from the management API; (0, 0) if it is unknown
+    or the broker does not answer."""
+    try:
+        resp = httpx.get(f"{services.management_url}/api/queues/%2F/{queue}", auth=("guest", "guest"), timeout=5)
+    except httpx.HTTPError:
+        return 0, 0
+    if resp.status_code != 200:
+        return 0, 0
+    body = resp.json()
+    return int(body.get("messages_ready") or 0), int(body.get("messages_unacknowledged") or 0)

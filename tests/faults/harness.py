@@ -1,0 +1,510 @@
+"""The pieces of a fault scenario: the real Ray Serve app on a local Ray instance (``start_app``), a
+seeded stream of uploads, overwrites and deletes with faults fired while it runs (``run_stream``),
+the fault injectors, and the check that the index converged on the bucket (``converge``).
+
+The bucket is the truth: after the stream the bucket is listed, and every object in it must be
+indexed exactly once at its current version, every deleted object must be gone from ``frames``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import random
+import signal
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import lancedb
+
+from pipeline.ids import s3_uri, video_id
+from pipeline.samples import expected_sample_count, write_video
+from pipeline.settings import Settings
+from storage.tables import FRAMES, VIDEOS, storage_options
+from tests.services import Services, eventually, queue_counts
+
+STARTUP_TIMEOUT_S = 240.0
+#: Longest wait for a killed replica to be replaced by Serve.
+REPLICA_BACK_TIMEOUT_S = 120.0
+#: Longest wait for a running index job to kill a consumer in the middle of.
+BUSY_TIMEOUT_S = 30.0
+#: Attempts (one a second) at one upload or delete while the store may be restarting.
+OP_ATTEMPTS = 20
+#: Longest wait for fault threads and side jobs after the stream.
+JOIN_TIMEOUT_S = 180.0
+#: Queues must stay empty and the check pass for this long (the management API refreshes every 5 s).
+SETTLE_S = 6.0
+
+VIDEO_FPS = 10
+VIDEO_SIZE = (64, 48)
+#: Content variants uploaded by the stream: (seconds, seed). Overwrites switch to another variant.
+VARIANTS = [(2.0, 9100), (3.0, 9101), (2.0, 9102), (3.0, 9103), (2.0, 9104), (3.0, 9105)]
+
+
+# -- the app -----------------------------------------------------------------------------------------
+@dataclass
+class AppHost:
+    """The running app: its settings, an HTTP client to its API, and ways to reach its replicas."""
+
+    settings: Settings
+    services: Services
+    http: httpx.Client
+
+    @property
+    def bucket(self) -> str:
+        return self.settings.s3.upload_bucket
+
+    @property
+    def app_name(self) -> str:
+        return self.settings.serve.app_name
+
+    def replica_pids(self, deployment: str) -> list[int]:
+        """Process ids of the live replicas of ``deployment``."""
+        import ray
+        from ray.util.state import list_actors
+
+        actors = list_actors(
+            # Other Ray instances may run on this machine: ask this one.
+            address=ray.get_runtime_context().gcs_address,
+            filters=[("class_name", "=", f"ServeReplica:{self.app_name}:{deployment}"), ("state", "=", "ALIVE")],
+            raise_on_missing_output=False,
+        )
+        return sorted(int(a.pid) for a in actors if a.pid)
+
+    def kill_replica(self, deployment: str) -> str:
+        """SIGKILL one replica of ``deployment`` and wait until Serve has started its successor."""
+        pids = self.replica_pids(deployment)
+        if not pids:
+            raise RuntimeError(f"no live replica of {deployment}")
+        victim = pids[0]
+        killed = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        eventually(
+            lambda: bool(self.replica_pids(deployment)) and victim not in self.replica_pids(deployment),
+            f"a new {deployment} replica",
+            REPLICA_BACK_TIMEOUT_S,
+            poll_s=0.5,
+        )
+        self.wait_serving(deployment)
+        return f"SIGKILL {deployment} pid {victim}, replaced in {time.monotonic() - killed:.1f}s"
+
+    def wait_serving(self, deployment: str) -> None:
+        from ray import serve
+
+        def running() -> bool:
+            status = serve.status().applications[self.app_name].deployments[deployment]
+            return str(status.status).endswith("HEALTHY")
+
+        eventually(running, f"{deployment} to be healthy", REPLICA_BACK_TIMEOUT_S, poll_s=0.5)
+
+    def router_connected(self) -> bool:
+        try:
+            return self.http.get("/metrics").text.count('kind="connected"} 1.0') == 1
+        except httpx.HTTPError:
+            return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def start_app(services: Services, prefix: str, model_dir: Path, state_dir: Path) -> Iterator[AppHost]:
+    """Run the vidx Serve app (tiny model) on a fresh local Ray instance against ``services``, with
+    buckets and queues of its own (``prefix``). Environment changes are undone on exit."""
+    import ray
+    from ray import serve
+
+    from pipeline.deployments import build_app
+
+    services.prepare_buckets(prefix)
+    env = {
+        **services.env(prefix),
+        "VIDX_MODEL__ID": str(model_dir),
+        "VIDX_STATE_DIR": str(state_dir),
+        "VIDX_SERVE__PORT": str(_free_port()),
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        settings = Settings()
+        # The dashboard serves Ray's state API, which finds replicas' pids for the kill faults.
+        ray.init(address="local", num_cpus=4, include_dashboard=True, configure_logging=False, log_to_driver=False)
+        serve.start(http_options={"host": settings.serve.host, "port": settings.serve.port})
+        serve.run(build_app(settings), name=settings.serve.app_name, route_prefix="/", blocking=False)
+        with httpx.Client(base_url=settings.api_url, timeout=30) as http:
+            host = AppHost(settings, services, http)
+
+            def healthy() -> bool:
+                try:
+                    return http.get("/healthz").status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            eventually(healthy, "the API to answer /healthz", STARTUP_TIMEOUT_S)
+            eventually(host.router_connected, "the event router to connect", 60)
+            yield host
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+# -- the stream --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Fault:
+    """``inject`` runs in a thread of its own once ``at_op`` operations are done; it returns a line
+    describing what it did."""
+
+    at_op: int
+    name: str
+    inject: Callable[[], str]
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    name: str
+    ops: int
+    seed: int
+    rate_per_s: float = 4.0
+    #: Keys the stream writes to; fewer keys mean more overwrites and re-creations. Default ops // 3.
+    keys: int | None = None
+    delete_share: float = 0.3
+
+    @property
+    def prefix(self) -> str:
+        return f"faults/{self.name}/"
+
+
+@dataclass
+class StreamLog:
+    uploads: int = 0
+    deletes: int = 0
+    failed_ops: int = 0
+    touched: set[str] = field(default_factory=set)
+    #: ETag -> frames its content yields.
+    frames_by_etag: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    stream_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Variant:
+    path: Path
+    etag: str
+    frames: int
+
+
+def make_variants(directory: Path, every_s: float) -> list[Variant]:
+    """The stream's video contents, written once to ``directory``."""
+    out = []
+    for n, (seconds, seed) in enumerate(VARIANTS):
+        path = directory / f"variant-{n}.mp4"
+        if not path.exists():
+            write_video(path, seconds=seconds, fps=VIDEO_FPS, size=VIDEO_SIZE, seed=seed)
+        # Single-part uploads: the ETag is the MD5 of the content.
+        etag = hashlib.md5(path.read_bytes()).hexdigest()
+        out.append(Variant(path, etag, expected_sample_count(seconds, VIDEO_FPS, every_s)))
+    return out
+
+
+def _attempt(what: str, op: Callable[[], None]) -> bool:
+    """Run one bucket operation, retrying once a second while the store is away. False if it never went."""
+    for _ in range(OP_ATTEMPTS):
+        try:
+            op()
+            return True
+        except Exception:  # connection refused / reset / 503 while MinIO restarts
+            time.sleep(1.0)
+    return False
+
+
+def run_stream(
+    host: AppHost,
+    plan: StreamPlan,
+    variants: list[Variant],
+    faults: Sequence[Fault] = (),
+    after_upload: Callable[[str], None] | None = None,
+) -> StreamLog:
+    """Perform ``plan.ops`` uploads, overwrites and deletes at most ``plan.rate_per_s`` a second,
+    firing each fault in a thread when its turn comes; wait (bounded) for the fault threads."""
+    rng = random.Random(plan.seed)
+    client = host.services.minio_client()
+    n_keys = plan.keys or max(4, plan.ops // 3)
+    keys = [f"{plan.prefix}k{i:03d}.mp4" for i in range(n_keys)]
+    content: dict[str, int] = {}  # key -> variant index, as far as this stream knows
+    log = StreamLog(frames_by_etag={v.etag: v.frames for v in variants})
+    pending = sorted(faults, key=lambda f: f.at_op)
+    threads: list[threading.Thread] = []
+
+    def fire(fault: Fault) -> None:
+        started = time.monotonic()
+        try:
+            log.notes.append(f"{fault.name} at op {fault.at_op}: {fault.inject()}")
+        except Exception as exc:
+            took_s = time.monotonic() - started
+            log.errors.append(f"{fault.name} at op {fault.at_op} failed after {took_s:.1f}s: {exc!r}")
+
+    started = time.monotonic()
+    for n in range(plan.ops):
+        while pending and pending[0].at_op <= n:
+            thread = threading.Thread(target=fire, args=(pending.pop(0),), daemon=True)
+            thread.start()
+            threads.append(thread)
+        due = started + n / plan.rate_per_s
+        time.sleep(max(0.0, due - time.monotonic()))
+        live = sorted(content)
+        if live and rng.random() < plan.delete_share:
+            key = rng.choice(live)
+            if _attempt("delete", lambda key=key: client.remove_object(host.bucket, key)):  # type: ignore[misc]
+                content.pop(key)
+                log.deletes += 1
+            else:
+                log.failed_ops += 1
+        else:
+            key = rng.choice(keys)
+            choices = [i for i in range(len(variants)) if i != content.get(key)]
+            v = rng.choice(choices)
+
+            def put(key: str = key, v: int = v) -> None:
+                client.fput_object(host.bucket, key, str(variants[v].path), content_type="video/mp4")
+
+            if _attempt("upload", put):
+                content[key] = v
+                log.uploads += 1
+                if after_upload is not None:
+                    after_upload(key)
+            else:
+                log.failed_ops += 1
+        log.touched.add(key)
+    for fault in pending:  # faults planned past the end still run
+        thread = threading.Thread(target=fire, args=(fault,), daemon=True)
+        thread.start()
+        threads.append(thread)
+    log.stream_s = time.monotonic() - started
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    for thread in threads:
+        thread.join(max(0.1, deadline - time.monotonic()))
+        if thread.is_alive():
+            log.errors.append("a fault did not finish in time")
+    return log
+
+
+# -- faults ------------------------------------------------------------------------------------------
+def kill_mid_video(host: AppHost, plan: StreamPlan, deployment: str) -> str:
+    """SIGKILL a replica of ``deployment`` while one of this stream's videos is being indexed (waits
+    at most ``BUSY_TIMEOUT_S`` for one, then kills anyway and says so)."""
+    tables = Tables(host.settings)
+    uri_prefix = s3_uri(host.bucket, plan.prefix)
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    busy = False
+    while time.monotonic() < deadline and not busy:
+        busy = any(uri.startswith(uri_prefix) and status == "indexing" for uri, status in tables.statuses().values())
+        if not busy:
+            time.sleep(0.1)
+    what = host.kill_replica(deployment)
+    return what + ("" if busy else " (no video was being indexed)")
+
+
+def restart_router(host: AppHost) -> str:
+    what = host.kill_replica("EventRouter")
+    eventually(host.router_connected, "the new event router to connect", REPLICA_BACK_TIMEOUT_S)
+    return what
+
+
+class SameVideoRace:
+    """Two consumers indexing the same video at once: after each upload (every ``every``-th), two
+    more jobs for it go on the task queue (the consumer's two worker threads take them together) and
+    two ``Indexer``s in this process run the same job at the same moment."""
+
+    def __init__(self, host: AppHost, every: int = 2) -> None:
+        from ray import serve
+
+        from pipeline.deployments import HandleEmbedder
+        from pipeline.indexer import Indexer
+        from pipeline.taskqueue import CeleryJobSink
+
+        settings = host.settings
+        encoder = serve.get_deployment_handle("Encoder", app_name=host.app_name)
+        embedder = HandleEmbedder(encoder, settings.model.id, settings.model.embed_timeout_s)
+        self._host = host
+        self._indexers = [Indexer(settings, embedder), Indexer(settings, embedder)]
+        self._sink = CeleryJobSink(settings)
+        self._every = every
+        self._uploads = 0
+        self.outcomes: Counter[str] = Counter()
+        self.threads: list[threading.Thread] = []
+
+    def __call__(self, key: str) -> None:
+        from pipeline.jobs import IndexJob, JobOp, JobSource
+
+        self._uploads += 1
+        if self._uploads % self._every:
+            return
+        job = IndexJob(op=JobOp.INDEX, bucket=self._host.bucket, key=key, source=JobSource.API)
+        for _ in range(2):
+            self._sink.submit(job)
+        gate = threading.Barrier(2, timeout=30)
+        for indexer in self._indexers:
+            thread = threading.Thread(target=self._run, args=(indexer, job, gate), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def _run(self, indexer: Any, job: Any, gate: threading.Barrier) -> None:
+        try:
+            gate.wait()
+            self.outcomes[indexer.run(job).outcome.value] += 1
+        except Exception as exc:  # the real consumer would retry these; counted for the report
+            self.outcomes[f"raised {type(exc).__name__}"] += 1
+
+    def join(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for thread in self.threads:
+            thread.join(max(0.1, deadline - time.monotonic()))
+
+
+# -- the check ---------------------------------------------------------------------------------------
+class Tables:
+    """Reads the index tables whole (the test tables hold a few thousand rows at most)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._db = lancedb.connect(
+            settings.s3.index_uri,
+            storage_options=storage_options(settings.s3),
+            read_consistency_interval=timedelta(0),
+        )
+
+    def _rows(self, name: str, columns: list[str]) -> list[dict[str, Any]]:
+        try:
+            table = self._db.open_table(name)
+        except (ValueError, FileNotFoundError):
+            return []
+        rows: list[dict[str, Any]] = table.search().select(columns).limit(10_000_000).to_arrow().to_pylist()
+        return rows
+
+    def videos(self) -> dict[str, dict[str, Any]]:
+        return {r["video_id"]: r for r in self._rows(VIDEOS, ["video_id", "uri", "status", "version", "frames"])}
+
+    def statuses(self) -> dict[str, tuple[str, str]]:
+        return {vid: (r["uri"], r["status"]) for vid, r in self.videos().items()}
+
+    def frames(self) -> list[dict[str, Any]]:
+        return self._rows(FRAMES, ["frame_id", "video_id", "version"])
+
+
+@dataclass(frozen=True)
+class Summary:
+    uploads: int
+    deletes: int
+    indexed: int
+    lost: int
+    duplicated: int
+    problems: tuple[str, ...] = ()
+
+    def line(self, name: str) -> str:
+        return (
+            f"fault {name}: uploads {self.uploads}, deletes {self.deletes}, indexed {self.indexed}, "
+            f"lost {self.lost}, duplicated {self.duplicated}"
+        )
+
+    @property
+    def ok(self) -> bool:
+        return self.lost == 0 and self.duplicated == 0
+
+
+def check(host: AppHost, plan: StreamPlan, log: StreamLog, tables: Tables) -> Summary:
+    """Compare the index with the bucket, for this stream's keys.
+
+    lost: an object in the bucket not indexed exactly at its current version (no row, status not
+    ``indexed``, another version, or not exactly its frames), or a deleted object still searchable
+    (frames rows) or not marked ``deleted``. duplicated: extra rows of one ``frame_id``, plus videos
+    with more frame rows than their catalog row records.
+    """
+    client = host.services.minio_client()
+    bucket = {
+        str(o.object_name): str(o.etag).strip('"')
+        for o in client.list_objects(host.bucket, prefix=plan.prefix, recursive=True)
+    }
+    ids = {video_id(host.bucket, key): key for key in log.touched | set(bucket)}
+    videos = tables.videos()
+    frames: dict[str, list[dict[str, Any]]] = {}
+    for row in tables.frames():
+        if row["video_id"] in ids:
+            frames.setdefault(row["video_id"], []).append(row)
+    problems: list[str] = []
+    indexed = lost = duplicated = 0
+    for vid, key in sorted(ids.items(), key=lambda kv: kv[1]):
+        rows = frames.get(vid, [])
+        distinct = {r["frame_id"] for r in rows}
+        extra = len(rows) - len(distinct)
+        record = videos.get(vid)
+        if extra:
+            duplicated += extra
+            problems.append(f"{key}: {extra} duplicate frame rows")
+        if record is not None and len(rows) > int(record["frames"] or 0):
+            duplicated += 1
+            problems.append(f"{key}: {len(rows)} frame rows, catalog records {record['frames']}")
+        if key in bucket:
+            etag = bucket[key]
+            want = log.frames_by_etag.get(etag)
+            why = None
+            if record is None:
+                why = "no catalog row"
+            elif record["status"] != "indexed" or record["version"] != etag:
+                why = f"catalog {record['status']} at {record['version']}, bucket has {etag}"
+            elif len(distinct) != want or int(record["frames"]) != want:
+                why = f"{len(distinct)} frames (catalog {record['frames']}), content has {want}"
+            elif any(r["version"] != etag for r in rows):
+                why = "frame rows of another version"
+            if why is None:
+                indexed += 1
+            else:
+                lost += 1
+                problems.append(f"{key}: {why}")
+        elif rows or (record is not None and record["status"] != "deleted"):
+            lost += 1
+            status = record["status"] if record is not None else "no row"
+            problems.append(f"{key} (deleted): {len(rows)} frame rows, catalog {status}")
+    return Summary(log.uploads, log.deletes, indexed, lost, duplicated, tuple(problems))
+
+
+def _queues_idle(host: AppHost) -> bool:
+    names = [host.settings.amqp.events_queue, host.settings.serve.index_queue]
+    return all(queue_counts(host.services, q) == (0, 0) for q in names)
+
+
+def converge(host: AppHost, plan: StreamPlan, log: StreamLog, timeout_s: float) -> tuple[Summary, float]:
+    """Wait (at most ``timeout_s``) until the queues are empty and the check passes, and still passes
+    ``SETTLE_S`` later. Returns the last summary and the seconds waited."""
+    tables = Tables(host.settings)
+    started = time.monotonic()
+    deadline = started + timeout_s
+    summary = check(host, plan, log, tables)
+    while time.monotonic() < deadline:
+        if summary.ok and _queues_idle(host):
+            time.sleep(SETTLE_S)
+            summary = check(host, plan, log, tables)
+            if summary.ok and _queues_idle(host):
+                break
+            continue
+        time.sleep(2.0)
+        summary = check(host, plan, log, tables)
+    return summary, time.monotonic() - started

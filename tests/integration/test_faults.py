@@ -1,0 +1,133 @@
+"""Faults injected while a stream of uploads, overwrites and deletes runs against the real Ray Serve
+app: RabbitMQ restarted, MinIO restarted, the consumer SIGKILLed mid-video, the encoder killed, the
+event router restarted, two consumers indexing one video at once. After the stream drains, every
+object in the bucket is indexed exactly once at its current version and every deleted one is gone.
+
+Each scenario prints ``fault <name>: uploads U, deletes D, indexed I, lost L, duplicated X``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.faults.harness import (
+    JOIN_TIMEOUT_S,
+    AppHost,
+    Fault,
+    SameVideoRace,
+    StreamPlan,
+    Summary,
+    Variant,
+    converge,
+    kill_mid_video,
+    make_variants,
+    restart_router,
+    run_stream,
+    start_app,
+)
+from tests.faults.stream import run_long_stream
+from tests.services import Services, restart_minio, restart_rabbitmq, unique_prefix
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
+
+OPS = 30
+CONVERGE_TIMEOUT_S = 240.0
+
+
+@pytest.fixture(scope="module")
+def host(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppHost]:
+    with start_app(services, unique_prefix(), tiny_model_dir, tmp_path_factory.mktemp("state")) as app:
+        yield app
+
+
+@pytest.fixture(scope="module")
+def variants(host: AppHost, tmp_path_factory: pytest.TempPathFactory) -> list[Variant]:
+    return make_variants(tmp_path_factory.mktemp("media"), host.settings.sampling.every_s)
+
+
+def report(request: pytest.FixtureRequest, *lines: str) -> None:
+    """Write to the terminal even under ``-q`` and without ``-s``."""
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    # pytest captures file descriptor 1 during a test, the terminal reporter's output included.
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        for line in lines:
+            if reporter is not None:
+                reporter.write_line(line)
+            else:
+                print(line)
+
+
+def scenario(
+    request: pytest.FixtureRequest,
+    host: AppHost,
+    variants: list[Variant],
+    plan: StreamPlan,
+    faults: Sequence[Fault] = (),
+    race: SameVideoRace | None = None,
+) -> Summary:
+    log = run_stream(host, plan, variants, faults, after_upload=race)
+    if race is not None:
+        race.join(JOIN_TIMEOUT_S)
+        log.notes.append(f"side indexers: {dict(race.outcomes)}")
+    summary, converge_s = converge(host, plan, log, CONVERGE_TIMEOUT_S)
+    report(
+        request,
+        summary.line(plan.name),
+        f"  stream {log.stream_s:.1f}s, converged {converge_s:.1f}s later, {log.failed_ops} ops refused",
+        *(f"  {note}" for note in log.notes),
+    )
+    assert not log.errors, log.errors
+    assert summary.lost == 0 and summary.duplicated == 0, summary.problems
+    assert log.failed_ops == 0
+    return summary
+
+
+def test_rabbitmq_restart(request: pytest.FixtureRequest, host: AppHost, variants: list[Variant]) -> None:
+    plan = StreamPlan("rabbitmq-restart", OPS, seed=11)
+    fault = Fault(8, "rabbitmq restart", lambda: f"down {restart_rabbitmq(host.services, down_s=3.0):.1f}s")
+    scenario(request, host, variants, plan, [fault])
+
+
+def test_minio_restart(request: pytest.FixtureRequest, host: AppHost, variants: list[Variant]) -> None:
+    plan = StreamPlan("minio-restart", OPS, seed=12)
+    fault = Fault(10, "minio restart", lambda: f"away {restart_minio(host.services):.1f}s")
+    scenario(request, host, variants, plan, [fault])
+
+
+def test_consumer_sigkill_mid_video(request: pytest.FixtureRequest, host: AppHost, variants: list[Variant]) -> None:
+    plan = StreamPlan("consumer-sigkill", OPS, seed=13)
+    faults = [Fault(at, "consumer SIGKILL", lambda: kill_mid_video(host, plan, "IndexConsumer")) for at in (5, 18)]
+    scenario(request, host, variants, plan, faults)
+
+
+def test_encoder_killed(request: pytest.FixtureRequest, host: AppHost, variants: list[Variant]) -> None:
+    plan = StreamPlan("encoder-kill", OPS, seed=14)
+    fault = Fault(6, "encoder SIGKILL", lambda: kill_mid_video(host, plan, "Encoder"))
+    scenario(request, host, variants, plan, [fault])
+
+
+def test_event_router_restart(request: pytest.FixtureRequest, host: AppHost, variants: list[Variant]) -> None:
+    plan = StreamPlan("router-restart", OPS, seed=15)
+    fault = Fault(8, "router SIGKILL", lambda: restart_router(host))
+    scenario(request, host, variants, plan, [fault])
+
+
+def test_two_consumers_same_video(request: pytest.FixtureRequest, host: AppHost, variants: list[Variant]) -> None:
+    plan = StreamPlan("same-video", OPS, seed=16)
+    scenario(request, host, variants, plan, race=SameVideoRace(host))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_long_stream_with_restarts_and_kills(
+    request: pytest.FixtureRequest, host: AppHost, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    run = run_long_stream(host, tmp_path_factory.mktemp("long-media"), ops=500)
+    report(request, *run.lines())
+    assert not run.log.errors, run.log.errors
+    assert run.summary.lost == 0 and run.summary.duplicated == 0, run.summary.problems
