@@ -113,7 +113,7 @@ def decode_dead_letter(body: bytes, headers: dict[str, Any] | None) -> DeadLette
 @dataclass(frozen=True, slots=True)
 class ReplayReport:
     replayed: list[DeadLetter]
-    #: Messages still on the queue after the replay.
+    #: Messages left on the queue after the replay (as far as this call saw).
     remaining: int
 
 
@@ -139,9 +139,9 @@ class DeadLetterQueue:
             # Never str(exc): connection errors may carry the parameters.
             raise TransientError(f"dead-letter queue unreachable: {type(exc).__name__}") from exc
 
-    def _declare(self, channel: Any) -> None:
-        # Same arguments Celery (Ray's adapter) declares it with: durable, classic.
-        channel.queue_declare(queue=self._queue, durable=True)
+    def _declare(self, channel: Any) -> int:
+        """Declare the queue (as Celery, i.e. Ray's adapter, does: durable, classic); its length."""
+        return int(channel.queue_declare(queue=self._queue, durable=True).method.message_count)
 
     def publish(self, letter: DeadLetter) -> None:
         """Store ``letter`` durably; returns once the broker confirmed it.
@@ -230,8 +230,9 @@ class DeadLetterQueue:
         connection = self._connect()
         try:
             channel = connection.channel()
-            self._declare(channel)
+            waiting = self._declare(channel)
             taken = self._take(channel, self._max_list)
+            acked = 0
             for tag, letter in taken:
                 if (wanted is not None and letter.id not in wanted) or letter.job is None:
                     continue
@@ -242,14 +243,15 @@ class DeadLetterQueue:
                         on_queued(job)
                     replayed[letter.id] = letter
                 channel.basic_ack(delivery_tag=tag)
+                acked += 1
             channel.basic_nack(delivery_tag=0, multiple=True, requeue=True)
-            remaining = channel.queue_declare(queue=self._queue, durable=True).method.message_count
+            remaining = max(0, waiting - acked)
         except pika.exceptions.AMQPError as exc:
             raise TransientError(f"dead-letter queue unreadable: {type(exc).__name__}") from exc
         finally:
             _close(connection)
         log.info("replayed %d dead letters, %d remain", len(replayed), remaining)
-        return ReplayReport(replayed=list(replayed.values()), remaining=int(remaining))
+        return ReplayReport(replayed=list(replayed.values()), remaining=remaining)
 
 
 def _close(connection: pika.BlockingConnection) -> None:
