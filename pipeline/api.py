@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Any, Protocol
 
-from fastapi import FastAPI, File, HTTPException, Query, Request, UploadFile
+from fastapi import APIRouter, FastAPI, File, HTTPException, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
@@ -198,8 +198,10 @@ def create_app(
     store: IndexStore,
     jobs: JobSubmitter,
     stats: Callable[[], Awaitable[dict[str, Any]]],
+    admin: APIRouter | None = None,
 ) -> FastAPI:
-    """Build the API over its services (plain objects: testable without Ray)."""
+    """Build the API over its services (plain objects: testable without Ray). ``admin``: the
+    ``/v1/admin`` routes (``pipeline.api_admin``), guarded by the admin key."""
     app = FastAPI(title="vidx", version="1", docs_url="/docs", redoc_url=None)
     keys = BearerKeys(settings.api_keys, settings.admin_key)
     limits = settings.limits
@@ -310,4 +312,6 @@ def create_app(
             router.labels(kind=kind).set(count)
         return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
 
+    if admin is not None:
+        app.include_router(admin)
     return app

@@ -37,8 +37,7 @@ def reconcile(
     """Compare buckets with the index and queue the jobs that repair drift: objects never indexed,
     indexed at an old version, and index entries whose object is gone."""
     with _errors():
-        from pipeline.indexer import mark_queued
-        from pipeline.reconcile import Reconciler, S3PageLister
+        from pipeline.reconcile import build_reconciler
         from pipeline.taskqueue import CeleryJobSink
         from storage.tables import IndexStore
 
@@ -47,16 +46,7 @@ def reconcile(
         foreign = [b for b in buckets if b not in settings.s3.buckets]
         if foreign:
             raise InvalidInput(f"not a configured bucket: {', '.join(foreign)} (VIDX_S3__BUCKETS)")
-        store = IndexStore(settings.s3)
-        reconciler = Reconciler(
-            model_id=settings.model.id,
-            every_s=settings.sampling.every_s,
-            videos=settings.videos,
-            catalog=store,
-            lister=S3PageLister(settings.s3),
-            sink=None if dry_run else CeleryJobSink(settings),
-            on_queued=lambda job: mark_queued(store, job),
-        )
+        reconciler = build_reconciler(settings, IndexStore(settings.s3), None if dry_run else CeleryJobSink(settings))
         for name in buckets:
             report = reconciler.run(name, prefix=prefix, dry_run=dry_run)
             if verbose:

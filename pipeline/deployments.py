@@ -194,8 +194,21 @@ class Api:
 
     def __serve_build_asgi_app__(self) -> Any:
         from pipeline.api import create_app
+        from pipeline.api_admin import admin_router
+        from pipeline.deadletters import DeadLetterQueue
+        from pipeline.indexer import mark_queued
+        from pipeline.reconcile import build_reconciler
 
-        return create_app(self._settings, self._search, self._store, self._sink, self._stats)
+        settings, store = self._settings, self._store
+        reconciler = build_reconciler(settings, store, self._sink)
+        admin = admin_router(
+            settings.s3.buckets,
+            DeadLetterQueue(settings.amqp.url.get_secret_value(), settings.serve.failed_queue),
+            self._sink,
+            lambda job: mark_queued(store, job),
+            lambda bucket, prefix, dry_run: reconciler.run(bucket, prefix=prefix, dry_run=dry_run),
+        )
+        return create_app(settings, self._search, store, self._sink, self._stats, admin)
 
 
 def _cluster_gpus() -> float:

@@ -17,14 +17,17 @@ import posixpath
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from events.config import VideoFilterSettings
 from pipeline.ids import fingerprint, s3_uri, video_id
 from pipeline.jobs import IndexJob, JobOp, JobSink, JobSource
 from storage.config import S3Settings
 from storage.s3 import ObjectHead, ObjectStore
-from storage.tables import VideoRecord, VideoStatus
+from storage.tables import IndexStore, VideoRecord, VideoStatus
+
+if TYPE_CHECKING:
+    from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -216,3 +219,19 @@ class Reconciler:
         self._sink.submit(job)
         if self._on_queued is not None:
             self._on_queued(job)
+
+
+def build_reconciler(settings: Settings, store: IndexStore, sink: JobSink | None) -> Reconciler:
+    """The reconciler the CLI and the admin API use: this deployment's model, sampling and buckets;
+    jobs it submits are marked queued in the catalog."""
+    from pipeline.indexer import mark_queued
+
+    return Reconciler(
+        model_id=settings.model.id,
+        every_s=settings.sampling.every_s,
+        videos=settings.videos,
+        catalog=store,
+        lister=S3PageLister(settings.s3),
+        sink=sink,
+        on_queued=lambda job: mark_queued(store, job),
+    )

@@ -1,0 +1,103 @@
+"""Admin routes under ``/v1/admin`` (the auth middleware lets only the admin key through):
+the dead-letter queue and reconcile, the same operations as ``vidx dlq`` and ``vidx reconcile``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Collection
+from typing import Annotated, Any, Protocol
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, model_validator
+
+from pipeline.deadletters import DeadLetter, ReplayReport
+from pipeline.errors import InvalidInput
+from pipeline.jobs import IndexJob, JobSink
+from pipeline.reconcile import ReconcileReport
+
+#: Changes listed per bucket in a reconcile answer (the counts cover all).
+MAX_CHANGES_SHOWN = 100
+
+
+class DeadLetters(Protocol):
+    def list(self, limit: int | None = None) -> list[DeadLetter]: ...
+
+    def replay(
+        self,
+        sink: JobSink,
+        ids: Collection[str] | None = None,
+        on_queued: Callable[[IndexJob], None] | None = None,
+    ) -> ReplayReport: ...
+
+
+class ReplayRequest(BaseModel):
+    ids: list[str] = []
+    all: bool = False
+
+    @model_validator(mode="after")
+    def _one_of(self) -> ReplayRequest:
+        if bool(self.ids) == self.all:
+            raise ValueError("give ids or all=true (not both)")
+        return self
+
+
+class ReconcileRequest(BaseModel):
+    #: One configured bucket; all of them when empty.
+    bucket: str | None = None
+    prefix: str = ""
+    dry_run: bool = False
+
+
+def _report(report: ReconcileReport) -> dict[str, Any]:
+    return {
+        "bucket": report.bucket,
+        "dry_run": report.dry_run,
+        "listed": report.listed,
+        "in_sync": report.in_sync,
+        **{drift.value: n for drift, n in report.counts.items()},
+        "failed": report.failed,
+        "in_flight": report.in_flight,
+        "ignored": report.ignored,
+        "submitted": report.submitted,
+        "changes": [
+            {"drift": c.drift.value, "uri": c.uri, "detail": c.detail} for c in report.changes[:MAX_CHANGES_SHOWN]
+        ],
+    }
+
+
+def admin_router(
+    buckets: list[str],
+    dead_letters: DeadLetters,
+    jobs: JobSink,
+    on_queued: Callable[[IndexJob], None],
+    reconcile: Callable[[str, str, bool], ReconcileReport],
+    max_list: int = 1000,
+) -> APIRouter:
+    """The admin routes over plain services (testable without Ray or a broker)."""
+    router = APIRouter(prefix="/v1/admin")
+
+    @router.get("/dlq")
+    async def list_dead_letters(limit: Annotated[int, Query(ge=1, le=max_list)] = 100) -> dict[str, Any]:
+        letters = await asyncio.to_thread(dead_letters.list, limit)
+        return {"dead_letters": [letter.summary() for letter in letters]}
+
+    @router.post("/dlq/replay")
+    async def replay_dead_letters(body: ReplayRequest) -> dict[str, Any]:
+        ids = None if body.all else body.ids
+        report = await asyncio.to_thread(dead_letters.replay, jobs, ids, on_queued)
+        replayed = [letter.id for letter in report.replayed]
+        return {
+            "replayed": replayed,
+            "not_found": sorted(set(body.ids) - set(replayed)),
+            "remaining": report.remaining,
+        }
+
+    @router.post("/reconcile")
+    async def reconcile_buckets(body: ReconcileRequest) -> dict[str, Any]:
+        if body.bucket is not None and body.bucket not in buckets:
+            raise InvalidInput(f"bucket {body.bucket!r} is not one of the configured buckets")
+        chosen = [body.bucket] if body.bucket else buckets
+        reports = [await asyncio.to_thread(reconcile, b, body.prefix, body.dry_run) for b in chosen]
+        return {"reports": [_report(r) for r in reports]}
+
+    return router

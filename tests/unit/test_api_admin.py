@@ -1,0 +1,100 @@
+"""The /v1/admin routes: dead letters and reconcile, behind the admin key (stand-in services)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from typing import Any
+
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from pipeline.api import create_app
+from pipeline.api_admin import admin_router
+from pipeline.deadletters import DeadLetter, FailureKind, ReplayReport
+from pipeline.jobs import IndexJob, JobOp, JobSink, JobSource
+from pipeline.reconcile import Change, Drift, ReconcileReport
+from pipeline.settings import Settings
+from tests.unit.test_api import FakeJobs, FakeSearch, FakeStore
+
+API_KEY = "user-key-0123456789abcdef"
+ADMIN_KEY = "admin-key-0123456789abcdef"
+JOB = IndexJob(op=JobOp.INDEX, bucket="videos", key="a.mp4", source=JobSource.EVENT)
+
+
+class FakeLetters:
+    def __init__(self) -> None:
+        self.letters = [
+            DeadLetter(id="t1", kind=FailureKind.PERMANENT, reason="not a video: a text file", attempts=1, job=JOB),
+            DeadLetter(id="t2", kind=FailureKind.EXHAUSTED, reason="gave up after 4 attempts: x", attempts=4, job=JOB),
+        ]
+        self.replayed: list[IndexJob] = []
+
+    def list(self, limit: int | None = None) -> list[DeadLetter]:
+        return self.letters[:limit]
+
+    def replay(
+        self, sink: JobSink, ids: Collection[str] | None = None, on_queued: Callable[[IndexJob], None] | None = None
+    ) -> ReplayReport:
+        chosen = [d for d in self.letters if ids is None or d.id in ids]
+        for letter in chosen:
+            assert letter.job is not None
+            sink.submit(letter.job)
+            self.replayed.append(letter.job)
+        self.letters = [d for d in self.letters if d not in chosen]
+        return ReplayReport(replayed=chosen, remaining=len(self.letters))
+
+
+def admin_client() -> tuple[TestClient, FakeLetters, FakeJobs, list[tuple[str, str, bool]]]:
+    settings = Settings(api_keys=[SecretStr(API_KEY)], admin_key=SecretStr(ADMIN_KEY))
+    store, jobs, letters = FakeStore(), FakeJobs(), FakeLetters()
+    calls: list[tuple[str, str, bool]] = []
+
+    def reconcile(bucket: str, prefix: str, dry_run: bool) -> ReconcileReport:
+        calls.append((bucket, prefix, dry_run))
+        report = ReconcileReport(bucket=bucket, dry_run=dry_run, listed=3, in_sync=2)
+        report.add(Change(Drift.MISSING, f"s3://{bucket}/b.mp4", "not in the index"))
+        return report
+
+    async def stats() -> dict[str, Any]:
+        return {}
+
+    admin = admin_router(settings.s3.buckets, letters, jobs, lambda job: None, reconcile)
+    app = create_app(settings, FakeSearch(settings.limits), store, jobs, stats, admin)  # type: ignore[arg-type]
+    return TestClient(app, raise_server_exceptions=False), letters, jobs, calls
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_admin_routes_need_the_admin_key() -> None:
+    http, letters, _, _ = admin_client()
+    for method, path in [("GET", "/v1/admin/dlq"), ("POST", "/v1/admin/dlq/replay"), ("POST", "/v1/admin/reconcile")]:
+        assert http.request(method, path).status_code == 401
+        assert http.request(method, path, headers=bearer("wrong-key-0123456789")).status_code == 401
+        assert http.request(method, path, headers=bearer(API_KEY), json={"all": True}).status_code == 403
+    assert len(letters.letters) == 2 and letters.replayed == []
+
+
+def test_dead_letters_are_listed_and_replayed() -> None:
+    http, _, jobs, _ = admin_client()
+    body = http.get("/v1/admin/dlq", headers=bearer(ADMIN_KEY)).json()
+    assert [d["id"] for d in body["dead_letters"]] == ["t1", "t2"]
+    assert set(body["dead_letters"][0]) == {"id", "uri", "kind", "reason", "attempts", "failed_at"}
+    assert body["dead_letters"][0]["uri"] == "s3://videos/a.mp4"
+    resp = http.post("/v1/admin/dlq/replay", headers=bearer(ADMIN_KEY), json={"ids": ["t2", "nope"]})
+    assert resp.json() == {"replayed": ["t2"], "not_found": ["nope"], "remaining": 1}
+    assert jobs.jobs == [JOB]
+    bad = http.post("/v1/admin/dlq/replay", headers=bearer(ADMIN_KEY), json={"ids": ["t1"], "all": True})
+    assert bad.status_code == 422 and "error" in bad.json()
+
+
+def test_reconcile_runs_per_configured_bucket_and_rejects_others() -> None:
+    http, _, _, calls = admin_client()
+    resp = http.post("/v1/admin/reconcile", headers=bearer(ADMIN_KEY), json={"dry_run": True, "prefix": "cams/"})
+    [report] = resp.json()["reports"]
+    assert calls == [("videos", "cams/", True)]
+    assert (report["missing"], report["in_sync"], report["submitted"]) == (1, 2, 0)
+    assert report["changes"] == [{"drift": "missing", "uri": "s3://videos/b.mp4", "detail": "not in the index"}]
+    other = http.post("/v1/admin/reconcile", headers=bearer(ADMIN_KEY), json={"bucket": "other"})
+    assert other.status_code == 400 and calls == [("videos", "cams/", True)]
