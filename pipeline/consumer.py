@@ -6,6 +6,8 @@ done, retry and dead letter.
     transient error (S3, broker, encoder) or an unexpected one
         -> re-raised: Celery retries with exponential backoff (``serve.max_retries`` times, at most
            60 s apart); on the last attempt the catalog says ``failed`` and a dead letter is stored
+    a redelivered task (its consumer died mid-job)
+        -> counted as a failed attempt and retried the same way: a crash loop is bounded too
 
 A task is acknowledged only after this returns (acks_late), so a dead letter is stored before the
 task leaves the queue; a crash in between stores it twice, and the list shows it once (same id).
@@ -20,7 +22,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from pipeline.deadletters import DeadLetter, FailureKind
-from pipeline.errors import PermanentError, VidxError
+from pipeline.errors import PermanentError, TransientError, VidxError
 from pipeline.indexer import JobResult
 from pipeline.jobs import IndexJob
 
@@ -44,6 +46,14 @@ class TaskContext:
     task_id: str
     #: Retries so far (0 on the first attempt).
     retries: int
+    #: The broker delivered this message before and it was never acknowledged: the consumer that
+    #: had it stopped mid-job (killed, out of memory, restarted, or cut off from the broker).
+    redelivered: bool = False
+
+
+class Interrupted(TransientError):
+    """Raised when a task comes back after its consumer stopped mid-job: counted as a failed attempt,
+    so a video that kills its consumer every time ends in the dead-letter queue instead of looping."""
 
 
 class IndexTaskHandler:
@@ -76,6 +86,8 @@ class IndexTaskHandler:
             log.warning("task %s dead-lettered: %s", task.task_id, reason)
             return {"outcome": "failed", "reason": reason}
         try:
+            if task.redelivered:
+                raise Interrupted("the consumer stopped during the job (killed, out of memory or cut off)")
             result = self._runner.run(job)
         except PermanentError as exc:
             # The indexer already recorded the reason in the catalog.

@@ -124,7 +124,12 @@ def consumer_deployment(settings: Settings) -> Any:
             from pipeline.consumer import TaskContext
 
             request = current_task.request
-            context = TaskContext(task_id=str(request.id), retries=int(getattr(request, "retries", 0) or 0))
+            delivery = getattr(request, "delivery_info", None) or {}
+            context = TaskContext(
+                task_id=str(request.id),
+                retries=int(getattr(request, "retries", 0) or 0),
+                redelivered=bool(delivery.get("redelivered", False)),
+            )
             return self._handler.handle(job, context)
 
     return IndexConsumer

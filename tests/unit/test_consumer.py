@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.consumer import IndexTaskHandler, TaskContext
+from pipeline.consumer import IndexTaskHandler, Interrupted, TaskContext
 from pipeline.deadletters import DeadLetter, FailureKind
 from pipeline.errors import CorruptVideo, TransientError
 from pipeline.indexer import JobResult, Outcome
@@ -97,3 +97,17 @@ def test_when_the_dead_letter_cant_be_stored_the_task_is_retried() -> None:
 
     with pytest.raises(TransientError):
         handler(Runner(CorruptVideo("bad")), Down()).handle(JOB.model_dump(mode="json"), TaskContext("t1", 0))
+
+
+def test_a_redelivered_task_counts_as_a_failed_attempt() -> None:
+    runner, letters = Runner(), Letters()
+    with pytest.raises(Interrupted):
+        handler(runner, letters).handle(JOB.model_dump(mode="json"), TaskContext("t1", 0, redelivered=True))
+    assert runner.runs == 0
+
+
+def test_a_video_that_kills_its_consumer_every_time_ends_dead_lettered() -> None:
+    runner, letters = Runner(), Letters()
+    out = handler(runner, letters).handle(JOB.model_dump(mode="json"), TaskContext("t1", 3, redelivered=True))
+    assert out["reason"].startswith("gave up after 4 attempts: the consumer stopped during the job")
+    assert [d.kind for d in letters.letters] == [FailureKind.EXHAUSTED] and runner.runs == 0
