@@ -43,6 +43,8 @@ OP_ATTEMPTS = 20
 JOIN_TIMEOUT_S = 180.0
 #: Queues must stay empty and the check pass for this long (the management API refreshes every 5 s).
 SETTLE_S = 6.0
+#: How often a slow convergence notes what is still missing.
+PROGRESS_EVERY_S = 30.0
 
 VIDEO_FPS = 10
 VIDEO_SIZE = (64, 48)
@@ -245,30 +247,32 @@ def run_stream(
     after_upload: Callable[[str], None] | None = None,
 ) -> StreamLog:
     """Perform ``plan.ops`` uploads, overwrites and deletes at most ``plan.rate_per_s`` a second,
-    firing each fault in a thread when its turn comes; wait (bounded) for the fault threads."""
+    firing the faults one after another in a thread of their own, each once ``at_op`` operations
+    are done; wait (bounded) for the faults to finish."""
     rng = random.Random(plan.seed)
     client = host.services.minio_client()
     n_keys = plan.keys or max(4, plan.ops // 3)
     keys = [f"{plan.prefix}k{i:03d}.mp4" for i in range(n_keys)]
     content: dict[str, int] = {}  # key -> variant index, as far as this stream knows
     log = StreamLog(frames_by_etag={v.etag: v.frames for v in variants})
-    pending = sorted(faults, key=lambda f: f.at_op)
-    threads: list[threading.Thread] = []
+    done = [0]  # operations finished so far, read by the fault thread
 
-    def fire(fault: Fault) -> None:
-        started = time.monotonic()
-        try:
-            log.notes.append(f"{fault.name} at op {fault.at_op}: {fault.inject()}")
-        except Exception as exc:
-            took_s = time.monotonic() - started
-            log.errors.append(f"{fault.name} at op {fault.at_op} failed after {took_s:.1f}s: {exc!r}")
+    def fire_in_turn() -> None:
+        # One fault at a time, in order: a fault starts once the previous one has recovered.
+        deadline = time.monotonic() + plan.ops / plan.rate_per_s + JOIN_TIMEOUT_S
+        for fault in sorted(faults, key=lambda f: f.at_op):
+            while done[0] < min(fault.at_op, plan.ops) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            at = f"{fault.name} at op {fault.at_op} (fired at op {done[0]}, t={time.monotonic() - started:.1f}s)"
+            try:
+                log.notes.append(f"{at}: {fault.inject()}")
+            except Exception as exc:
+                log.errors.append(f"{at} failed after {time.monotonic() - started:.1f}s: {exc!r}")
 
     started = time.monotonic()
+    runner = threading.Thread(target=fire_in_turn, name="faults", daemon=True)
+    runner.start()
     for n in range(plan.ops):
-        while pending and pending[0].at_op <= n:
-            thread = threading.Thread(target=fire, args=(pending.pop(0),), daemon=True)
-            thread.start()
-            threads.append(thread)
         due = started + n / plan.rate_per_s
         time.sleep(max(0.0, due - time.monotonic()))
         live = sorted(content)
@@ -295,16 +299,11 @@ def run_stream(
             else:
                 log.failed_ops += 1
         log.touched.add(key)
-    for fault in pending:  # faults planned past the end still run
-        thread = threading.Thread(target=fire, args=(fault,), daemon=True)
-        thread.start()
-        threads.append(thread)
+        done[0] = n + 1
     log.stream_s = time.monotonic() - started
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
-    for thread in threads:
-        thread.join(max(0.1, deadline - time.monotonic()))
-        if thread.is_alive():
-            log.errors.append("a fault did not finish in time")
+    runner.join(JOIN_TIMEOUT_S)
+    if runner.is_alive():
+        log.errors.append(f"faults did not finish within {JOIN_TIMEOUT_S:.0f}s of the stream's end")
     return log
 
 
@@ -373,7 +372,7 @@ class SameVideoRace:
             gate.wait()
             self.outcomes[indexer.run(job).outcome.value] += 1
         except Exception as exc:  # the real consumer would retry these; counted for the report
-            self.outcomes[f"raised {type(exc).__name__}"] += 1
+            self.outcomes[f"raised {type(exc).__name__}: {exc}"[:120]] += 1
 
     def join(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -493,18 +492,28 @@ def _queues_idle(host: AppHost) -> bool:
 
 def converge(host: AppHost, plan: StreamPlan, log: StreamLog, timeout_s: float) -> tuple[Summary, float]:
     """Wait (at most ``timeout_s``) until the queues are empty and the check passes, and still passes
-    ``SETTLE_S`` later. Returns the last summary and the seconds waited."""
+    ``SETTLE_S`` later. Returns the last summary and the seconds waited; what was still missing every
+    ``PROGRESS_EVERY_S`` goes to ``log.notes``."""
     tables = Tables(host.settings)
     started = time.monotonic()
     deadline = started + timeout_s
+    next_note = started + PROGRESS_EVERY_S
     summary = check(host, plan, log, tables)
     while time.monotonic() < deadline:
-        if summary.ok and _queues_idle(host):
+        idle = _queues_idle(host)
+        if summary.ok and idle:
             time.sleep(SETTLE_S)
             summary = check(host, plan, log, tables)
             if summary.ok and _queues_idle(host):
                 break
             continue
+        if time.monotonic() >= next_note:
+            next_note += PROGRESS_EVERY_S
+            first = summary.problems[0] if summary.problems else "-"
+            log.notes.append(
+                f"converging t={time.monotonic() - started:.0f}s: lost {summary.lost}, duplicated "
+                f"{summary.duplicated}, queues idle {idle}, e.g. {first}"
+            )
         time.sleep(2.0)
         summary = check(host, plan, log, tables)
     return summary, time.monotonic() - started

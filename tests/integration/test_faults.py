@@ -35,6 +35,8 @@ from tests.services import Services, restart_minio, restart_rabbitmq, unique_pre
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
 
 OPS = 30
+#: Operations a second: 30 take 15 s, long enough for the faults to land while the stream runs.
+RATE_PER_S = 2.0
 CONVERGE_TIMEOUT_S = 240.0
 
 
@@ -88,37 +90,37 @@ def scenario(
 
 
 def test_rabbitmq_restart(request: pytest.FixtureRequest, host: AppHost, variants: list[Variant]) -> None:
-    plan = StreamPlan("rabbitmq-restart", OPS, seed=11)
+    plan = StreamPlan("rabbitmq-restart", OPS, seed=11, rate_per_s=RATE_PER_S)
     fault = Fault(8, "rabbitmq restart", lambda: f"down {restart_rabbitmq(host.services, down_s=3.0):.1f}s")
     scenario(request, host, variants, plan, [fault])
 
 
 def test_minio_restart(request: pytest.FixtureRequest, host: AppHost, variants: list[Variant]) -> None:
-    plan = StreamPlan("minio-restart", OPS, seed=12)
+    plan = StreamPlan("minio-restart", OPS, seed=12, rate_per_s=RATE_PER_S)
     fault = Fault(10, "minio restart", lambda: f"away {restart_minio(host.services):.1f}s")
     scenario(request, host, variants, plan, [fault])
 
 
 def test_consumer_sigkill_mid_video(request: pytest.FixtureRequest, host: AppHost, variants: list[Variant]) -> None:
-    plan = StreamPlan("consumer-sigkill", OPS, seed=13)
-    faults = [Fault(at, "consumer SIGKILL", lambda: kill_mid_video(host, plan, "IndexConsumer")) for at in (5, 18)]
+    plan = StreamPlan("consumer-sigkill", OPS, seed=13, rate_per_s=RATE_PER_S)
+    faults = [Fault(at, "consumer SIGKILL", lambda: kill_mid_video(host, plan, "IndexConsumer")) for at in (5, 20)]
     scenario(request, host, variants, plan, faults)
 
 
 def test_encoder_killed(request: pytest.FixtureRequest, host: AppHost, variants: list[Variant]) -> None:
-    plan = StreamPlan("encoder-kill", OPS, seed=14)
+    plan = StreamPlan("encoder-kill", OPS, seed=14, rate_per_s=RATE_PER_S)
     fault = Fault(6, "encoder SIGKILL", lambda: kill_mid_video(host, plan, "Encoder"))
     scenario(request, host, variants, plan, [fault])
 
 
 def test_event_router_restart(request: pytest.FixtureRequest, host: AppHost, variants: list[Variant]) -> None:
-    plan = StreamPlan("router-restart", OPS, seed=15)
+    plan = StreamPlan("router-restart", OPS, seed=15, rate_per_s=RATE_PER_S)
     fault = Fault(8, "router SIGKILL", lambda: restart_router(host))
     scenario(request, host, variants, plan, [fault])
 
 
 def test_two_consumers_same_video(request: pytest.FixtureRequest, host: AppHost, variants: list[Variant]) -> None:
-    plan = StreamPlan("same-video", OPS, seed=16)
+    plan = StreamPlan("same-video", OPS, seed=16, rate_per_s=RATE_PER_S)
     scenario(request, host, variants, plan, race=SameVideoRace(host))
 
 
