@@ -6,11 +6,12 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3.11
 ENGINE = eval "$$(infra/containers/engine.sh)"
 
-.PHONY: install system venv minio images lint typecheck test test-unit demo down clean help
+.PHONY: install system venv minio images lint typecheck test test-unit bench demo down clean help
 
 help:
 	@echo "make demo   install everything, start the stack, index sample videos, search them"
 	@echo "make test   install everything and run lint, types and every test tier (what CI runs)"
+	@echo "make bench  run every benchmark; writes bench/results/latest.json and docs/benchmarks.md"
 	@echo "make down   stop the local stack"
 
 install: system venv minio
@@ -33,7 +34,7 @@ images: system minio
 	$(ENGINE) && infra/images/build.sh
 
 lint: venv
-	$(VENV)/bin/ruff check pipeline events storage tests
+	$(VENV)/bin/ruff check pipeline events storage tests bench
 
 typecheck: venv
 	$(VENV)/bin/mypy
@@ -44,6 +45,10 @@ test-unit: venv
 # Every tier; a skipped integration or e2e test fails the run (VIDX_NO_SKIPS).
 test: install images lint typecheck
 	$(ENGINE) && VIDX_NO_SKIPS=1 $(PY) -m pytest tests -q -p no:cacheprovider
+
+# Every benchmark with its baseline, ≤ 20 minutes on 2 cores (BENCH_ARGS=--full for bigger inputs).
+bench: install images
+	$(ENGINE) && $(PY) -m bench $(BENCH_ARGS)
 
 demo: install
 	$(VENV)/bin/vidx demo

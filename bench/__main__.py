@@ -1,0 +1,35 @@
+"""``python -m bench [--full]``: every benchmark in its own process (fresh memory, fresh caches), then
+the report. Defaults finish in ≤ 20 minutes on a 2-core machine; ``--full`` runs the bigger sizes."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+
+from bench import report
+
+BENCHMARKS = ["decode", "encode", "write", "search", "e2e"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--full", action="store_true", help="bigger inputs (much longer)")
+    parser.add_argument("--only", nargs="*", choices=BENCHMARKS, help="run only these")
+    args = parser.parse_args()
+    failed = []
+    for name in args.only or BENCHMARKS:
+        started = time.monotonic()
+        print(f"== bench {name}", flush=True)
+        cmd = [sys.executable, "-m", f"bench.{name}", *(["--full"] if args.full else [])]
+        if subprocess.run(cmd, check=False).returncode != 0:
+            failed.append(name)
+        print(f"== bench {name}: {time.monotonic() - started:.0f}s", flush=True)
+    report.main()
+    if failed:
+        sys.exit(f"benchmarks failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main()

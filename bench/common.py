@@ -1,0 +1,110 @@
+"""What every benchmark shares: the machine's description, timing helpers, and the results file.
+
+Each benchmark writes its own section of ``bench/results/latest.json``:
+``{"<name>": {"command", "finished_at", "metrics": {...}, "notes": [...]}}``; target values are plain
+numbers inside ``metrics`` under the names ``bench/targets.py`` lists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "latest.json"
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, cores, memory, GPU (if torch sees one), Python and key library versions."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem_gib = round(int(line.split()[1]) / 1024**2, 1)
+    except OSError:
+        pass
+    gpu = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": mem_gib,
+        "gpu": gpu,
+        "python": platform.python_version(),
+        "os": platform.platform(terse=True),
+    }
+
+
+def load() -> dict[str, Any]:
+    if RESULTS.exists():
+        data: dict[str, Any] = json.loads(RESULTS.read_text())
+        return data
+    return {}
+
+
+def save_section(name: str, metrics: dict[str, Any], notes: list[str] | None = None) -> dict[str, Any]:
+    """Write one benchmark's results into latest.json (other sections are kept)."""
+    data = load()
+    data["machine"] = machine()
+    section = {
+        "command": " ".join([Path(sys.executable).name, "-m", *sys.argv[0:1], *sys.argv[1:]]).replace(
+            str(ROOT) + "/", ""
+        ),
+        "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "metrics": metrics,
+        "notes": notes or [],
+    }
+    data[name] = section
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return section
+
+
+@contextmanager
+def stopwatch() -> Iterator[Callable[[], float]]:
+    """``with stopwatch() as elapsed: ...; elapsed()`` — seconds since the block started."""
+    start = time.perf_counter()
+    end: list[float] = []
+    yield lambda: (end[0] if end else time.perf_counter()) - start
+    end.append(time.perf_counter())
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0–100) by linear interpolation."""
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return float(statistics.quantiles(sorted(values), n=100, method="inclusive")[max(0, min(98, round(q) - 1))])
+
+
+def have_command(name: str) -> bool:
+    try:
+        subprocess.run([name, "-version"], capture_output=True, check=False, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return True
