@@ -15,10 +15,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -34,6 +35,8 @@ from storage.s3 import ObjectHead, ObjectStore
 from storage.tables import FrameRow, IndexStore, VideoRecord, VideoStatus
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 #: Times one job follows an object that keeps changing under it before retrying later.
@@ -113,6 +116,35 @@ class JobResult:
     outcome: Outcome
     frames: int = 0
     reason: str | None = None
+    #: Seconds spent per stage (head, catalog, fetch, decode, embed, thumbnails, write).
+    stages: dict[str, float] = field(default_factory=dict, compare=False)
+
+
+class StageClock:
+    """Adds up wall time per pipeline stage of one job."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def timed(self, name: str, items: Iterator[T]) -> Iterator[T]:
+        """``items``, with the time spent producing each one counted under ``name``."""
+        while True:
+            with self.stage(name):
+                item = next(items, None)
+            if item is None:
+                return
+            yield item
+
+    def summary(self) -> str:
+        return " ".join(f"{k}={v:.2f}s" for k, v in self.seconds.items())
 
 
 def _chunks(frames: Iterator[SampledFrame], size: int) -> Iterator[list[SampledFrame]]:
@@ -165,28 +197,31 @@ class Indexer:
             TransientError: worth retrying; the catalog still says ``indexing``.
         """
         started = time.monotonic()
-        head = self._objects.head(job.bucket, job.key)
+        clock = StageClock()
+        with clock.stage("head"):
+            head = self._objects.head(job.bucket, job.key)
         if head is not None and job.op is JobOp.DELETE:
             log.info("delete event for %s but the object exists: indexing it", job.uri)
         for _ in range(MAX_CONVERGE_ROUNDS):
             if head is None:
-                result = self._remove(job)
+                result = self._remove(job, clock)
                 break
-            result, head = self._index(job, head)
+            result, head = self._index(job, head, clock)
             if result.outcome is not Outcome.SUPERSEDED:
                 break
             log.info("%s changed while it was indexed: indexing the new version", job.uri)
         else:
             raise TransientError(f"{job.uri} kept changing while it was indexed")
         log.info(
-            "job %s %s -> %s (%d frames) in %.2fs",
+            "job %s %s -> %s (%d frames) in %.2fs: %s",
             job.op.value,
             job.uri,
             result.outcome.value,
             result.frames,
             time.monotonic() - started,
+            clock.summary(),
         )
-        return result
+        return replace(result, stages=dict(clock.seconds))
 
     def record_failure(self, job: IndexJob, reason: str, version: str | None = None) -> None:
         """Mark ``job``'s video failed with ``reason`` (its old rows, if any, stay searchable), unless
@@ -201,31 +236,36 @@ class Indexer:
         record.version = version or record.version
         self._store.put_video(record)
 
-    def _remove(self, job: IndexJob) -> JobResult:
-        old = self._store.get_video(job.video_id)
+    def _remove(self, job: IndexJob, clock: StageClock) -> JobResult:
+        with clock.stage("catalog"):
+            old = self._store.get_video(job.video_id)
         if old is None or (old.status is VideoStatus.DELETED and old.frames == 0):
             # Never indexed, or already removed: no commit at all.
             return JobResult(job.video_id, Outcome.UNCHANGED)
-        self._store.delete_frames(job.video_id)
+        with clock.stage("write"):
+            self._store.delete_frames(job.video_id)
         old.status = VideoStatus.DELETED
         old.frames = 0
         old.fingerprint = None
         old.error = None
-        self._store.put_video(old)
+        with clock.stage("catalog"):
+            self._store.put_video(old)
         return JobResult(job.video_id, Outcome.DELETED)
 
-    def _index(self, job: IndexJob, head: ObjectHead) -> tuple[JobResult, ObjectHead | None]:
+    def _index(self, job: IndexJob, head: ObjectHead, clock: StageClock) -> tuple[JobResult, ObjectHead | None]:
         """Index ``head``'s version. SUPERSEDED (with the object's current head) when the object
         changed while it was being embedded: nothing is written then, and the caller goes again."""
         settings = self._settings
         fp = fingerprint(head.version, self._embedder.model_id, settings.sampling.every_s)
-        old = self._store.get_video(job.video_id)
+        with clock.stage("catalog"):
+            old = self._store.get_video(job.video_id)
         if old is not None and old.fingerprint == fp:
             # The rows for this exact content, model and sampling are already written.
             if old.status is not VideoStatus.INDEXED:
                 old.status = VideoStatus.INDEXED
                 old.error = None
-                self._store.put_video(old)
+                with clock.stage("catalog"):
+                    self._store.put_video(old)
             return JobResult(job.video_id, Outcome.UNCHANGED, frames=old.frames), head
         record = VideoRecord(
             video_id=job.video_id,
@@ -237,47 +277,58 @@ class Indexer:
             fingerprint=old.fingerprint if old else None,
             frames=old.frames if old else 0,
         )
-        self._store.put_video(record)
+        with clock.stage("catalog"):
+            self._store.put_video(record)
         try:
-            rows, duration_s = self._embed_object(head, job.video_id)
+            rows, duration_s = self._embed_object(head, job.video_id, clock)
         except PermanentError as exc:
             self.record_failure(job, exc.reason, version=head.version)
             raise
         # Two jobs for one key may overlap: only the one that saw the current version writes.
-        current = self._objects.head(job.bucket, job.key)
+        with clock.stage("head"):
+            current = self._objects.head(job.bucket, job.key)
         if current is None or current.version != head.version:
             return JobResult(job.video_id, Outcome.SUPERSEDED), current
-        self._store.replace_frames(
-            video_id=job.video_id, uri=job.uri, version=head.version, model=self._embedder.model_id, rows=rows
-        )
+        with clock.stage("write"):
+            self._store.replace_frames(
+                video_id=job.video_id, uri=job.uri, version=head.version, model=self._embedder.model_id, rows=rows
+            )
         record.status = VideoStatus.INDEXED
         record.frames = len(rows)
         record.duration_s = duration_s
         record.fingerprint = fp
         record.error = None
-        self._store.put_video(record)
+        with clock.stage("catalog"):
+            self._store.put_video(record)
         return JobResult(job.video_id, Outcome.INDEXED, frames=len(rows)), head
 
-    def _embed_object(self, head: ObjectHead, video_id: str) -> tuple[list[FrameRow], float | None]:
+    def _embed_object(self, head: ObjectHead, video_id: str, clock: StageClock) -> tuple[list[FrameRow], float | None]:
         settings = self._settings
         with tempfile.TemporaryDirectory(prefix="vidx-") as tmp:
             path = Path(tmp) / "video"
-            self._objects.download(head, path)
-            info = probe(path, settings.limits)
-            frames = sample_frames(
-                path, settings.sampling.every_s, settings.limits, max_side=settings.sampling.decode_max_side
+            with clock.stage("fetch"):
+                self._objects.download(head, path)
+            with clock.stage("decode"):
+                info = probe(path, settings.limits)
+            frames = clock.timed(
+                "decode",
+                sample_frames(
+                    path, settings.sampling.every_s, settings.limits, max_side=settings.sampling.decode_max_side
+                ),
             )
             rows: list[FrameRow] = []
             for chunk in _chunks(frames, settings.sampling.embed_chunk):
-                vectors = self._embedder.embed_images([f.rgb for f in chunk])
-                rows.extend(
-                    FrameRow(
-                        frame_id=frame_id(video_id, f.index),
-                        ts_s=f.ts_s,
-                        vector=vectors[i],
-                        thumbnail=thumbnail_jpeg(f.rgb, settings.sampling.thumbnail_max_side),
+                with clock.stage("embed"):
+                    vectors = self._embedder.embed_images([f.rgb for f in chunk])
+                with clock.stage("thumbnails"):
+                    rows.extend(
+                        FrameRow(
+                            frame_id=frame_id(video_id, f.index),
+                            ts_s=f.ts_s,
+                            vector=vectors[i],
+                            thumbnail=thumbnail_jpeg(f.rgb, settings.sampling.thumbnail_max_side),
+                        )
+                        for i, f in enumerate(chunk)
                     )
-                    for i, f in enumerate(chunk)
-                )
         duration_s = info.duration_s if info.duration_s is not None else (rows[-1].ts_s if rows else None)
         return rows, duration_s

@@ -174,3 +174,11 @@ def test_a_late_failure_does_not_overwrite_a_newer_outcome(parts: tuple[Indexer,
     assert store.get_video(vid).status is VideoStatus.INDEXED  # type: ignore[union-attr]
     indexer.record_failure(job("a.mp4"), "gave up after 4 attempts", version="v2")
     assert store.get_video(vid).status is VideoStatus.FAILED  # type: ignore[union-attr]
+
+
+def test_each_job_reports_where_its_time_went(parts: tuple[Indexer, IndexStore, MemoryObjects], tmp_path: Path) -> None:
+    indexer, _, objects = parts
+    objects.put("t.mp4", write_video(tmp_path / "t.mp4", seconds=3, seed=4))
+    stages = indexer.run(job("t.mp4")).stages
+    assert {"head", "catalog", "fetch", "decode", "embed", "thumbnails", "write"} <= set(stages)
+    assert all(seconds >= 0 for seconds in stages.values()) and stages["decode"] > 0
