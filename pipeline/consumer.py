@@ -103,7 +103,12 @@ class IndexTaskHandler:
             self._runner.record_failure(job, reason)
             self._dead_letter(job, task, FailureKind.EXHAUSTED, reason)
             return {"video_id": job.video_id, "outcome": "failed", "reason": reason}
-        return {"video_id": result.video_id, "outcome": result.outcome.value, "frames": result.frames}
+        return {
+            "video_id": result.video_id,
+            "outcome": result.outcome.value,
+            "frames": result.frames,
+            "stages": result.stages,
+        }
 
     def _dead_letter(self, job: IndexJob, task: TaskContext, kind: FailureKind, reason: str) -> None:
         self._dead_letters.publish(

@@ -44,7 +44,7 @@ def handler(runner: Runner, letters: Letters) -> IndexTaskHandler:
 def test_a_good_job_is_done_without_a_dead_letter() -> None:
     runner, letters = Runner(), Letters()
     out = handler(runner, letters).handle(JOB.model_dump(mode="json"), TaskContext("t1", 0))
-    assert out == {"video_id": JOB.video_id, "outcome": "indexed", "frames": 7}
+    assert out == {"video_id": JOB.video_id, "outcome": "indexed", "frames": 7, "stages": {}}
     assert letters.letters == []
 
 
