@@ -128,10 +128,10 @@ class IndexStore:
     """The frames and videos tables of one LanceDB database in the index bucket."""
 
     def __init__(self, s3: S3Settings, uri: str | None = None) -> None:
-        """``uri`` overrides the database location (a local directory in unit tests)."""
+        """``uri`` overrides the database location (a local directory in unit tests, or another S3 prefix)."""
         self._db = lancedb.connect(
             uri or s3.index_uri,
-            storage_options=None if uri else storage_options(s3),
+            storage_options=storage_options(s3) if (uri or s3.index_uri).startswith("s3://") else None,
             # Long-lived handles (API, consumers) must see other processes' commits at once.
             read_consistency_interval=timedelta(0),
         )
