@@ -111,9 +111,23 @@ def consumer_deployment(settings: Settings) -> Any:
             from pipeline.consumer import IndexTaskHandler
             from pipeline.deadletters import DeadLetterQueue
             from pipeline.indexer import Indexer
+            from storage.tables import IndexStore
+            from storage.writer import GroupedFrameWriter
 
             logging.basicConfig(level=logging.INFO)
-            indexer = Indexer(settings, HandleEmbedder(encoder, settings.model.id, settings.model.embed_timeout_s))
+            store = IndexStore(settings.s3)
+            # The Celery threads of this replica share frame commits; each task is acked only after
+            # the commit holding its rows.
+            w = settings.writer
+            writer = GroupedFrameWriter(
+                store,
+                max_videos=w.group_max_videos,
+                max_rows=w.group_max_rows,
+                wait_s=w.group_wait_s,
+                commit_timeout_s=w.commit_timeout_s,
+            )
+            embedder = HandleEmbedder(encoder, settings.model.id, settings.model.embed_timeout_s)
+            indexer = Indexer(settings, embedder, store, writer=writer)
             dead_letters = DeadLetterQueue(settings.amqp.url.get_secret_value(), settings.serve.failed_queue)
             self._handler = IndexTaskHandler(indexer, dead_letters, settings.serve.max_retries)
 

@@ -33,6 +33,7 @@ from pipeline.settings import LimitSettings, Settings
 from storage.config import S3Settings
 from storage.s3 import ObjectHead, ObjectStore
 from storage.tables import FrameRow, IndexStore, VideoRecord, VideoStatus
+from storage.writer import FrameWriter
 
 log = logging.getLogger(__name__)
 
@@ -179,11 +180,15 @@ class Indexer:
         embedder: FrameEmbedder,
         store: IndexStore | None = None,
         objects: ObjectSource | None = None,
+        writer: FrameWriter | None = None,
     ) -> None:
+        """``writer`` replaces a video's frames (a ``GroupedFrameWriter`` shares commits between the
+        jobs of one process); by default the store itself, one commit per video."""
         self._settings = settings
         self._embedder = embedder
         self._store = store or IndexStore(settings.s3)
         self._objects = objects or S3ObjectSource(settings.s3, settings.limits)
+        self._writer: FrameWriter = writer or self._store
 
     @property
     def sampling_label(self) -> str:
@@ -289,8 +294,9 @@ class Indexer:
             current = self._objects.head(job.bucket, job.key)
         if current is None or current.version != head.version:
             return JobResult(job.video_id, Outcome.SUPERSEDED), current
+        # Returns once the commit holding these rows succeeded (possibly shared with other jobs).
         with clock.stage("write"):
-            self._store.replace_frames(
+            self._writer.replace_frames(
                 video_id=job.video_id, uri=job.uri, version=head.version, model=self._embedder.model_id, rows=rows
             )
         record.status = VideoStatus.INDEXED

@@ -46,6 +46,18 @@ class ModelSettings(BaseModel):
     cpu_threads: int = Field(default=0, ge=0)
 
 
+class WriterSettings(BaseModel):
+    """How one consumer process groups the frame writes of its concurrent jobs into commits."""
+
+    #: Videos in one commit at most, and rows (frames) in one commit at most (a video is never split).
+    group_max_videos: int = Field(default=16, ge=1, le=1024)
+    group_max_rows: int = Field(default=50_000, ge=1)
+    #: Longest wait for more videos once one is ready; 0 groups only what arrives during a commit.
+    group_wait_s: float = Field(default=0.05, ge=0, le=10)
+    #: Longest wait of one job for the commit that holds its rows; then it is retried (transient).
+    commit_timeout_s: float = Field(default=120.0, gt=0)
+
+
 class SamplingSettings(BaseModel):
     """How frames are sampled from a video."""
 
@@ -113,6 +125,7 @@ class Settings(BaseSettings):
     videos: VideoFilterSettings = Field(default_factory=VideoFilterSettings)
     model: ModelSettings = Field(default_factory=ModelSettings)
     sampling: SamplingSettings = Field(default_factory=SamplingSettings)
+    writer: WriterSettings = Field(default_factory=WriterSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     serve: ServeSettings = Field(default_factory=ServeSettings)
     #: Where the local stack keeps its data, logs and pids.

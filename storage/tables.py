@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -108,6 +108,17 @@ class FrameRow:
     ts_s: float
     vector: NDArray[np.float32]
     thumbnail: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class VideoFrames:
+    """All frames of one video version, as one grouped write takes them."""
+
+    video_id: str
+    uri: str
+    version: str
+    model: str
+    rows: list[FrameRow]
 
 
 def _quote(value: str) -> str:
@@ -253,6 +264,57 @@ class IndexStore:
             .when_matched_update_all()
             .when_not_matched_insert_all()
             .when_not_matched_by_source_delete(f"video_id = {_quote(video_id)}")
+            .execute(data)
+        )
+
+    def replace_frames_of_videos(self, videos: Sequence[VideoFrames]) -> None:
+        """Replace the frames of several videos in one commit: each video's old rows are replaced by
+        its ``rows`` (none: removed), rows of videos not in ``videos`` are untouched.
+
+        Raises:
+            ValueError: a video appears twice, or the vectors differ in size.
+        """
+        if not videos:
+            return
+        ids = [v.video_id for v in videos]
+        if len(set(ids)) != len(ids):
+            raise ValueError("a video appears twice in one grouped write")
+        scope = f"video_id IN ({', '.join(_quote(i) for i in ids)})"
+        written = [v for v in videos if v.rows]
+        if not written:
+            table = self._frames_table()
+            if table is not None:
+                table.delete(scope)
+            return
+        dims = {int(r.vector.shape[0]) for v in written for r in v.rows}
+        if len(dims) != 1:
+            raise ValueError(f"vectors of different sizes in one grouped write: {sorted(dims)}")
+        dim = dims.pop()
+        rows = [r for v in written for r in v.rows]
+
+        def per_row(value: Callable[[VideoFrames], str]) -> pa.Array:
+            return pa.array([value(v) for v in written for _ in v.rows], pa.string())
+
+        vectors = np.stack([r.vector for r in rows]).astype(np.float32, copy=False)
+        data = pa.Table.from_arrays(
+            [
+                pa.array([r.frame_id for r in rows], pa.string()),
+                per_row(lambda v: v.video_id),
+                per_row(lambda v: v.uri),
+                per_row(lambda v: v.version),
+                pa.array([r.ts_s for r in rows], pa.float64()),
+                pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), pa.float32()), dim),
+                pa.array([r.thumbnail for r in rows], pa.binary()),
+                per_row(lambda v: v.model),
+            ],
+            schema=frames_schema(dim),
+        )
+        (
+            self._frames_table(dim)
+            .merge_insert("frame_id")
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .when_not_matched_by_source_delete(scope)
             .execute(data)
         )
 

@@ -1,0 +1,355 @@
+"""storage/writer.py: grouped frame commits over a local-directory LanceDB."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import lancedb
+import numpy as np
+import pytest
+
+from pipeline.errors import TransientError
+from pipeline.indexer import Indexer, Outcome
+from pipeline.settings import Settings
+from storage.tables import FrameRow, IndexStore, VideoFrames
+from storage.writer import GroupedFrameWriter
+from tests.media import write_video
+from tests.unit.test_indexer import MeanColour, MemoryObjects, job
+
+DIM = 8
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def rows(video_id: str, n: int, *, seed: int) -> list[FrameRow]:
+    rng = np.random.default_rng(seed)
+    vectors = rng.normal(size=(n, DIM)).astype(np.float32)
+    return [FrameRow(f"{video_id}-{i:06d}", float(i), vectors[i], b"jpg" + bytes([seed % 256])) for i in range(n)]
+
+
+def frames(video_id: str, n: int, *, seed: int, version: str = "v1") -> VideoFrames:
+    return VideoFrames(
+        video_id=video_id, uri=f"s3://videos/{video_id}", version=version, model="m", rows=rows(video_id, n, seed=seed)
+    )
+
+
+def table_version(db_dir: Path) -> int:
+    return int(lancedb.connect(str(db_dir)).open_table("frames").version)
+
+
+def frame_ids(store: IndexStore, video_id: str) -> list[str]:
+    table = store._frames_table()
+    got = table.search().where(f"video_id = '{video_id}'").select(["frame_id"]).limit(None).to_list()
+    return sorted(r["frame_id"] for r in got)
+
+
+def versions_of(store: IndexStore, video_id: str) -> set[str]:
+    table = store._frames_table()
+    got = table.search().where(f"video_id = '{video_id}'").select(["version"]).limit(None).to_list()
+    return {r["version"] for r in got}
+
+
+@pytest.fixture
+def db_dir(tmp_path: Path) -> Path:
+    return tmp_path / "lance"
+
+
+@pytest.fixture
+def store(db_dir: Path) -> IndexStore:
+    return IndexStore(Settings().s3, uri=str(db_dir))
+
+
+def submit_all(writer: GroupedFrameWriter, videos: Sequence[VideoFrames]) -> dict[str, BaseException | None]:
+    """Each video from its own thread, as Celery's worker threads do; what each call raised."""
+    outcome: dict[str, BaseException | None] = {}
+
+    def one(v: VideoFrames) -> None:
+        try:
+            writer.replace_frames(video_id=v.video_id, uri=v.uri, version=v.version, model=v.model, rows=v.rows)
+            outcome[v.video_id] = None
+        except BaseException as exc:
+            outcome[v.video_id] = exc
+
+    threads = [threading.Thread(target=one, args=(v,)) for v in videos]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return outcome
+
+
+def test_grouped_write_replaces_each_video_and_leaves_others(store: IndexStore) -> None:
+    store.replace_frames_of_videos([frames("a", 5, seed=1), frames("b", 4, seed=2), frames("c", 3, seed=3)])
+    store.replace_frames_of_videos(
+        [frames("a", 2, seed=4, version="v2"), VideoFrames("b", "s3://videos/b", "v2", "m", [])]
+    )
+    assert frame_ids(store, "a") == ["a-000000", "a-000001"] and versions_of(store, "a") == {"v2"}
+    assert frame_ids(store, "b") == []
+    assert len(frame_ids(store, "c")) == 3 and versions_of(store, "c") == {"v1"}
+    with pytest.raises(ValueError, match="twice"):
+        store.replace_frames_of_videos([frames("a", 1, seed=5), frames("a", 1, seed=6)])
+
+
+def test_quotes_in_video_ids_stay_scoped(store: IndexStore) -> None:
+    store.replace_frames_of_videos([frames("o'k", 3, seed=1), frames("x", 2, seed=2)])
+    store.replace_frames_of_videos([frames("o'k", 1, seed=3, version="v2")])
+    assert frame_ids(store, "o''k") == ["o'k-000000"]
+    assert len(frame_ids(store, "x")) == 2
+
+
+def test_concurrent_jobs_share_commits(store: IndexStore, db_dir: Path) -> None:
+    store.replace_frames_of_videos([frames(f"v{i}", 6, seed=i) for i in range(8)] + [frames("other", 2, seed=99)])
+    before = table_version(db_dir)
+    writer = GroupedFrameWriter(store, max_videos=8, wait_s=5.0)
+    try:
+        outcome = submit_all(writer, [frames(f"v{i}", 3, seed=10 + i, version="v2") for i in range(8)])
+    finally:
+        writer.close()
+    assert outcome == {f"v{i}": None for i in range(8)}
+    # Eight jobs, one commit (the group filled before the wait ran out).
+    assert table_version(db_dir) - before == 1
+    assert writer.stats.commits == 1 and writer.stats.videos == 8 and writer.stats.rows == 24
+    for i in range(8):
+        assert frame_ids(store, f"v{i}") == [f"v{i}-{k:06d}" for k in range(3)]
+        assert versions_of(store, f"v{i}") == {"v2"}
+    assert len(frame_ids(store, "other")) == 2
+
+
+def test_group_limits_split_commits(store: IndexStore, db_dir: Path) -> None:
+    store.replace_frames_of_videos([frames("seed", 1, seed=0)])
+    before = table_version(db_dir)
+    writer = GroupedFrameWriter(store, max_videos=3, max_rows=100, wait_s=0.5)
+    try:
+        outcome = submit_all(writer, [frames(f"v{i}", 2, seed=i) for i in range(7)])
+    finally:
+        writer.close()
+    assert all(e is None for e in outcome.values()) and len(outcome) == 7
+    assert 3 <= table_version(db_dir) - before <= 7
+    assert store.count_frames() == 1 + 14
+
+
+def test_wait_is_bounded_and_a_full_group_does_not_wait(store: IndexStore) -> None:
+    store.replace_frames_of_videos([frames("seed", 1, seed=0)])  # the table exists: commits are quick
+    writer = GroupedFrameWriter(store, max_videos=2, wait_s=0.4)
+    try:
+        started = time.monotonic()
+        writer.replace_frames(
+            video_id="alone", uri="s3://videos/alone", version="v1", model="m", rows=rows("alone", 2, seed=1)
+        )
+        alone_s = time.monotonic() - started
+        assert 0.35 <= alone_s < 0.4 + 10
+    finally:
+        writer.close()
+    patient = GroupedFrameWriter(store, max_videos=2, wait_s=60.0)
+    try:
+        started = time.monotonic()
+        outcome = submit_all(patient, [frames("p", 1, seed=2), frames("q", 1, seed=3)])
+        assert outcome == {"p": None, "q": None}
+        assert time.monotonic() - started < 30  # full at two videos: no 60 s wait
+    finally:
+        patient.close()
+
+
+class FailingStore:
+    """Fails the first ``fail`` grouped commits, then writes through; counts the groups it saw."""
+
+    def __init__(self, store: IndexStore, fail: int) -> None:
+        self.store = store
+        self.fail = fail
+        self.groups: list[list[str]] = []
+
+    def replace_frames_of_videos(self, videos: Sequence[VideoFrames]) -> None:
+        self.groups.append([v.video_id for v in videos])
+        if self.fail > 0:
+            self.fail -= 1
+            raise OSError("object store went away")
+        self.store.replace_frames_of_videos(videos)
+
+
+def test_failed_commit_fails_every_job_of_the_group(store: IndexStore) -> None:
+    store.replace_frames_of_videos([frames("a", 4, seed=1), frames("b", 4, seed=2)])
+    failing = FailingStore(store, fail=1)
+    writer = GroupedFrameWriter(failing, max_videos=2, wait_s=5.0)
+    try:
+        outcome = submit_all(writer, [frames("a", 1, seed=3, version="v2"), frames("b", 1, seed=4, version="v2")])
+        assert set(outcome) == {"a", "b"}
+        assert all(isinstance(e, TransientError) for e in outcome.values())
+        # Nothing of the failed group is visible: the old rows are still there.
+        assert versions_of(store, "a") == {"v1"} and versions_of(store, "b") == {"v1"}
+        # The writer carries on: the retried jobs commit.
+        again = submit_all(writer, [frames("a", 1, seed=3, version="v2"), frames("b", 1, seed=4, version="v2")])
+        assert again == {"a": None, "b": None}
+    finally:
+        writer.close()
+    assert failing.groups[0] == failing.groups[1] and sorted(failing.groups[0]) == ["a", "b"]
+    assert versions_of(store, "a") == {"v2"} and writer.stats.failed_commits == 1
+
+
+def test_two_jobs_of_one_video_commit_in_order(store: IndexStore) -> None:
+    writer = GroupedFrameWriter(store, max_videos=8, wait_s=0.3)
+    done: list[str] = []
+
+    def write(version: str, n: int, delay_s: float) -> None:
+        time.sleep(delay_s)
+        writer.replace_frames(video_id="a", uri="s3://videos/a", version=version, model="m", rows=rows("a", n, seed=n))
+        done.append(version)
+
+    first = threading.Thread(target=write, args=("v1", 3, 0.0))
+    second = threading.Thread(target=write, args=("v2", 2, 0.05))
+    try:
+        first.start()
+        second.start()
+        first.join(30)
+        second.join(30)
+    finally:
+        writer.close()
+    assert sorted(done) == ["v1", "v2"]
+    assert writer.stats.commits == 2  # never two copies of one key in one merge_insert
+    assert versions_of(store, "a") == {"v2"} and len(frame_ids(store, "a")) == 2
+
+
+class BlockingStore:
+    def __init__(self, store: IndexStore) -> None:
+        self.store = store
+        self.release = threading.Event()
+        self.groups: list[list[str]] = []
+
+    def replace_frames_of_videos(self, videos: Sequence[VideoFrames]) -> None:
+        self.groups.append([v.video_id for v in videos])
+        self.release.wait(30)
+        self.store.replace_frames_of_videos(videos)
+
+
+def test_a_job_that_times_out_is_withdrawn(store: IndexStore) -> None:
+    blocking = BlockingStore(store)
+    writer = GroupedFrameWriter(blocking, max_videos=1, wait_s=0.0, commit_timeout_s=0.5)
+    try:
+        outcome = submit_all(writer, [frames("slow", 1, seed=1)])
+        assert isinstance(outcome["slow"], TransientError)  # its commit is stuck in the store
+        # Queued behind the stuck commit, it gives up and is withdrawn before being written.
+        late = submit_all(writer, [frames("late", 1, seed=2)])
+        assert isinstance(late["late"], TransientError)
+        blocking.release.set()
+    finally:
+        writer.close()
+    assert blocking.groups == [["slow"]]
+    assert frame_ids(store, "late") == []
+    with pytest.raises(TransientError, match="closed"):
+        writer.replace_frames(video_id="x", uri="s3://videos/x", version="v", model="m", rows=[])
+
+
+def _indexer_parts(tmp_path: Path, store: IndexStore, writer: GroupedFrameWriter) -> tuple[Indexer, MemoryObjects]:
+    objects = MemoryObjects()
+    return Indexer(Settings(), MeanColour(), store, objects, writer=writer), objects
+
+
+def test_a_job_that_dies_before_the_group_is_written_loses_nothing(store: IndexStore, tmp_path: Path) -> None:
+    # Version 1 of three videos indexed, one commit each.
+    plain = Indexer(Settings(), MeanColour(), store, objects := MemoryObjects())
+    for i, key in enumerate(["a.mp4", "b.mp4", "c.mp4"]):
+        objects.put(key, write_video(tmp_path / f"{key}.1.mp4", seconds=3, seed=i))
+        assert plain.run(job(key)).outcome is Outcome.INDEXED
+    old_b = frame_ids(store, job("b.mp4").video_id)
+    # Version 2 of each (4 s), indexed by three concurrent jobs through one grouped writer; b's job
+    # dies after embedding, before it hands over its rows (its consumer thread raises).
+    for i, key in enumerate(["a.mp4", "b.mp4", "c.mp4"]):
+        objects.put(key, write_video(tmp_path / f"{key}.2.mp4", seconds=4, seed=10 + i))
+    writer = GroupedFrameWriter(store, max_videos=3, wait_s=4.0)
+    grouped = Indexer(Settings(), MeanColour(), store, objects, writer=writer)
+    real_head = objects.head
+    heads: dict[str, int] = {}
+
+    def dying_head(bucket: str, key: str) -> object:
+        heads[key] = heads.get(key, 0) + 1
+        if key == "b.mp4" and heads[key] == 2:  # the re-HEAD just before the write
+            raise RuntimeError("consumer thread killed")
+        return real_head(bucket, key)
+
+    objects.head = dying_head  # type: ignore[method-assign]
+    results: dict[str, object] = {}
+
+    def run(key: str) -> None:
+        try:
+            results[key] = grouped.run(job(key)).outcome
+        except Exception as exc:
+            results[key] = exc
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in ["a.mp4", "b.mp4", "c.mp4"]]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert results["a.mp4"] is Outcome.INDEXED and results["c.mp4"] is Outcome.INDEXED
+    assert isinstance(results["b.mp4"], RuntimeError)  # not acked: the broker redelivers it
+    # The group did not wait for the dead job beyond its bound; a and c went in one commit.
+    assert writer.stats.commits == 1 and writer.stats.videos == 2
+    assert time.monotonic() - started < 60
+    assert len(frame_ids(store, job("a.mp4").video_id)) == 4
+    assert frame_ids(store, job("b.mp4").video_id) == old_b  # b keeps version 1's rows
+    # Redelivered, b's job converges to version 2.
+    objects.head = real_head  # type: ignore[method-assign]
+    assert grouped.run(job("b.mp4")).outcome is Outcome.INDEXED
+    writer.close()
+    assert len(frame_ids(store, job("b.mp4").video_id)) == 4
+    assert grouped.run(job("b.mp4")).outcome is Outcome.UNCHANGED
+
+
+_DYING_CONSUMER = textwrap.dedent(
+    """
+    import sys, threading
+    sys.path.insert(0, {root!r})
+    from pipeline.settings import Settings
+    from storage.tables import IndexStore
+    from storage.writer import GroupedFrameWriter
+    from tests.unit.test_writer import frames
+
+    store = IndexStore(Settings().s3, uri={db!r})
+    writer = GroupedFrameWriter(store, max_videos=10, wait_s=60.0)
+
+    def job(name):
+        v = frames(name, 2, seed=7, version="v2")
+        writer.replace_frames(video_id=v.video_id, uri=v.uri, version="v2", model="m", rows=v.rows)
+        print("acked", name, flush=True)
+
+    for name in ("a", "b"):
+        threading.Thread(target=job, args=(name,), daemon=True).start()
+    print("submitted", flush=True)
+    threading.Event().wait(120)
+    """
+)
+
+
+def test_a_consumer_killed_before_the_group_is_written_loses_nothing(
+    store: IndexStore, db_dir: Path, tmp_path: Path
+) -> None:
+    store.replace_frames_of_videos([frames("a", 5, seed=1), frames("b", 5, seed=2)])
+    before = table_version(db_dir)
+    script = tmp_path / "consumer.py"
+    script.write_text(_DYING_CONSUMER.format(root=str(ROOT), db=str(db_dir)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "submitted"
+        time.sleep(0.5)  # both jobs are waiting for their group (60 s wait, 10 videos)
+    finally:
+        proc.kill()
+    out, _ = proc.communicate(timeout=30)
+    assert "acked" not in out  # neither task was acknowledged: both are redelivered
+    assert table_version(db_dir) == before
+    assert versions_of(store, "a") == {"v1"} and len(frame_ids(store, "a")) == 5
+    # Redelivered to another consumer, they converge.
+    writer = GroupedFrameWriter(store, max_videos=2, wait_s=5.0)
+    try:
+        assert submit_all(writer, [frames("a", 2, seed=7, version="v2"), frames("b", 2, seed=7, version="v2")]) == {
+            "a": None,
+            "b": None,
+        }
+    finally:
+        writer.close()
+    assert versions_of(store, "a") == {"v2"} and frame_ids(store, "b") == ["b-000000", "b-000001"]
