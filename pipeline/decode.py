@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import StrEnum
 from fractions import Fraction
 from pathlib import Path
 
@@ -176,9 +177,208 @@ def probe(path: Path, limits: DecodeLimits) -> VideoInfo:
         return _info(container, limits)[0]
 
 
-def sample_frames(path: Path, every_s: float, limits: DecodeLimits, max_side: int = 384) -> Iterator[SampledFrame]:
+@dataclass(slots=True)
+class DecodeStats:
+    """What one ``sample_frames`` call did, filled in as it runs (benchmarks, tests, logs)."""
+
+    packets: int = 0
+    #: Frames the decoder produced (sampled or not); skipped frames aren't counted.
+    frames_decoded: int = 0
+    #: GOPs decoded after a plan (only up to their last sample) and GOPs skipped whole.
+    gops_planned: int = 0
+    gops_skipped: int = 0
+    #: The packets didn't allow a plan from some point on, and decoding went on sequentially.
+    fell_back: bool = False
+
+
+class DecodeStrategy(StrEnum):
+    """How ``sample_frames`` decodes; every strategy but ``keyframes`` yields the same frames."""
+
+    #: ``sampled`` unless the stream's packets can't be planned from (no pts, open GOPs), then ``sequential``.
+    AUTO = "auto"
+    #: Decode every frame; convert only the sampled ones.
+    SEQUENTIAL = "sequential"
+    #: Demux every packet but decode only the GOPs that hold a sample, each only up to its last sample,
+    #: skipping unsampled non-reference frames (H.264, HEVC). Falls back to ``sequential`` where the
+    #: packets don't allow a plan.
+    SAMPLED = "sampled"
+    #: Approximate: decode keyframes only; each sample is the first keyframe at or after its target
+    #: (fewer samples when keyframes are further apart than ``every_s``).
+    KEYFRAMES = "keyframes"
+
+
+#: Codecs whose decoders skip non-reference frames exactly (``skip_frame = NONREF``).
+_NONREF_SKIP_CODECS = frozenset({"h264", "hevc"})
+
+#: A frame at 3.9999 s is the frame for t = 4: pts rounding.
+_TS_TOLERANCE_S = 1e-3
+
+
+class _Sampler:
+    """The state of one ``sample_frames`` call: targets, limits, time, and the frames picked."""
+
+    def __init__(
+        self, every_s: float, limits: DecodeLimits, time_base: Fraction, out_size: tuple[int, int], stats: DecodeStats
+    ) -> None:
+        self.stats = stats
+        self.every_s = every_s
+        self.limits = limits
+        self.time_base = time_base
+        self.out_w, self.out_h = out_size
+        self.started = time.monotonic()
+        # Time the consumer spends between frames (embedding, thumbnails) is not decode time.
+        self.paused_s = 0.0
+        self.next_target = 0.0
+        self.index = 0
+        self.last_ts = 0.0
+        self.first_pts: int | None = None
+        #: Planned pts of frames to yield; frames up to ``planned_until`` not in it are dropped.
+        self.wanted: set[int] = set()
+        self.planned_until: int | None = None
+
+    def ts(self, pts: int) -> float:
+        # Streams may start at a non-zero pts (MPEG-TS); times are relative to the first frame.
+        assert self.first_pts is not None
+        return float((pts - self.first_pts) * self.time_base)
+
+    def check_time(self, ts: float) -> None:
+        decode_s = time.monotonic() - self.started - self.paused_s
+        if decode_s > self.limits.max_decode_s:
+            raise LimitExceeded(
+                f"exceeds max decode time {span(self.limits.max_decode_s)} ({span(decode_s)} to reach {hms(ts)})"
+            )
+
+    def take(self, ts: float) -> bool:
+        """Whether the frame at ``ts`` is the next sample; if so, move the target past it."""
+        if ts + _TS_TOLERANCE_S < self.next_target:
+            return False
+        while self.next_target <= ts + _TS_TOLERANCE_S:
+            self.next_target += self.every_s
+        return True
+
+    def frames(self, decoded: list[av.VideoFrame]) -> Iterator[SampledFrame]:
+        """Check each decoded frame against the limits and yield the sampled ones."""
+        self.stats.frames_decoded += len(decoded)
+        for frame in decoded:
+            if frame.pts is None:
+                continue
+            if self.first_pts is None:
+                self.first_pts = frame.pts
+            ts = self.ts(frame.pts)
+            self.last_ts = ts
+            if ts > self.limits.max_duration_s:
+                raise LimitExceeded(f"exceeds max duration {span(self.limits.max_duration_s)} (a frame at {span(ts)})")
+            self.check_time(ts)
+            # A stream may change its picture size mid-way (a bomb behind a small first frame).
+            _check_pixels(frame.width, frame.height, self.limits)
+            if self.planned_until is not None and frame.pts <= self.planned_until:
+                if frame.pts not in self.wanted:
+                    continue
+                self.wanted.discard(frame.pts)
+            elif not self.take(ts):
+                continue
+            if self.index >= self.limits.max_frames:
+                raise LimitExceeded(f"exceeds max frames per video {self.limits.max_frames} (at {hms(ts)})")
+            rgb = _upright_rgb(frame, self.out_w, self.out_h)
+            handed_over = time.monotonic()
+            yield SampledFrame(index=self.index, ts_s=round(ts, 3), rgb=rgb)
+            self.paused_s += time.monotonic() - handed_over
+            self.index += 1
+
+    def plan(self, gop: list[av.Packet]) -> int:
+        """Pick the samples among a closed GOP's frames by their packets' pts (as ``take`` would on the
+        decoded frames) and return how many of its packets, in decode order, must be decoded."""
+        pts = [int(p.pts) for p in gop if p.pts is not None]
+        if self.first_pts is None:
+            self.first_pts = min(pts)
+        self.planned_until = max(pts)
+        picked = {p for p in sorted(pts) if self.take(self.ts(p))}
+        self.wanted |= picked
+        if self.ts(max(pts)) > self.limits.max_duration_s:
+            # Decoded whole, the GOP raises at its first frame over the limit, as a full decode would.
+            self.wanted |= {p for p in pts if self.ts(p) > self.limits.max_duration_s}
+            return len(gop)
+        return 1 + max((i for i, p in enumerate(gop) if p.pts in picked), default=-1)
+
+
+def _gops(packets: Iterator[av.Packet]) -> Iterator[list[av.Packet]]:
+    """Group demuxed packets into GOPs, each starting at a keyframe (the first may not)."""
+    gop: list[av.Packet] = []
+    for packet in packets:
+        # The demuxer ends a stream with an empty packet.
+        if packet.size == 0:
+            continue
+        if packet.is_keyframe and gop:
+            yield gop
+            gop = []
+        gop.append(packet)
+    if gop:
+        yield gop
+
+
+def _plannable(gop: list[av.Packet], following: list[av.Packet] | None) -> bool:
+    """A GOP can be planned from its packets when every packet has a pts, it starts at a keyframe, and
+    no frame of the next GOP is presented before that GOP's keyframe (no open GOP: the next GOP's
+    leading frames would refer to frames of this one that a plan skips)."""
+    if not gop[0].is_keyframe or any(p.pts is None for p in gop):
+        return False
+    key_pts = gop[0].pts
+    assert key_pts is not None
+    if min(int(p.pts) for p in gop if p.pts is not None) < key_pts:
+        return False
+    if following is None:
+        return True
+    next_key = following[0].pts
+    return next_key is not None and max(int(p.pts) for p in gop if p.pts is not None) < next_key
+
+
+def _decode_sampled(
+    ctx: av.VideoCodecContext, packets: Iterator[av.Packet], sampler: _Sampler
+) -> Iterator[SampledFrame]:
+    skip_nonref = ctx.name in _NONREF_SKIP_CODECS
+    gops = _gops(packets)
+    planning = True
+    current = next(gops, None)
+    while current is not None:
+        following = next(gops, None)
+        planning = planning and _plannable(current, following)
+        sampler.stats.packets += len(current)
+        if planning:
+            needed = sampler.plan(current)
+            sampler.stats.gops_planned += needed > 0
+            sampler.stats.gops_skipped += needed == 0
+            if needed == 0:
+                sampler.check_time(sampler.last_ts)
+            for packet in current[:needed]:
+                # Frames no one refers to are decoded only when sampled.
+                ctx.skip_frame = "NONREF" if skip_nonref and packet.pts not in sampler.wanted else "DEFAULT"
+                yield from sampler.frames(ctx.decode(packet))
+        else:
+            sampler.stats.fell_back = True
+            ctx.skip_frame = "DEFAULT"
+            for packet in current:
+                yield from sampler.frames(ctx.decode(packet))
+        current = following
+    ctx.skip_frame = "DEFAULT"
+    yield from sampler.frames(ctx.decode(None))
+
+
+def sample_frames(
+    path: Path,
+    every_s: float,
+    limits: DecodeLimits,
+    max_side: int = 384,
+    *,
+    strategy: DecodeStrategy = DecodeStrategy.AUTO,
+    threads: int = 0,
+    stats: DecodeStats | None = None,
+) -> Iterator[SampledFrame]:
     """Yield one frame per ``every_s`` seconds: for each target time t = 0, every_s, 2·every_s, …
     the first frame presented at or after t (a frame that covers several targets is yielded once).
+
+    ``strategy`` picks how (see ``DecodeStrategy``; all but ``keyframes`` yield the same frames);
+    ``threads`` is the decoder's thread count (0: FFmpeg's choice, one per core and one more);
+    ``stats``, when given, is filled in with what the decode did.
 
     Raises:
         NotAVideo: no video stream.
@@ -190,50 +390,23 @@ def sample_frames(path: Path, every_s: float, limits: DecodeLimits, max_side: in
     """
     if every_s <= 0:
         raise ValueError("every_s must be positive")
-    started = time.monotonic()
-    # Time the consumer spends between frames (embedding, thumbnails) is not decode time.
-    paused_s = 0.0
     with _open(path) as container:
         info, stream = _info(container, limits)
         stream.thread_type = "AUTO"
-        out_w, out_h = _scaled_size(info.width, info.height, max_side)
-        time_base = stream.time_base or Fraction(1, 1)
-        next_target = 0.0
-        index = 0
-        last_ts = 0.0
-        first_pts: float | None = None
+        if threads:
+            stream.codec_context.thread_count = threads
+        out_size = _scaled_size(info.width, info.height, max_side)
+        sampler = _Sampler(every_s, limits, stream.time_base or Fraction(1, 1), out_size, stats or DecodeStats())
         try:
-            for frame in container.decode(stream):
-                if frame.pts is None:
-                    continue
-                ts = float(frame.pts * time_base)
-                if first_pts is None:
-                    # Streams may start at a non-zero pts (MPEG-TS); times are relative to the first frame.
-                    first_pts = ts
-                ts -= first_pts
-                last_ts = ts
-                if ts > limits.max_duration_s:
-                    raise LimitExceeded(f"exceeds max duration {span(limits.max_duration_s)} (a frame at {span(ts)})")
-                decode_s = time.monotonic() - started - paused_s
-                if decode_s > limits.max_decode_s:
-                    raise LimitExceeded(
-                        f"exceeds max decode time {span(limits.max_decode_s)} ({span(decode_s)} to reach {hms(ts)})"
-                    )
-                # A stream may change its picture size mid-way (a bomb behind a small first frame).
-                _check_pixels(frame.width, frame.height, limits)
-                # A small tolerance absorbs pts rounding: a frame at 3.9999 s is the frame for t = 4.
-                if ts + 1e-3 < next_target:
-                    continue
-                if index >= limits.max_frames:
-                    raise LimitExceeded(f"exceeds max frames per video {limits.max_frames} (at {hms(ts)})")
-                rgb = _upright_rgb(frame, out_w, out_h)
-                handed_over = time.monotonic()
-                yield SampledFrame(index=index, ts_s=round(ts, 3), rgb=rgb)
-                paused_s += time.monotonic() - handed_over
-                index += 1
-                while next_target <= ts + 1e-3:
-                    next_target += every_s
+            if strategy in (DecodeStrategy.AUTO, DecodeStrategy.SAMPLED):
+                yield from _decode_sampled(stream.codec_context, container.demux(stream), sampler)
+            else:
+                if strategy is DecodeStrategy.KEYFRAMES:
+                    stream.codec_context.skip_frame = "NONKEY"
+                for packet in container.demux(stream):
+                    sampler.stats.packets += packet.size > 0
+                    yield from sampler.frames(stream.codec_context.decode(packet))
         except av.error.FFmpegError as exc:
-            raise CorruptVideo(f"at {hms(last_ts)}: {exc.strerror or exc}") from exc
-        if index == 0:
+            raise CorruptVideo(f"at {hms(sampler.last_ts)}: {exc.strerror or exc}") from exc
+        if sampler.index == 0:
             raise CorruptVideo("no frame could be decoded")

@@ -194,6 +194,80 @@ def write_timed_video(
     return _write(path, ticks, paint, fps=1000, size=size, codec=codec, time_base=Fraction(1, 1000))
 
 
+def write_textured_video(
+    path: Path,
+    *,
+    seconds: float,
+    fps: int = 30,
+    size: tuple[int, int] = (160, 120),
+    gop_s: float = 2.0,
+    codec: str = "libx264",
+    preset: str = "superfast",
+    seed: int = 0,
+    times_s: Sequence[float] | None = None,
+    seekable: bool = True,
+    options: dict[str, str] | None = None,
+) -> Path:
+    """A video like a camera's, for decode benchmarks and for checking decoders frame by frame: a
+    textured picture (soft blobs under fine grain) panning a few pixels a frame, so every frame
+    differs from its neighbours and nothing compresses away; encoded with a keyframe every ``gop_s``
+    seconds and B-frames (x264/x265 ``preset``; ``superfast`` keeps CABAC, deblocking and three
+    B-frames, as real H.264 has, while encoding quickly).
+
+    ``times_s`` (strictly increasing, from 0, millisecond clock) makes a variable-frame-rate video
+    with those presentation times instead of ``seconds * fps`` regular ones; ``seekable=False`` writes
+    through a pipe-like sink (.mkv, .webm, .ts: no duration, no index). ``options`` are passed to
+    the encoder in place of the preset. Returns ``path``.
+
+    Raises:
+        ValueError: no frame to write, times that don't increase, or an unstreamable suffix.
+    """
+    width, height = size
+    rng = np.random.default_rng(seed)
+    blobs = rng.integers(0, 256, size=(max(2, height // 24), max(2, width // 24), 3), dtype=np.uint8)
+    # Twice the frame in each direction, so a pan is a slice (no copy).
+    soft = np.asarray(Image.fromarray(blobs).resize((width, height), Image.Resampling.BILINEAR))
+    grain = rng.integers(-24, 25, size=(height, width, 3), dtype=np.int16)
+    # Tiled, so the pan wraps around without a cut (which the encoder would answer with a keyframe).
+    texture = np.tile(np.clip(soft.astype(np.int16) + grain, 0, 255).astype(np.uint8), (2, 2, 1))
+
+    def paint(i: int, _ts: float) -> NDArray[np.uint8]:
+        x0, y0 = (3 * i) % width, (2 * i) % height
+        return np.ascontiguousarray(texture[y0 : y0 + height, x0 : x0 + width])
+
+    if times_s is None:
+        n_frames = round(seconds * fps)
+        if n_frames <= 0:
+            raise ValueError("seconds * fps must give at least one frame")
+        times = [Fraction(i, fps) for i in range(n_frames)]
+        time_base = Fraction(1, fps)
+        rate = fps
+    else:
+        times = [Fraction(round(t * 1000), 1000) for t in times_s]
+        if not times or any(b <= a for a, b in itertools.pairwise(times)):
+            raise ValueError("times_s must be non-empty and strictly increasing (1 ms apart at least)")
+        time_base = Fraction(1, 1000)
+        # The nominal rate only sets the encoder's rate control (and, with B-frames, its dts step).
+        rate = 1000
+    if options is None:
+        options = {"preset": preset}
+        if codec == "libx265":
+            options["x265-params"] = "log-level=error"
+    return _write(
+        path,
+        times,
+        paint,
+        fps=rate,
+        size=size,
+        codec=codec,
+        # In frames; at the mean frame rate for a variable one.
+        gop=max(1, round(gop_s * (fps if times_s is None else len(times) / max(float(times[-1]), 1 / fps)))),
+        seekable=seekable,
+        time_base=time_base,
+        options=options,
+    )
+
+
 def write_large_video(path: Path, *, min_bytes: int, seed: int = 0, size: tuple[int, int] = (320, 240)) -> Path:
     """A lossless H.264 video of at least ``min_bytes`` (for multipart uploads): 10 fps, second s
     shows ``frame_at(s, seed, size)`` under fresh noise of +-12 per frame so nothing compresses away

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pydantic
 import pytest
 
-from pipeline.decode import DecodeLimits, SampledFrame, VideoInfo, probe, sample_frames, span
+from pipeline.decode import (
+    DecodeLimits,
+    DecodeStats,
+    DecodeStrategy,
+    SampledFrame,
+    VideoInfo,
+    probe,
+    sample_frames,
+    span,
+)
 from pipeline.errors import CorruptVideo, LimitExceeded, NotAVideo, PermanentError
+from pipeline.samples import write_textured_video
 from tests.media import (
     MATRIX_FORMATS,
     expected_sample_count,
@@ -62,7 +74,7 @@ def video(tmp_path_factory: pytest.TempPathFactory) -> VideoFactory:
     return make
 
 
-def sample(path: Path, every_s: float = 1.0, limits: DecodeLimits | None = None, **kwargs: int) -> list[SampledFrame]:
+def sample(path: Path, every_s: float = 1.0, limits: DecodeLimits | None = None, **kwargs: Any) -> list[SampledFrame]:
     return list(sample_frames(path, every_s, limits or DecodeLimits(), **kwargs))
 
 
@@ -461,3 +473,146 @@ def test_span_reads_like_a_person_wrote_it(seconds: float, text: str) -> None:
 def test_limits_must_be_positive(field: str) -> None:
     with pytest.raises(pydantic.ValidationError):
         DecodeLimits(**{field: 0})
+
+
+# The sampled decoder (decode only the GOPs and frames that hold a sample) against a full decode.
+
+#: Frame rate of the textured videos: 15 frames a second keep each a handful of GOPs small and quick.
+TEXTURED_FPS = 15
+TEXTURED_SIZE = (96, 64)
+
+
+def textured(root: Path, name: str, **kwargs: object) -> Path:
+    kwargs.setdefault("seconds", 4.0)
+    kwargs.setdefault("fps", TEXTURED_FPS)
+    kwargs.setdefault("size", TEXTURED_SIZE)
+    return write_textured_video(root / name, **kwargs)  # type: ignore[arg-type]
+
+
+def assert_same_samples(
+    path: Path, every_s: float, limits: DecodeLimits | None = None, max_side: int = 384
+) -> tuple[DecodeStats, DecodeStats]:
+    """The sampled decoder yields the frames of a full decode: same indices, times and pixels."""
+    full_stats, sampled_stats = DecodeStats(), DecodeStats()
+    full = sample(path, every_s, limits, max_side=max_side, strategy=DecodeStrategy.SEQUENTIAL, stats=full_stats)
+    sampled = sample(path, every_s, limits, max_side=max_side, strategy=DecodeStrategy.AUTO, stats=sampled_stats)
+
+    assert [(f.index, f.ts_s) for f in sampled] == [(f.index, f.ts_s) for f in full]
+    for a, b in zip(sampled, full, strict=True):
+        assert a.rgb.shape == b.rgb.shape
+        assert mae(a.rgb, b.rgb) == 0.0, f"frame at {a.ts_s}s differs"
+    assert sampled_stats.frames_decoded <= full_stats.frames_decoded
+    return full_stats, sampled_stats
+
+
+def test_textured_frames_differ_from_their_neighbours(tmp_path: Path) -> None:
+    # Otherwise the comparisons below couldn't tell a neighbouring frame from the right one.
+    frames = sample(textured(tmp_path, "t.mp4", seconds=1.0), 1 / TEXTURED_FPS)
+
+    assert len(frames) == TEXTURED_FPS
+    assert min(mae(a.rgb, b.rgb) for a, b in itertools.pairwise(frames)) > 5
+
+
+@pytest.mark.parametrize("every_s", [0.2, 1.0, 2.5])
+@pytest.mark.parametrize("gop_s", [1 / TEXTURED_FPS, 0.4, 1.0, 3.0])
+def test_sampled_decode_matches_full_decode(
+    tmp_path_factory: pytest.TempPathFactory, gop_s: float, every_s: float
+) -> None:
+    root = tmp_path_factory.mktemp("gop")
+    path = textured(root, "v.mp4", gop_s=gop_s, seed=round(gop_s * 100))
+
+    full, sampled = assert_same_samples(path, every_s)
+
+    assert not sampled.fell_back
+    if every_s > gop_s:
+        # Sparser samples than keyframes: whole GOPs are skipped.
+        assert sampled.gops_skipped > 0 or gop_s * TEXTURED_FPS < 2
+        assert sampled.frames_decoded < full.frames_decoded
+
+
+@pytest.mark.parametrize("fps", [10, 24, 30])
+def test_sampled_decode_skips_most_frames_at_one_per_second(tmp_path: Path, fps: int) -> None:
+    path = textured(tmp_path, "v.mp4", fps=fps, gop_s=2.0, seconds=6.0)
+
+    full, sampled = assert_same_samples(path, 1.0)
+
+    # Two samples a GOP: the first half of each GOP, less its unreferenced B-frames, is decoded.
+    assert full.frames_decoded == 6 * fps
+    assert sampled.frames_decoded < 0.6 * full.frames_decoded
+
+
+@pytest.mark.parametrize(
+    ("suffix", "codec", "x265_params", "planned"),
+    [
+        (".mkv", "libx264", None, True),
+        (".ts", "libx264", None, True),
+        (".webm", "libvpx-vp9", None, True),
+        (".mkv", "libx265", "open-gop=0", True),
+        # x265 writes open GOPs by default (leading pictures refer back): decoded in full.
+        (".mkv", "libx265", "", False),
+    ],
+)
+def test_sampled_decode_of_a_stream_without_index(
+    tmp_path: Path, suffix: str, codec: str, x265_params: str | None, planned: bool
+) -> None:
+    # Written through a pipe: no duration, no cues; the plan needs only the packets as they come.
+    options = None if x265_params is None else {"preset": "ultrafast", "x265-params": f"log-level=error:{x265_params}"}
+    path = textured(tmp_path, f"live{suffix}", codec=codec, gop_s=1.0, seekable=False, options=options)
+
+    _, sampled = assert_same_samples(path, 1.5)
+
+    assert (sampled.gops_skipped > 0) is planned
+    assert sampled.fell_back is not planned
+
+
+def test_sampled_decode_of_variable_frame_rate(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    times = np.cumsum(rng.uniform(0.01, 0.3, size=60)).round(3)
+    path = textured(tmp_path, "vfr.mp4", times_s=[0.0, *times.tolist()], gop_s=0.5)
+
+    for every_s in (0.25, 1.0, 3.0):
+        assert_same_samples(path, every_s)
+
+
+def test_open_gops_fall_back_to_a_full_decode(tmp_path: Path) -> None:
+    # MPEG-2 with B-frames: each GOP's first B-frames are shown before its keyframe and refer back.
+    path = textured(tmp_path, "open.ts", codec="mpeg2video", gop_s=1.0, options={"bf": "2"})
+
+    _, sampled = assert_same_samples(path, 2.0)
+
+    assert sampled.fell_back
+
+
+def test_rotated_video_sampled_like_a_full_decode(tmp_path: Path) -> None:
+    path = write_video(tmp_path / "phone.mp4", seconds=4, size=(64, 96), rotation=90, gop=5, seed=16)
+
+    assert_same_samples(path, 1.5, max_side=48)
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [DecodeLimits(max_frames=2), DecodeLimits(max_duration_s=2.5), DecodeLimits(max_pixels=10)],
+    ids=["frames", "duration", "pixels"],
+)
+def test_sampled_decode_keeps_the_limits(tmp_path: Path, limits: DecodeLimits) -> None:
+    path = textured(tmp_path, "live.mkv", gop_s=0.5, seekable=False)
+
+    def outcome(strategy: DecodeStrategy) -> tuple[list[float], str]:
+        got: list[float] = []
+        with pytest.raises(LimitExceeded) as info:
+            for frame in sample_frames(path, 1.0, limits, strategy=strategy):
+                got.append(frame.ts_s)
+        return got, info.value.reason
+
+    assert outcome(DecodeStrategy.AUTO) == outcome(DecodeStrategy.SEQUENTIAL)
+
+
+def test_keyframes_strategy_yields_keyframes_only(tmp_path: Path) -> None:
+    path = textured(tmp_path, "v.mp4", gop_s=2.0, seconds=6.0)
+
+    frames = sample(path, 1.0, strategy=DecodeStrategy.KEYFRAMES)
+
+    # One sample a GOP: the keyframes at 0, 2 and 4 s.
+    assert [f.ts_s for f in frames] == [0.0, 2.0, 4.0]
+    exact = {f.ts_s: f for f in sample(path, 1.0)}
+    assert all(mae(f.rgb, exact[f.ts_s].rgb) == 0.0 for f in frames)
