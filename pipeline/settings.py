@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from events.config import AmqpSettings, VideoFilterSettings
-from pipeline.decode import DecodeLimits
+from pipeline.decode import DecodeLimits, DecodeStrategy
 from storage.config import S3Settings
 
 #: SigLIP 2 base/16 at 224 px: same cost as SigLIP base (the B/16 architecture), better retrieval
@@ -62,8 +62,14 @@ class SamplingSettings(BaseModel):
     """How frames are sampled from a video."""
 
     every_s: float = Field(default=1.0, gt=0, le=3600)
-    #: Longest side of a decoded frame handed to the encoder (swscale does the scaling).
+    #: Longest side of a decoded frame handed to the encoder (swscale does the scaling). SigLIP squeezes
+    #: a frame to 224x224: 384 keeps a 16:9 frame's short side (216) near that, and thumbnails sharp.
     decode_max_side: int = Field(default=384, ge=32, le=4096)
+    #: ``auto`` decodes only the GOPs and frames that hold a sample (the same frames as a full decode);
+    #: ``sequential`` decodes every frame; ``keyframes`` samples keyframes only (approximate, cheapest).
+    decode_strategy: DecodeStrategy = DecodeStrategy.AUTO
+    #: Decoder threads per video (0: FFmpeg's choice, one per core and one more).
+    decode_threads: int = Field(default=0, ge=0, le=64)
     thumbnail_max_side: int = Field(default=192, ge=32, le=1024)
     #: Frames sent to the encoder in one group of concurrent calls.
     embed_chunk: int = Field(default=32, ge=1, le=1024)
