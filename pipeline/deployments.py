@@ -27,12 +27,31 @@ from pipeline.taskqueue import CeleryJobSink, task_processor_config
 log = logging.getLogger(__name__)
 
 
+#: vidx's own loggers: their INFO lines (one per job, with outcome and stage times) belong in the logs.
+PACKAGE_LOGGERS = ("pipeline", "events", "storage")
+
+
+def route_logs_to_replica(level: int = logging.INFO) -> None:
+    """Send vidx's log lines to the replica's log file: Ray Serve configures only the ``ray.serve``
+    logger in a replica, so without this INFO lines of other loggers are dropped."""
+    serve_logger = logging.getLogger("ray.serve")
+    for name in PACKAGE_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        for handler in serve_logger.handlers:
+            if handler not in logger.handlers:
+                logger.addHandler(handler)
+        logger.propagate = not serve_logger.handlers
+
+
 @serve.deployment(name="Encoder", max_ongoing_requests=256)
 class Encoder:
     """SigLIP image and text towers; concurrent calls are gathered into batches."""
 
     def __init__(self, model: ModelSettings) -> None:
         from pipeline.embed import SiglipEncoder  # torch is imported only where the model runs
+
+        route_logs_to_replica()
 
         self._encoder = SiglipEncoder(model)
         self.embed_image.set_max_batch_size(model.max_batch_size)  # type: ignore[attr-defined]
@@ -114,7 +133,7 @@ def consumer_deployment(settings: Settings) -> Any:
             from storage.tables import IndexStore
             from storage.writer import GroupedFrameWriter
 
-            logging.basicConfig(level=logging.INFO)
+            route_logs_to_replica()
             store = IndexStore(settings.s3)
             # The Celery threads of this replica share frame commits; each task is acked only after
             # the commit holding its rows.
@@ -158,7 +177,7 @@ class EventRouterDeployment:
         from pipeline.indexer import mark_queued
         from storage.tables import IndexStore
 
-        logging.basicConfig(level=logging.INFO)
+        route_logs_to_replica()
         store = IndexStore(settings.s3)
         self._router = EventRouter(
             settings.amqp,
@@ -193,6 +212,7 @@ class Api:
         from pipeline.search import SearchService
         from storage.tables import IndexStore
 
+        route_logs_to_replica()
         self._settings = settings
         self._store = IndexStore(settings.s3)
         self._search = SearchService(settings, self._store, HandleQueryEncoder(encoder, settings.model.query_timeout_s))
