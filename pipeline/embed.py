@@ -10,6 +10,11 @@ Text follows how SigLIP was trained (big_vision): lowercased, padded on the righ
 position, which attends to the padding as in training). Lowercasing is done here because the
 SigLIP 2 Gemma tokenizer doesn't do it and SigLIP 2 was trained on lowercased text; SigLIP's own
 tokenizer lowercases anyway.
+
+Images of fixed-size processors (SigLIP, SigLIP 2 at a fixed resolution) are preprocessed on the
+model's device (``DevicePreprocessor``): frames of one shape go up as one uint8 tensor and are
+resized, rescaled and normalised there as a batch, matching the checkpoint's image processor to
+within one grey level. NaFlex processors keep the library's own (PIL) path.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from pipeline.settings import ModelSettings
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: PIL resampling codes the device path reproduces (torch's antialiased modes follow PIL's filters).
+_RESAMPLE_MODES = {2: "bilinear", 3: "bicubic"}
 _MAX_CAUSE_CHARS = 200
 _T = TypeVar("_T")
 
@@ -74,6 +81,7 @@ class SiglipEncoder:
             torch.set_num_threads(settings.cpu_threads)
 
         self._model, self._tokenizer, self._image_processor = self._load()
+        self._preprocess = DevicePreprocessor.from_processor(self._image_processor, self.device, self._dtype)
         config = self._model.config
         text_dim = getattr(config.text_config, "projection_size", None) or config.text_config.hidden_size
         self.dim: int = int(config.vision_config.hidden_size)
@@ -136,8 +144,12 @@ class SiglipEncoder:
         Raises:
             InvalidInput: an array is not ``H×W×3`` uint8.
         """
-        pil_images = [_to_pil(image) for image in images]
-        return self._embed_batches(pil_images, self._image_batch)
+        arrays = [_to_array(image) for image in images]
+        return self._embed_batches(arrays, self._image_batch)
+
+    @property
+    def preprocesses_on_device(self) -> bool:
+        return self._preprocess is not None
 
     def embed_texts(self, texts: Sequence[str]) -> NDArray[np.float32]:
         """Embed texts (lowercased, padded/truncated to ``text_max_length``) into ``(n, dim)`` unit rows."""
@@ -154,8 +166,10 @@ class SiglipEncoder:
                 chunks.append(features.cpu().numpy().astype(np.float32, copy=False))
         return np.concatenate(chunks)
 
-    def _image_batch(self, images: list[Image.Image]) -> torch.Tensor:
-        inputs = self._image_processor(images=images, return_tensors="pt")
+    def _image_batch(self, images: list[NDArray[np.uint8]]) -> torch.Tensor:
+        if self._preprocess is not None:
+            return _pooled(self._model.get_image_features(pixel_values=self._preprocess(images)))
+        inputs = self._image_processor(images=[Image.fromarray(image) for image in images], return_tensors="pt")
         # NaFlex (siglip2) processors also return a patch mask and spatial shapes; pass all through.
         tensors = {
             key: value.to(self.device, self._dtype) if value.is_floating_point() else value.to(self.device)
@@ -182,11 +196,106 @@ def _pooled(output: Any) -> torch.Tensor:
     return pooled
 
 
-def _to_pil(image: NDArray[np.uint8] | Image.Image) -> Image.Image:
-    """One RGB PIL image; arrays must be ``H×W×3`` uint8."""
+def _to_array(image: NDArray[np.uint8] | Image.Image) -> NDArray[np.uint8]:
+    """One ``H×W×3`` uint8 RGB array (PIL images are converted to RGB).
+
+    Raises:
+        InvalidInput: an array is not ``H×W×3`` uint8.
+    """
     if isinstance(image, Image.Image):
-        return image if image.mode == "RGB" else image.convert("RGB")
+        return np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
     array = np.asarray(image)
     if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
         raise InvalidInput(f"expected an H×W×3 uint8 RGB array, got {array.dtype} {array.shape}")
-    return Image.fromarray(array)
+    return array
+
+
+class DevicePreprocessor:
+    """A fixed-size image processor's resize, rescale and normalise, done as tensor ops on the model's
+    device for a whole batch: frames of one shape are stacked and uploaded as uint8 (a quarter of
+    the bytes of float input), so no per-frame work runs on the host beyond the stack."""
+
+    def __init__(
+        self,
+        *,
+        height: int,
+        width: int,
+        mode: str | None,
+        scale: float,
+        mean: Sequence[float],
+        std: Sequence[float],
+        device: str,
+        dtype: torch.dtype,
+    ) -> None:
+        self.height, self.width, self.mode = height, width, mode
+        self.device, self.dtype = device, dtype
+        std_t = torch.tensor(std, dtype=torch.float32, device=device).view(1, 3, 1, 1)
+        # (x * scale - mean) / std as one multiply-add.
+        self._mul = scale / std_t
+        self._add = -torch.tensor(mean, dtype=torch.float32, device=device).view(1, 3, 1, 1) / std_t
+
+    @classmethod
+    def from_processor(cls, processor: Any, device: str, dtype: torch.dtype) -> DevicePreprocessor | None:
+        """The device path for ``processor``, or None when it isn't a fixed-size RGB processor whose
+        steps this reproduces (NaFlex, center crops, other filters): those keep the library's path."""
+        size = getattr(processor, "size", None)
+        get = size.get if isinstance(size, dict) else (lambda key: getattr(size, key, None))
+        height, width = get("height"), get("width")
+        if not (isinstance(height, int) and isinstance(width, int)) or hasattr(processor, "max_num_patches"):
+            return None
+        if getattr(processor, "do_center_crop", False) or getattr(processor, "do_pad", False):
+            return None
+        do_resize = bool(getattr(processor, "do_resize", True))
+        mode = _RESAMPLE_MODES.get(int(getattr(processor, "resample", 3) or 0))
+        if do_resize and mode is None:
+            return None
+        scale = float(processor.rescale_factor) if getattr(processor, "do_rescale", True) else 1.0
+        if getattr(processor, "do_normalize", True):
+            mean, std = list(processor.image_mean), list(processor.image_std)
+        else:
+            mean, std = [0.0] * 3, [1.0] * 3
+        if len(mean) != 3 or len(std) != 3:
+            return None
+        return cls(
+            height=height,
+            width=width,
+            mode=mode if do_resize else None,
+            scale=scale,
+            mean=mean,
+            std=std,
+            device=device,
+            dtype=dtype,
+        )
+
+    def __call__(self, images: Sequence[NDArray[np.uint8]]) -> torch.Tensor:
+        """``(n, 3, height, width)`` pixel values in the model's dtype on its device.
+
+        Raises:
+            InvalidInput: without resizing, an image that isn't ``height×width``.
+        """
+        by_shape: dict[tuple[int, ...], list[int]] = {}
+        for i, image in enumerate(images):
+            by_shape.setdefault(image.shape, []).append(i)
+        out = torch.empty((len(images), 3, self.height, self.width), dtype=self.dtype, device=self.device)
+        for shape, indices in by_shape.items():
+            stacked = np.stack([images[i] for i in indices])
+            pixels = torch.from_numpy(stacked).to(self.device).permute(0, 3, 1, 2).float()
+            if shape[:2] != (self.height, self.width):
+                if self.mode is None:
+                    raise InvalidInput(f"expected {self.height}×{self.width} images, got {shape[0]}×{shape[1]}")
+                pixels = self._resize(pixels, self.mode)
+            values = pixels * self._mul + self._add
+            out[torch.tensor(indices, device=self.device)] = values.to(self.dtype)
+        return out
+
+    def _resize(self, pixels: torch.Tensor, mode: str) -> torch.Tensor:
+        """Resize as PIL does 8-bit images: width, then height, each pass rounded and clipped to
+        0–255 (PIL keeps the intermediate image in 8 bits, which clips a filter's overshoot)."""
+        for size in ((pixels.shape[2], self.width), (self.height, self.width)):
+            if tuple(pixels.shape[2:]) != size:
+                pixels = (
+                    torch.nn.functional.interpolate(pixels, size=size, mode=mode, align_corners=False, antialias=True)
+                    .round_()
+                    .clamp_(0, 255)
+                )
+        return pixels

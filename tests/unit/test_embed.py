@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from numpy.typing import NDArray
 from PIL import Image
 
@@ -156,3 +158,78 @@ def test_cuda_without_a_gpu_raises_model_unavailable(tiny_model_dir: Path, monke
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     with pytest.raises(ModelUnavailable, match="VIDX_MODEL__DEVICE"):
         SiglipEncoder(_settings(tiny_model_dir, device="cuda"))
+
+
+# -- preprocessing on the model's device ---------------------------------------------------------
+_ONE_LEVEL = 2 / 255  # one grey level after rescale (1/255) and normalise (std 0.5)
+
+
+def _mixed_images() -> list[NDArray[np.uint8]]:
+    """Frames of several shapes, as one batch of several videos holds them: larger, smaller, not
+    square, and exactly the model's size."""
+    rng = np.random.default_rng(3)
+    smooth = [np.kron(rng.integers(0, 256, (h // 8, w // 8, 3)), np.ones((8, 8, 1))) for h, w in [(96, 160), (48, 48)]]
+    noisy = [rng.integers(0, 256, (h, w, 3)) for h, w in [(64, 64), (20, 36), (200, 120)]]
+    return [np.ascontiguousarray(a, dtype=np.uint8) for a in [*smooth, *noisy, smooth[0]]]
+
+
+def _library_pixels(processor: Any, images: list[NDArray[np.uint8]]) -> Any:
+    return processor(images=[Image.fromarray(i) for i in images], return_tensors="pt")["pixel_values"]
+
+
+def test_tiny_model_preprocesses_on_the_device(encoder: SiglipEncoder) -> None:
+    assert encoder.preprocesses_on_device
+
+
+def test_device_preprocessing_matches_the_image_processor(encoder: SiglipEncoder) -> None:
+    images = _mixed_images()
+    pixels = encoder._preprocess(images)  # type: ignore[misc]
+    expected = _library_pixels(encoder._image_processor, images)
+    assert pixels.shape == expected.shape and pixels.device.type == "cpu"
+    diff = (pixels - expected).abs()
+    assert float(diff.max()) <= 2 * _ONE_LEVEL + 1e-5
+    assert float(diff.mean()) <= 0.1 * _ONE_LEVEL
+
+
+def test_device_preprocessing_matches_a_bicubic_processor() -> None:
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    from pipeline.embed import DevicePreprocessor
+
+    processor = SiglipImageProcessorPil(size={"height": 224, "width": 224}, resample=3)
+    preprocess = DevicePreprocessor.from_processor(processor, "cpu", torch.float32)
+    assert preprocess is not None and preprocess.mode == "bicubic"
+    images = _mixed_images()
+    diff = (preprocess(images) - _library_pixels(processor, images)).abs()
+    assert float(diff.max()) <= 2 * _ONE_LEVEL + 1e-5
+    assert float(diff.mean()) <= 0.1 * _ONE_LEVEL
+
+
+def test_unsupported_processors_keep_the_library_path() -> None:
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    from pipeline.embed import DevicePreprocessor
+
+    nearest = SiglipImageProcessorPil(size={"height": 32, "width": 32}, resample=0)
+    assert DevicePreprocessor.from_processor(nearest, "cpu", torch.float32) is None
+
+    naflex = SimpleNamespace(size={"height": 32, "width": 32}, max_num_patches=256)
+    assert DevicePreprocessor.from_processor(naflex, "cpu", torch.float32) is None
+
+
+def test_device_and_library_preprocessing_give_the_same_vectors(
+    encoder: SiglipEncoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    images = _mixed_images()
+    on_device = encoder.embed_images(images)
+    monkeypatch.setattr(encoder, "_preprocess", None)
+    library = encoder.embed_images(images)
+    assert (np.sum(on_device * library, axis=1) > 0.999).all()
+
+
+def test_mixed_shapes_in_one_batch_embed_as_alone(encoder: SiglipEncoder) -> None:
+    images = _mixed_images()
+    together = encoder.embed_images(images)
+    alone = np.concatenate([encoder.embed_images([image]) for image in images])
+    np.testing.assert_allclose(together, alone, atol=1e-5)
+    np.testing.assert_array_equal(together[0], together[-1])
