@@ -101,7 +101,8 @@ def _check_pixels(width: int, height: int, limits: DecodeLimits) -> None:
         raise LimitExceeded(f"frame {width}x{height} exceeds max pixels per frame {limits.max_pixels}")
 
 
-def _scaled_size(width: int, height: int, max_side: int) -> tuple[int, int]:
+def scaled_size(width: int, height: int, max_side: int) -> tuple[int, int]:
+    """The size a ``width`` x ``height`` frame is scaled to: longer side at most ``max_side``, even sides."""
     scale = min(1.0, max_side / max(width, height))
     # Even dimensions keep swscale's chroma handling exact.
     return max(2, int(width * scale) // 2 * 2), max(2, int(height * scale) // 2 * 2)
@@ -395,7 +396,7 @@ def sample_frames(
         stream.thread_type = "AUTO"
         if threads:
             stream.codec_context.thread_count = threads
-        out_size = _scaled_size(info.width, info.height, max_side)
+        out_size = scaled_size(info.width, info.height, max_side)
         sampler = _Sampler(every_s, limits, stream.time_base or Fraction(1, 1), out_size, stats or DecodeStats())
         try:
             if strategy in (DecodeStrategy.AUTO, DecodeStrategy.SAMPLED):
