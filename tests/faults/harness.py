@@ -90,8 +90,16 @@ class AppHost:
         victim = pids[0]
         killed = time.monotonic()
         os.kill(victim, signal.SIGKILL)
+
+        def replaced() -> bool:
+            try:
+                os.kill(victim, 0)
+                return False  # not reaped yet
+            except ProcessLookupError:
+                return bool(set(self.replica_pids(deployment)) - {victim})
+
         eventually(
-            lambda: bool(self.replica_pids(deployment)) and victim not in self.replica_pids(deployment),
+            replaced,
             f"a new {deployment} replica",
             REPLICA_BACK_TIMEOUT_S,
             poll_s=0.5,

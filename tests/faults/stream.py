@@ -33,7 +33,7 @@ from tests.faults.harness import (
 from tests.services import restart_rabbitmq, start_services, unique_prefix
 
 #: Longest wait for the index to catch up with the bucket after the stream.
-CONVERGE_TIMEOUT_S = 600.0
+CONVERGE_TIMEOUT_S = 1200.0
 
 
 @dataclass(frozen=True)
