@@ -7,7 +7,6 @@ replaced in one commit. Every outcome is recorded in the catalog.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import io
 import logging
@@ -31,7 +30,7 @@ from pipeline.ids import fingerprint, frame_id
 from pipeline.jobs import IndexJob, JobOp
 from pipeline.settings import LimitSettings, Settings
 from storage.config import S3Settings
-from storage.s3 import ObjectHead, ObjectStore
+from storage.s3 import BlockingObjectStore, ObjectHead
 from storage.tables import FrameRow, IndexStore, VideoRecord, VideoStatus
 from storage.writer import FrameWriter
 
@@ -62,21 +61,17 @@ class ObjectSource(Protocol):
 
 
 class S3ObjectSource:
-    """``ObjectSource`` over the aiobotocore client, one short event loop per call. At most
+    """``ObjectSource`` over one long-lived aiobotocore client (``BlockingObjectStore``). At most
     ``limits.max_concurrent_downloads`` downloads run at once through one source (one per consumer
     process), each bounded by ``limits.max_bytes``."""
 
     def __init__(self, s3: S3Settings, limits: LimitSettings) -> None:
-        self._s3 = s3
+        self._store = BlockingObjectStore(s3)
         self._limits = limits
         self._download_slots = threading.BoundedSemaphore(limits.max_concurrent_downloads)
 
     def head(self, bucket: str, key: str) -> ObjectHead | None:
-        async def run() -> ObjectHead | None:
-            async with ObjectStore(self._s3) as store:
-                return await store.head(bucket, key)
-
-        return asyncio.run(run())
+        return self._store.head(bucket, key)
 
     def download(self, head: ObjectHead, dest: Path) -> int:
         """Download ``head``'s version to ``dest`` once a download slot is free.
@@ -86,11 +81,6 @@ class S3ObjectSource:
             LimitExceeded: the object is larger than ``max_bytes``.
             PermanentError.
         """
-
-        async def run() -> int:
-            async with ObjectStore(self._s3) as store:
-                return await store.download(head, dest, self._limits.max_bytes)
-
         limits = self._limits
         if not self._download_slots.acquire(timeout=limits.download_slot_wait_s):
             raise TransientError(
@@ -98,7 +88,7 @@ class S3ObjectSource:
                 f"(max concurrent downloads {limits.max_concurrent_downloads})"
             )
         try:
-            return asyncio.run(run())
+            return self._store.download(head, dest, limits.max_bytes)
         finally:
             self._download_slots.release()
 
@@ -319,7 +309,12 @@ class Indexer:
             frames = clock.timed(
                 "decode",
                 sample_frames(
-                    path, settings.sampling.every_s, settings.limits, max_side=settings.sampling.decode_max_side
+                    path,
+                    settings.sampling.every_s,
+                    settings.limits,
+                    max_side=settings.sampling.decode_max_side,
+                    strategy=settings.sampling.decode_strategy,
+                    threads=settings.sampling.decode_threads,
                 ),
             )
             rows: list[FrameRow] = []

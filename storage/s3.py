@@ -5,14 +5,16 @@ the rest ``PermanentError``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import aiobotocore.session
 import botocore.exceptions
@@ -22,6 +24,8 @@ from pipeline.errors import LimitExceeded, PermanentError, TransientError
 from storage.config import S3Settings
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _MISSING = {"404", "NoSuchKey", "NotFound", "NoSuchVersion"}
 _TRANSIENT = {
@@ -257,3 +261,43 @@ class ObjectStore:
                 ]
         except botocore.exceptions.ClientError as exc:
             raise _convert(exc, what) from exc
+
+
+class BlockingObjectStore:
+    """An ``ObjectStore`` for synchronous callers on many threads: one client, kept open on an event
+    loop of its own (a daemon thread), so calls don't pay for a new client and connection each time.
+
+    Every call is bounded by the client's connect/read timeouts and retry budget (``S3Settings``).
+    """
+
+    def __init__(self, settings: S3Settings) -> None:
+        self._settings = settings
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._store: ObjectStore | None = None
+
+    def _run(self, make: Callable[[ObjectStore], Coroutine[Any, Any, T]]) -> T:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="s3-client", daemon=True).start()
+                store = ObjectStore(self._settings)
+                asyncio.run_coroutine_threadsafe(store.__aenter__(), loop).result()
+                self._loop, self._store = loop, store
+        assert self._store is not None
+        return asyncio.run_coroutine_threadsafe(make(self._store), self._loop).result()
+
+    def head(self, bucket: str, key: str) -> ObjectHead | None:
+        """See ``ObjectStore.head``."""
+        return self._run(lambda store: store.head(bucket, key))
+
+    def download(self, head: ObjectHead, dest: Path, max_bytes: int) -> int:
+        """See ``ObjectStore.download``."""
+        return self._run(lambda store: store.download(head, dest, max_bytes))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._loop is not None and self._store is not None:
+                asyncio.run_coroutine_threadsafe(self._store.__aexit__(None, None, None), self._loop).result()
+                self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop = self._store = None
