@@ -189,6 +189,11 @@ class EventRouterDeployment:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._router.run, args=(self._stop,), name="event-router", daemon=True)
         self._thread.start()
+        # The one place index maintenance runs (this deployment has a single replica); the lease it takes
+        # in the index database covers the overlap while Serve replaces a replica.
+        from storage.maintenance import IndexMaintainer
+
+        _, self._maintenance_stop = IndexMaintainer(IndexStore(settings.s3), settings.index).start()
 
     def stats(self) -> dict[str, int]:
         return {**self._router.stats, "connected": int(self._router.connected)}
@@ -199,6 +204,7 @@ class EventRouterDeployment:
 
     def __del__(self) -> None:
         self._stop.set()
+        self._maintenance_stop.set()
 
 
 @serve.deployment(name="Api")

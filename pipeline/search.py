@@ -104,7 +104,7 @@ class SearchService:
 
     async def _respond(self, vector: NDArray[np.float32], k: int, base_url: str, started: float) -> SearchResponse:
         limit = min(k * CANDIDATES_PER_MOMENT, MAX_CANDIDATES)
-        rows = await asyncio.to_thread(self._store.search, vector, limit)
+        rows = await asyncio.to_thread(self._store.search, vector, limit, self._settings.index)
         hits = [
             FrameHit(
                 frame_id=r["frame_id"],

@@ -15,7 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from events.config import AmqpSettings, VideoFilterSettings
 from pipeline.decode import DecodeLimits, DecodeStrategy
-from storage.config import S3Settings
+from storage.config import IndexSettings, S3Settings
 
 #: SigLIP 2 base/16 at 224 px: same cost as SigLIP base (the B/16 architecture), better retrieval
 #: and multilingual text; loads through AutoModel like every SigLIP-family checkpoint.
@@ -134,6 +134,7 @@ class Settings(BaseSettings):
     writer: WriterSettings = Field(default_factory=WriterSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     serve: ServeSettings = Field(default_factory=ServeSettings)
+    index: IndexSettings = Field(default_factory=IndexSettings)
     #: Where the local stack keeps its data, logs and pids.
     state_dir: Path = Path(".vidx")
     #: Bearer keys the API accepts; several at once let a key rotate (``VIDX_API_KEYS='["k1","k2"]'``).

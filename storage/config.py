@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 #: Longest life of a presigned playback link: links end up in browser histories and shared chats.
@@ -40,3 +42,32 @@ class S3Settings(BaseModel):
     @property
     def index_uri(self) -> str:
         return f"s3://{self.index_bucket}/{self.index_prefix}"
+
+
+class IndexSettings(BaseModel):
+    """The ANN index on ``frames.vector``, how searches use it, and the maintenance loop that keeps it."""
+
+    #: Rows in ``frames`` past which the ANN index is built; below it every search is an exact scan
+    #: (at 100k 768-d rows a scan reads ~300 MB per query; an index costs minutes to train).
+    ann_min_rows: int = Field(default=100_000, ge=256)
+    #: IVF_SQ: int8 codes and a refine step kept recall@10 near 1.0 where IVF_PQ (and 1-bit IVF_RQ)
+    #: missed neighbours in tight clusters of near-duplicate frames, and it trains in a fraction of PQ's time.
+    index_type: Literal["IVF_SQ", "IVF_PQ", "IVF_RQ", "IVF_HNSW_SQ"] = "IVF_SQ"
+    #: Rows per IVF partition when the index is (re)built: partitions = rows // this (at least 1).
+    rows_per_partition: int = Field(default=4096, ge=256)
+    #: IVF_PQ only: sub-vectors per vector (the dimension must divide by it); unset: LanceDB's default.
+    num_sub_vectors: int | None = Field(default=None, ge=1)
+    #: Partitions searched per query, and candidates re-ranked with exact vectors (``refine_factor·limit``).
+    nprobes: int = Field(default=20, ge=1)
+    refine_factor: int | None = Field(default=5, ge=1)
+    #: How stale the API's search handle may be: a table handle re-checks the latest version at most
+    #: this often (0: before every query, one more object-store request per search).
+    search_consistency_s: float = Field(default=1.0, ge=0)
+    #: The maintenance loop: one round per interval (index creation, ``optimize`` of both tables).
+    optimize_interval_s: float = Field(default=300.0, gt=0)
+    #: A round folds new rows into the index only once this many rows are unindexed (or fragments pile up).
+    optimize_min_unindexed_rows: int = Field(default=1, ge=0)
+    #: Old table versions kept by ``optimize`` (readers of an old version keep working this long).
+    keep_versions_s: float = Field(default=3600.0, ge=0)
+    #: The maintenance lease: one worker maintains; another takes over once the lease has lapsed.
+    lease_ttl_s: float = Field(default=900.0, gt=0)

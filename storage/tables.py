@@ -17,14 +17,18 @@ from typing import Any
 import lancedb
 import numpy as np
 import pyarrow as pa
+from lancedb.index import IvfHnswSq, IvfPq, IvfRq, IvfSq
 from numpy.typing import NDArray
 
-from storage.config import S3Settings
+from storage.config import IndexSettings, S3Settings
 
 log = logging.getLogger(__name__)
 
 FRAMES = "frames"
 VIDEOS = "videos"
+LEASES = "leases"
+#: Name LanceDB gives the index on ``frames.vector``.
+VECTOR_INDEX = "vector_idx"
 _PK = {"lance-schema:unenforced-primary-key": "true"}
 
 
@@ -67,6 +71,26 @@ VIDEOS_SCHEMA = pa.schema(
         pa.field("updated_at", pa.timestamp("us", tz="UTC"), nullable=False),
     ]
 )
+
+
+#: One row per named lease (``maintenance``): who holds it and until when (epoch seconds).
+LEASES_SCHEMA = pa.schema(
+    [
+        pa.field("name", pa.string(), nullable=False, metadata=_PK),
+        pa.field("holder", pa.string(), nullable=False),
+        pa.field("expires_at_s", pa.float64(), nullable=False),
+    ]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class VectorIndexState:
+    """How much of ``frames`` the ANN index covers."""
+
+    rows: int
+    indexed_rows: int
+    unindexed_rows: int
+    has_index: bool
 
 
 @dataclass(slots=True)
@@ -140,14 +164,20 @@ class IndexStore:
 
     def __init__(self, s3: S3Settings, uri: str | None = None) -> None:
         """``uri`` overrides the database location (a local directory in unit tests, or another S3 prefix)."""
+        self._uri = uri or s3.index_uri
+        self._storage_options = storage_options(s3) if self._uri.startswith("s3://") else None
         self._db = lancedb.connect(
-            uri or s3.index_uri,
-            storage_options=storage_options(s3) if (uri or s3.index_uri).startswith("s3://") else None,
+            self._uri,
+            storage_options=self._storage_options,
             # Long-lived handles (API, consumers) must see other processes' commits at once.
             read_consistency_interval=timedelta(0),
         )
         self._frames: Any = None
         self._videos: Any = None
+        self._leases: Any = None
+        # Search's own warm handle, with its own staleness bound (see ``search``).
+        self._search_frames: Any = None
+        self._search_consistency_s: float | None = None
 
     # -- tables -----------------------------------------------------------------------------------
     def _videos_table(self) -> Any:
@@ -329,19 +359,111 @@ class IndexStore:
             return 0
         return int(table.count_rows(f"video_id = {_quote(video_id)}" if video_id else None))
 
-    def search(self, vector: NDArray[np.float32], limit: int) -> list[dict[str, Any]]:
-        """The ``limit`` frames nearest to ``vector`` by cosine distance, best first."""
-        table = self._frames_table()
+    def _search_table(self, consistency_s: float) -> Any:
+        """A frames handle kept open for searches (its index pages stay cached), which re-checks the
+        table's latest version at most every ``consistency_s`` seconds instead of before every query."""
+        if self._search_frames is None or self._search_consistency_s != consistency_s:
+            db = lancedb.connect(
+                self._uri,
+                storage_options=self._storage_options,
+                read_consistency_interval=timedelta(seconds=consistency_s),
+            )
+            try:
+                self._search_frames = db.open_table(FRAMES)
+            except (ValueError, FileNotFoundError):
+                return None
+            self._search_consistency_s = consistency_s
+        return self._search_frames
+
+    def search(
+        self, vector: NDArray[np.float32], limit: int, tuning: IndexSettings | None = None, *, exact: bool = False
+    ) -> list[dict[str, Any]]:
+        """The ``limit`` frames nearest to ``vector`` by cosine distance, best first.
+
+        With ``tuning`` the search runs on a warm handle and probes the ANN index with its ``nprobes`` and
+        ``refine_factor``; rows not yet in the index are scanned exactly and merged in (LanceDB's plan), so
+        new frames are found before the maintenance loop folds them in. ``exact`` skips the index.
+        """
+        table = self._frames_table() if tuning is None else self._search_table(tuning.search_consistency_s)
         if table is None:
             return []
-        rows: list[dict[str, Any]] = (
+        query = (
             table.search(vector.astype(np.float32), vector_column_name="vector")
             .distance_type("cosine")
-            .select(["frame_id", "video_id", "uri", "ts_s"])
+            .select(["frame_id", "video_id", "uri", "ts_s", "_distance"])
             .limit(limit)
-            .to_list()
         )
+        if exact:
+            query = query.bypass_vector_index()
+        elif tuning is not None:
+            query = query.nprobes(tuning.nprobes)
+            if tuning.refine_factor:
+                query = query.refine_factor(tuning.refine_factor)
+        rows: list[dict[str, Any]] = query.to_list()
         return rows
+
+    # -- index maintenance (one worker: see storage/maintenance.py) -------------------------------
+    def vector_index_state(self) -> VectorIndexState | None:
+        """Rows of ``frames`` and how many the ANN index covers; None before the table exists."""
+        table = self._frames_table()
+        if table is None:
+            return None
+        rows = int(table.count_rows())
+        stats = table.index_stats(VECTOR_INDEX) if self._has_vector_index(table) else None
+        if stats is None:
+            return VectorIndexState(rows=rows, indexed_rows=0, unindexed_rows=rows, has_index=False)
+        return VectorIndexState(
+            rows=rows,
+            indexed_rows=int(stats.num_indexed_rows),
+            unindexed_rows=int(stats.num_unindexed_rows),
+            has_index=True,
+        )
+
+    @staticmethod
+    def _has_vector_index(table: Any) -> bool:
+        return any(getattr(i, "name", None) == VECTOR_INDEX for i in table.list_indices())
+
+    def create_vector_index(self, settings: IndexSettings) -> None:
+        """(Re)build the cosine ANN index on ``frames.vector``; IVF partitions scale with the row count."""
+        table = self._frames_table()
+        if table is None:
+            return
+        partitions = max(1, int(table.count_rows()) // settings.rows_per_partition)
+        config: Any
+        if settings.index_type == "IVF_PQ":
+            config = IvfPq(distance_type="cosine", num_partitions=partitions, num_sub_vectors=settings.num_sub_vectors)
+        elif settings.index_type == "IVF_RQ":
+            config = IvfRq(distance_type="cosine", num_partitions=partitions)
+        elif settings.index_type == "IVF_HNSW_SQ":
+            config = IvfHnswSq(distance_type="cosine", num_partitions=partitions)
+        else:
+            config = IvfSq(distance_type="cosine", num_partitions=partitions)
+        table.create_index("vector", config=config, replace=True, name=VECTOR_INDEX)
+
+    def optimize(self, keep_versions_s: float) -> None:
+        """Compact both tables' small fragments, fold new frames into the ANN index and drop versions older
+        than ``keep_versions_s``. Concurrent writers keep working (their commits are retried on conflict)."""
+        keep = timedelta(seconds=keep_versions_s)
+        frames = self._frames_table()
+        if frames is not None:
+            frames.optimize(cleanup_older_than=keep)
+        self._videos_table().optimize(cleanup_older_than=keep)
+
+    def acquire_lease(self, name: str, holder: str, ttl_s: float, now_s: float) -> bool:
+        """Take or renew the lease ``name`` for ``holder`` until ``now_s + ttl_s``; False while another
+        holder has it. One conditional ``merge_insert``: of two workers racing for it, one commit wins."""
+        if self._leases is None:
+            self._leases = self._db.create_table(LEASES, schema=LEASES_SCHEMA, exist_ok=True)
+        row = pa.Table.from_pylist(
+            [{"name": name, "holder": holder, "expires_at_s": now_s + ttl_s}], schema=LEASES_SCHEMA
+        )
+        result = (
+            self._leases.merge_insert("name")
+            .when_matched_update_all(where=f"target.holder = {_quote(holder)} OR target.expires_at_s < {now_s!r}")
+            .when_not_matched_insert_all()
+            .execute(row)
+        )
+        return int(result.num_updated_rows) + int(result.num_inserted_rows) > 0
 
     def thumbnail(self, frame_id: str) -> bytes | None:
         table = self._frames_table()

@@ -1,0 +1,137 @@
+"""storage/maintenance.py over a local LanceDB: the ANN index appears past the row threshold, once;
+optimize folds appended rows in; search finds a just-written frame before and after; one worker maintains."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from storage.config import IndexSettings, S3Settings
+from storage.maintenance import Action, IndexMaintainer
+from storage.tables import FrameRow, IndexStore
+
+DIM = 16
+SETTINGS = IndexSettings(ann_min_rows=400, rows_per_partition=256, nprobes=4, refine_factor=5, search_consistency_s=0)
+
+
+def unit(vectors: NDArray[np.float32]) -> NDArray[np.float32]:
+    out: NDArray[np.float32] = (vectors / np.linalg.norm(vectors, axis=-1, keepdims=True)).astype(np.float32)
+    return out
+
+
+def add_video(store: IndexStore, video_id: str, vectors: NDArray[np.float32]) -> None:
+    rows = [
+        FrameRow(frame_id=f"{video_id}-{i}", ts_s=float(i), vector=v, thumbnail=None) for i, v in enumerate(vectors)
+    ]
+    store.replace_frames(video_id=video_id, uri=f"s3://videos/{video_id}.mp4", version="1", model="m", rows=rows)
+
+
+def fill(store: IndexStore, videos: int, frames: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for n in range(videos):
+        centre = rng.standard_normal(DIM)
+        add_video(store, f"s{seed}v{n}", unit(centre + 0.3 * rng.standard_normal((frames, DIM))).astype(np.float32))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> IndexStore:
+    return IndexStore(S3Settings(), uri=str(tmp_path / "lance"))
+
+
+def probe() -> NDArray[np.float32]:
+    vector = np.zeros(DIM, dtype=np.float32)
+    vector[3] = 1.0  # far from the random frames' directions in no particular way, but exactly itself
+    return vector
+
+
+def assert_found(store: IndexStore, frame_id: str) -> None:
+    for rows in (store.search(probe(), 5, SETTINGS), store.search(probe(), 5)):
+        assert rows[0]["frame_id"] == frame_id
+        assert rows[0]["_distance"] == pytest.approx(0.0, abs=1e-3)
+
+
+def test_below_the_threshold_no_index_and_search_is_exact(store: IndexStore) -> None:
+    maintainer = IndexMaintainer(store, SETTINGS)
+    assert maintainer.run_once().action is Action.NO_TABLE
+    fill(store, videos=3, frames=100, seed=1)
+    add_video(store, "needle", probe()[None, :])
+    result = maintainer.run_once()
+    assert result.action is Action.FLAT and result.rows == 301
+    state = store.vector_index_state()
+    assert state is not None and not state.has_index
+    assert_found(store, "needle-0")
+    # Exact results equal to the brute-force order.
+    exact = [r["frame_id"] for r in store.search(probe(), 10, exact=True)]
+    assert [r["frame_id"] for r in store.search(probe(), 10, SETTINGS)] == exact
+
+
+def test_past_the_threshold_the_index_is_created_once_and_optimize_folds_new_rows_in(store: IndexStore) -> None:
+    maintainer = IndexMaintainer(store, SETTINGS)
+    fill(store, videos=6, frames=100, seed=2)
+    created = maintainer.run_once()
+    assert created.action is Action.INDEX_CREATED and created.rows == 600
+    state = store.vector_index_state()
+    assert state is not None and state.has_index and state.indexed_rows == 600 and state.unindexed_rows == 0
+    assert maintainer.run_once().action is Action.UP_TO_DATE  # not rebuilt
+
+    # Appended rows are not in the index yet, and search still finds them (flat scan of the tail).
+    add_video(store, "needle", probe()[None, :])
+    fill(store, videos=1, frames=50, seed=3)
+    state = store.vector_index_state()
+    assert state is not None and state.unindexed_rows == 51
+    assert_found(store, "needle-0")
+
+    optimized = maintainer.run_once()
+    assert optimized.action is Action.OPTIMIZED and optimized.unindexed_rows == 51
+    state = store.vector_index_state()
+    assert state is not None and state.rows == 651 and state.indexed_rows == 651 and state.unindexed_rows == 0
+    assert_found(store, "needle-0")
+    assert maintainer.run_once().action is Action.UP_TO_DATE
+
+
+def test_ann_results_agree_with_exact_search(store: IndexStore) -> None:
+    fill(store, videos=8, frames=100, seed=4)
+    IndexMaintainer(store, SETTINGS).run_once()
+    rng = np.random.default_rng(5)
+    hits = 0
+    for query in unit(rng.standard_normal((20, DIM))).astype(np.float32):
+        exact = {r["frame_id"] for r in store.search(query, 10, exact=True)}
+        hits += len(exact & {r["frame_id"] for r in store.search(query, 10, SETTINGS)})
+    assert hits / 200 >= 0.9
+
+
+def test_only_one_worker_maintains_until_its_lease_lapses(store: IndexStore, tmp_path: Path) -> None:
+    now = [1000.0]
+    other_store = IndexStore(S3Settings(), uri=str(tmp_path / "lance"))
+    first = IndexMaintainer(store, SETTINGS, holder="a", clock=lambda: now[0])
+    second = IndexMaintainer(other_store, SETTINGS, holder="b", clock=lambda: now[0])
+    fill(store, videos=5, frames=100, seed=6)
+    assert first.run_once().action is Action.INDEX_CREATED
+    assert second.run_once().action is Action.SKIPPED_NOT_LEADER
+    now[0] += SETTINGS.lease_ttl_s / 2
+    fill(store, videos=1, frames=10, seed=7)
+    assert second.run_once().action is Action.SKIPPED_NOT_LEADER
+    assert first.run_once().action is Action.OPTIMIZED  # the holder renews
+    now[0] += SETTINGS.lease_ttl_s + 1  # the holder stopped (its replica died): the lease lapses
+    assert second.run_once().action is Action.UP_TO_DATE
+    assert first.run_once().action is Action.SKIPPED_NOT_LEADER
+
+
+def test_the_loop_stops_and_survives_a_failing_round(store: IndexStore) -> None:
+    calls = []
+
+    class Failing(IndexMaintainer):
+        def run_once(self):  # type: ignore[no-untyped-def]
+            calls.append(1)
+            raise OSError("store unreachable")
+
+    maintainer = Failing(store, SETTINGS.model_copy(update={"optimize_interval_s": 0.01}))
+    thread, stop = maintainer.start()
+    while len(calls) < 3:
+        thread.join(0.01)
+    stop.set()
+    thread.join(5)
+    assert not thread.is_alive()
