@@ -65,6 +65,9 @@ class IndexSettings(BaseModel):
     search_consistency_s: float = Field(default=1.0, ge=0)
     #: The maintenance loop: one round per interval (index creation, ``optimize`` of both tables).
     optimize_interval_s: float = Field(default=300.0, gt=0)
+    #: Rebuild (retrain partitions) once the table has grown this many times over the rows the index was
+    #: built on; in between, new rows are only folded into the existing partitions, which grow.
+    rebuild_growth: float = Field(default=4.0, gt=1)
     #: A round folds new rows into the index only once this many rows are unindexed (or fragments pile up).
     optimize_min_unindexed_rows: int = Field(default=1, ge=0)
     #: Old table versions kept by ``optimize`` (readers of an old version keep working this long).

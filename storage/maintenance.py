@@ -31,6 +31,7 @@ class Action(enum.StrEnum):
     NO_TABLE = "no_table"
     FLAT = "flat"  # below the row threshold: exact scans, no index
     INDEX_CREATED = "index_created"
+    INDEX_REBUILT = "index_rebuilt"  # the table outgrew the partitions it was trained for
     OPTIMIZED = "optimized"
     UP_TO_DATE = "up_to_date"
 
@@ -58,13 +59,16 @@ class IndexMaintainer:
         self._settings = settings
         self._holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._clock = clock
+        #: Rows the current index was built on (after a restart: the rows it covered when first seen).
+        self._built_rows: int | None = None
 
     @property
     def holder(self) -> str:
         return self._holder
 
     def run_once(self) -> RoundResult:
-        """Create the index past ``ann_min_rows``, else fold new rows in and compact (both tables).
+        """Create the index past ``ann_min_rows`` (rebuild it when the table has grown ``rebuild_growth``
+        times), else fold new rows in and compact (both tables).
 
         Library errors propagate (``run`` logs them and tries again next round)."""
         started = time.monotonic()
@@ -79,16 +83,24 @@ class IndexMaintainer:
                 # Still compact: one small fragment per video write slows scans as much as missing the index.
                 self._store.optimize(s.keep_versions_s)
                 return RoundResult(Action.FLAT, state.rows, state.unindexed_rows, time.monotonic() - started)
-            self._store.create_vector_index(s)
-            took = time.monotonic() - started
-            log.info("vector index created: %s over %d rows in %.1fs", s.index_type, state.rows, took)
-            return RoundResult(Action.INDEX_CREATED, state.rows, 0, took)
+            return self._build(state.rows, Action.INDEX_CREATED, started)
+        if self._built_rows is None:
+            self._built_rows = state.indexed_rows
+        if state.rows >= s.rebuild_growth * max(1, self._built_rows):
+            return self._build(state.rows, Action.INDEX_REBUILT, started)
         if state.unindexed_rows < max(1, s.optimize_min_unindexed_rows):
             return RoundResult(Action.UP_TO_DATE, state.rows, state.unindexed_rows)
         self._store.optimize(s.keep_versions_s)
         took = time.monotonic() - started
         log.info("optimized: %d unindexed of %d rows folded in %.1fs", state.unindexed_rows, state.rows, took)
         return RoundResult(Action.OPTIMIZED, state.rows, state.unindexed_rows, took)
+
+    def _build(self, rows: int, action: Action, started: float) -> RoundResult:
+        self._store.create_vector_index(self._settings)
+        self._built_rows = rows
+        took = time.monotonic() - started
+        log.info("vector index %s: %s over %d rows in %.1fs", action.value, self._settings.index_type, rows, took)
+        return RoundResult(action, rows, 0, took)
 
     def run(self, stop: threading.Event) -> None:
         """Rounds until ``stop`` is set; a failed round is logged and the next one tries again."""

@@ -91,6 +91,12 @@ def test_past_the_threshold_the_index_is_created_once_and_optimize_folds_new_row
     assert_found(store, "needle-0")
     assert maintainer.run_once().action is Action.UP_TO_DATE
 
+    # Grown past rebuild_growth times the rows it was built on: partitions are retrained.
+    fill(store, videos=18, frames=100, seed=8)
+    rebuilt = maintainer.run_once()
+    assert rebuilt.action is Action.INDEX_REBUILT and rebuilt.rows == 2451
+    assert_found(store, "needle-0")
+
 
 def test_ann_results_agree_with_exact_search(store: IndexStore) -> None:
     fill(store, videos=8, frames=100, seed=4)
