@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime
@@ -275,15 +276,18 @@ class BlockingObjectStore:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._store: ObjectStore | None = None
+        self._finalizer: weakref.finalize | None = None
 
     def _run(self, make: Callable[[ObjectStore], Coroutine[Any, Any, T]]) -> T:
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="s3-client", daemon=True).start()
+                threading.Thread(target=_serve_loop, args=(loop,), name="s3-client", daemon=True).start()
                 store = ObjectStore(self._settings)
                 asyncio.run_coroutine_threadsafe(store.__aenter__(), loop).result()
                 self._loop, self._store = loop, store
+                # Closed with its owner: an aiohttp session collected open is a leak (and a warning).
+                self._finalizer = weakref.finalize(self, _shut_down, loop, store)
         assert self._store is not None
         return asyncio.run_coroutine_threadsafe(make(self._store), self._loop).result()
 
@@ -296,8 +300,22 @@ class BlockingObjectStore:
         return self._run(lambda store: store.download(head, dest, max_bytes))
 
     def close(self) -> None:
+        """Close the client and stop its loop (it is reopened on the next call)."""
         with self._lock:
-            if self._loop is not None and self._store is not None:
-                asyncio.run_coroutine_threadsafe(self._store.__aexit__(None, None, None), self._loop).result()
-                self._loop.call_soon_threadsafe(self._loop.stop)
-            self._loop = self._store = None
+            if self._finalizer is not None:
+                self._finalizer()
+            self._loop = self._store = self._finalizer = None
+
+
+def _serve_loop(loop: asyncio.AbstractEventLoop) -> None:
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
+
+
+def _shut_down(loop: asyncio.AbstractEventLoop, store: ObjectStore) -> None:
+    if loop.is_running():
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(store.__aexit__(None, None, None), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
