@@ -77,6 +77,24 @@ class SearchService:
         self._settings = settings
         self._store = store
         self._encoder = encoder
+        # One signing client for the service's life: opening one costs hundreds of ms of CPU (botocore
+        # loads its service models), more than the whole search; signing itself needs no request.
+        self._links: ObjectStore | None = None
+        self._links_lock = asyncio.Lock()
+
+    async def _link_signer(self) -> ObjectStore:
+        if self._links is None:
+            async with self._links_lock:
+                if self._links is None:
+                    s3 = self._settings.s3
+                    self._links = await ObjectStore(s3, endpoint_url=s3.public_endpoint_url).__aenter__()
+        return self._links
+
+    async def aclose(self) -> None:
+        """Close the signing client (it is reopened if the service is used again)."""
+        links, self._links = self._links, None
+        if links is not None:
+            await links.__aexit__(None, None, None)
 
     def check_k(self, k: int) -> int:
         if not 1 <= k <= self._settings.limits.max_k:
@@ -117,22 +135,21 @@ class SearchService:
         ]
         moments = merge_moments(hits, self._settings.sampling.every_s, k)
         results: list[MomentOut] = []
-        s3 = self._settings.s3
-        async with ObjectStore(s3, endpoint_url=s3.public_endpoint_url) as store:
-            for m in moments:
-                bucket, _, key = m.uri.removeprefix("s3://").partition("/")
-                link = await store.presign_get(bucket, key, s3.presign_ttl_s)
-                results.append(
-                    MomentOut(
-                        video_id=m.video_id,
-                        uri=m.uri,
-                        score=m.score,
-                        start_s=m.start_s,
-                        end_s=m.end_s,
-                        ts_s=m.ts_s,
-                        thumbnail_url=f"{base_url.rstrip('/')}/v1/frames/{m.frame_id}/thumbnail",
-                        # A media fragment makes players start at the best frame.
-                        video_url=f"{link}#t={m.ts_s:g}",
-                    )
+        signer = await self._link_signer()
+        for m in moments:
+            bucket, _, key = m.uri.removeprefix("s3://").partition("/")
+            link = await signer.presign_get(bucket, key, self._settings.s3.presign_ttl_s)
+            results.append(
+                MomentOut(
+                    video_id=m.video_id,
+                    uri=m.uri,
+                    score=m.score,
+                    start_s=m.start_s,
+                    end_s=m.end_s,
+                    ts_s=m.ts_s,
+                    thumbnail_url=f"{base_url.rstrip('/')}/v1/frames/{m.frame_id}/thumbnail",
+                    # A media fragment makes players start at the best frame.
+                    video_url=f"{link}#t={m.ts_s:g}",
                 )
+            )
         return SearchResponse(results=results, took_ms=round((time.perf_counter() - started) * 1000, 2))
