@@ -36,6 +36,17 @@ def task_processor_config(settings: Settings) -> TaskProcessorConfig:
                 # One unacked task per worker thread: a task waiting behind long jobs must not outlive
                 # RabbitMQ's consumer_timeout while it sits prefetched.
                 "worker_prefetch_multiplier": 1,
+                # A retry is a new publish; if it fails Celery rejects the task without requeueing it
+                # (lost). Keep trying through a broker restart (~15 s here), bounded: 40 tries, ≤ 2 s apart.
+                "task_publish_retry": True,
+                "task_publish_retry_policy": {
+                    "max_retries": 40,
+                    "interval_start": 0.5,
+                    "interval_step": 0.5,
+                    "interval_max": 2.0,
+                },
+                # Notice a dead broker connection in seconds, not minutes (the default is 120 s).
+                "broker_heartbeat": 10,
             },
             task_custom_config={
                 # Permanent errors (corrupt file, over a limit) fail at once; the rest retry with backoff.
