@@ -233,3 +233,48 @@ def test_mixed_shapes_in_one_batch_embed_as_alone(encoder: SiglipEncoder) -> Non
     alone = np.concatenate([encoder.embed_images([image]) for image in images])
     np.testing.assert_allclose(together, alone, atol=1e-5)
     np.testing.assert_array_equal(together[0], together[-1])
+
+
+def test_encoder_deployment_batches_concurrent_calls_as_configured(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Serve shell applies ``max_batch_size``/``batch_wait_timeout_s`` to its ``@serve.batch``
+    method: concurrent one-frame calls (several videos' frames) are embedded in batches of that size."""
+    import asyncio
+
+    from pipeline.deployments import Encoder
+
+    # Outside a replica: the batch queue only reads max_ongoing_requests from the replica context.
+    replica = SimpleNamespace(_deployment_config=SimpleNamespace(max_ongoing_requests=256))
+    monkeypatch.setattr("ray.serve.get_replica_context", lambda: replica)
+
+    shell = Encoder.func_or_class(_settings(tiny_model_dir, max_batch_size=3, batch_wait_timeout_s=1.0))
+    sizes: list[int] = []
+    embed = shell._encoder.embed_images
+
+    def counted(images: Any) -> NDArray[np.float32]:
+        sizes.append(len(images))
+        return embed(images)
+
+    shell._encoder.embed_images = counted
+    images = _mixed_images()[:5] + _block_images(2)
+
+    async def calls() -> list[NDArray[np.float32]]:
+        return list(await asyncio.gather(*(shell.embed_image(image) for image in images)))
+
+    vectors = asyncio.run(calls())
+    assert sizes == [3, 3, 1]
+    np.testing.assert_allclose(np.stack(vectors), embed(images), atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_preprocessing_runs_on_the_gpu(tiny_model_dir: Path, encoder: SiglipEncoder) -> None:
+    on_gpu = SiglipEncoder(_settings(tiny_model_dir, device="cuda"))
+    images = _mixed_images()
+    pixels = on_gpu._preprocess(images)  # type: ignore[misc]
+    assert pixels.device.type == "cuda" and pixels.dtype == torch.bfloat16
+    reference = encoder._preprocess(images)  # type: ignore[misc]
+    assert float((pixels.float().cpu() - reference).abs().max()) <= 2 * _ONE_LEVEL + 0.01  # bf16 rounding
+    cosine = np.sum(on_gpu.embed_images(images) * encoder.embed_images(images), axis=1)
+    assert (cosine > 0.99).all()
