@@ -9,7 +9,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,3 +86,17 @@ def running_stack(services: Services, tiny_model_dir: Path, monkeypatch: pytest.
     stop.set()
     thread.join(timeout=10)
     assert not thread.is_alive()
+
+
+def report_lines(config: pytest.Config, lines: list[str]) -> None:
+    """Write summary lines to the terminal report, also under ``-q`` and without ``-s`` (pytest
+    captures file descriptor 1 during a test, the reporter's own output included: step around it)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture is not None else nullcontext():
+        for line in lines:
+            if reporter is not None:
+                reporter.ensure_newline()
+                reporter.write_line(line)
+            else:
+                print(line)

@@ -34,6 +34,7 @@ from pipeline.jobs import IndexJob, JobOp
 from pipeline.settings import LimitSettings, Settings
 from storage.s3 import ObjectHead
 from storage.tables import FRAMES, IndexStore, VideoStatus, storage_options
+from tests.harness import report_lines
 from tests.media import (
     MATRIX_FORMATS,
     frame_at,
@@ -137,15 +138,7 @@ def report(request: pytest.FixtureRequest) -> Iterator[list[str]]:
     """Lines for the terminal report, written once the module is done (also with ``-q``)."""
     lines: list[str] = []
     yield lines
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None or capture is None:
-        return
-    # Output is captured at the file-descriptor level here; step around it, as live logging does.
-    with capture.global_and_fixture_disabled():
-        reporter.ensure_newline()
-        for line in lines:
-            reporter.write_line(line)
+    report_lines(request.config, lines)
 
 
 @dataclass

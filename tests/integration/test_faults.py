@@ -8,7 +8,6 @@ Each scenario prints ``fault <name>: uploads U, deletes D, indexed I, lost L, du
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -31,6 +30,7 @@ from tests.faults.harness import (
     start_app,
 )
 from tests.faults.stream import run_long_stream
+from tests.harness import report_lines
 from tests.services import Services, restart_minio, restart_rabbitmq, unique_prefix
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
@@ -53,16 +53,7 @@ def variants(host: AppHost, tmp_path_factory: pytest.TempPathFactory) -> list[Va
 
 
 def report(request: pytest.FixtureRequest, *lines: str) -> None:
-    """Write to the terminal even under ``-q`` and without ``-s``."""
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    # pytest captures file descriptor 1 during a test, the terminal reporter's output included.
-    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-        for line in lines:
-            if reporter is not None:
-                reporter.write_line(line)
-            else:
-                print(line)
+    report_lines(request.config, list(lines))
 
 
 def scenario(

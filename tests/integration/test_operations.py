@@ -26,7 +26,7 @@ from pipeline.ids import video_id
 from pipeline.indexer import JobResult
 from pipeline.jobs import IndexJob, JobSource
 from storage.tables import VideoStatus
-from tests.harness import Stack
+from tests.harness import Stack, report_lines
 from tests.media import write_corrupt_mp4, write_video
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -75,7 +75,7 @@ class EncoderDown:
         self._stack.indexer.record_failure(job, reason, version)
 
 
-def test_failed_jobs_are_listed_and_replayed(stack: Stack, tmp_path: Path) -> None:
+def test_failed_jobs_are_listed_and_replayed(stack: Stack, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     # Given a corrupt upload (permanent) and a video whose every attempt met a dead encoder (exhausted)
     stack.upload("bad/broken.mp4", write_corrupt_mp4(tmp_path / "broken.mp4"))
     stack.upload("ok/unlucky.mp4", write_video(tmp_path / "u.mp4", seconds=2, seed=1, size=SMALL))
@@ -96,11 +96,14 @@ def test_failed_jobs_are_listed_and_replayed(stack: Stack, tmp_path: Path) -> No
     assert letters["task-broken"]["reason"].startswith("decode error: ")
     assert (letters["task-broken"]["attempts"], letters["task-unlucky"]["attempts"]) == (1, last + 1)
     assert letters["task-unlucky"]["kind"] == "exhausted" and letters["task-broken"]["failed_at"]
-    assert "task-broken" in cli("dlq", "list")
+    listing = cli("dlq", "list")
+    assert "task-broken" in listing
+    report_lines(request.config, [f"dlq list: {line}" for line in listing.splitlines()])
 
     # And replays one after fixing its cause (the encoder is back)
     output = cli("dlq", "replay", "task-unlucky")
     assert "1 replayed, 1 left in the dead-letter queue" in output
+    report_lines(request.config, [f"dlq replay: {line}" for line in output.splitlines()])
     [(task_id, replayed)] = take_tasks(stack)
     assert replayed.source is JobSource.REPLAY and replayed.key == "ok/unlucky.mp4"
     assert stack.store.get_video(replayed.video_id).status is VideoStatus.QUEUED  # type: ignore[union-attr]
@@ -133,7 +136,9 @@ class EventLoss:
         return self._handle(body)
 
 
-def test_reconcile_repairs_a_bucket_after_ten_percent_of_events_were_lost(stack: Stack, tmp_path: Path) -> None:
+def test_reconcile_repairs_a_bucket_after_ten_percent_of_events_were_lost(
+    stack: Stack, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     loss = EventLoss(stack.router)
     client = stack.services.minio_client()
 
@@ -181,3 +186,11 @@ def test_reconcile_repairs_a_bucket_after_ten_percent_of_events_were_lost(stack:
         assert stack.store.count_frames(vid) == 0
     again = cli("reconcile")
     assert "in sync 10, missing 0, stale 0, orphaned 0" in again and "submitted 0 jobs" in again, again
+    lost = f"{loss.seen} events, {len(loss.lost)} lost ({len(lost_creates)} creates, {len(lost_deletes)} deletes)"
+    report_lines(
+        request.config,
+        [f"reconcile: {lost}"]
+        + [f"reconcile --dry-run: {line}" for line in dry.splitlines()]
+        + [f"reconcile: {line}" for line in real.splitlines()]
+        + [f"reconcile again: {line}" for line in again.splitlines()],
+    )
