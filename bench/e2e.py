@@ -74,7 +74,8 @@ def _job_lines(prefix: str) -> list[dict[str, Any]]:
     """The consumer's per-job log lines of this run (Ray keeps replica logs in the session dir)."""
     import ray
 
-    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
+    node: Any = ray._private.worker._global_node  # where this Ray instance keeps its logs
+    logs = Path(node.get_session_dir_path()) / "logs"
     jobs = []
     for path in logs.rglob("*.log"):
         try:
