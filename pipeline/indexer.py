@@ -296,6 +296,12 @@ class Indexer:
         record.error = None
         with clock.stage("catalog"):
             self._store.put_video(record)
+        # The object may have changed between the check above and the commit, and the job for the
+        # new version may already have finished: look once more, so the last writer converges.
+        with clock.stage("head"):
+            after = self._objects.head(job.bucket, job.key)
+        if after is None or after.version != head.version:
+            return JobResult(job.video_id, Outcome.SUPERSEDED), after
         return JobResult(job.video_id, Outcome.INDEXED, frames=len(rows)), head
 
     def _embed_object(self, head: ObjectHead, video_id: str, clock: StageClock) -> tuple[list[FrameRow], float | None]:

@@ -6,6 +6,7 @@ import hashlib
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -182,3 +183,32 @@ def test_each_job_reports_where_its_time_went(parts: tuple[Indexer, IndexStore, 
     stages = indexer.run(job("t.mp4")).stages
     assert {"head", "catalog", "fetch", "decode", "embed", "thumbnails", "write"} <= set(stages)
     assert all(seconds >= 0 for seconds in stages.values()) and stages["decode"] > 0
+
+
+def test_an_overwrite_during_the_commit_is_followed(tmp_path: Path) -> None:
+    # The job for v2 may finish before the v1 job's commit lands; the v1 job must not leave v1 behind.
+    settings = Settings()
+    store = IndexStore(settings.s3, uri=str(tmp_path / "lance"))
+    objects = MemoryObjects()
+    v1 = write_video(tmp_path / "v1.mp4", seconds=3, seed=1)
+    v2 = write_video(tmp_path / "v2.mp4", seconds=5, seed=2)
+    objects.put("a.mp4", v1)
+
+    class OverwriteOnCommit:
+        def __init__(self) -> None:
+            self.commits = 0
+
+        def replace_frames(self, **kwargs: Any) -> None:
+            store.replace_frames(**kwargs)
+            self.commits += 1
+            if self.commits == 1:
+                objects.put("a.mp4", v2)
+
+    writer = OverwriteOnCommit()
+    result = Indexer(settings, MeanColour(), store, objects, writer=writer).run(job("a.mp4"))
+    head = objects.head("videos", "a.mp4")
+    assert head is not None
+    record = store.get_video(job("a.mp4").video_id)
+    assert result.outcome is Outcome.INDEXED and result.frames == 5 and writer.commits == 2
+    assert record is not None and record.version == head.version and record.frames == 5
+    assert store.count_frames(job("a.mp4").video_id) == 5
