@@ -8,11 +8,12 @@ turns on Lance's conflict detection for concurrent inserts of one key.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import lancedb
 import numpy as np
@@ -20,6 +21,7 @@ import pyarrow as pa
 from lancedb.index import IvfHnswSq, IvfPq, IvfRq, IvfSq
 from numpy.typing import NDArray
 
+from pipeline.errors import TransientError
 from storage.config import IndexSettings, S3Settings
 
 log = logging.getLogger(__name__)
@@ -159,6 +161,26 @@ def storage_options(s3: S3Settings) -> dict[str, str]:
     }
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _write_errors_are_transient(write: Callable[P, R]) -> Callable[P, R]:
+    """Table writes fail under commit conflicts (``Too many concurrent writers``) and object-store
+    hiccups as Lance ``RuntimeError``/``OSError``s: retrying can help, so they become ``TransientError``
+    (first line only: Lance messages carry paths, never credentials, but can be long)."""
+
+    @functools.wraps(write)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return write(*args, **kwargs)
+        except (RuntimeError, OSError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            raise TransientError(f"index table write failed: {first}") from exc
+
+    return wrapper
+
+
 class IndexStore:
     """The frames and videos tables of one LanceDB database in the index bucket."""
 
@@ -238,6 +260,7 @@ class IndexStore:
             for row in batch.to_pylist():
                 yield VideoRecord.from_row(row)
 
+    @_write_errors_are_transient
     def insert_video_if_absent(self, record: VideoRecord) -> None:
         """Insert ``record`` unless a row for its video exists (atomic: concurrent inserts keep one)."""
         record.updated_at = datetime.now(UTC)
@@ -246,6 +269,7 @@ class IndexStore:
         data = pa.Table.from_pylist([row], schema=VIDEOS_SCHEMA)
         self._videos_table().merge_insert("video_id").when_not_matched_insert_all().execute(data)
 
+    @_write_errors_are_transient
     def set_status(self, video_id: str, status: VideoStatus, error: str | None = None) -> None:
         """Change only the status (and error) of one row, leaving what other writers set alone."""
         self._videos_table().update(
@@ -253,6 +277,7 @@ class IndexStore:
             values={"status": status.value, "error": error, "updated_at": datetime.now(UTC)},
         )
 
+    @_write_errors_are_transient
     def put_video(self, record: VideoRecord) -> None:
         """Insert or replace one catalog row."""
         record.updated_at = datetime.now(UTC)
@@ -268,6 +293,7 @@ class IndexStore:
         )
 
     # -- frames -----------------------------------------------------------------------------------
+    @_write_errors_are_transient
     def replace_frames(self, *, video_id: str, uri: str, version: str, model: str, rows: list[FrameRow]) -> None:
         """Replace all of one video's frames with ``rows`` in one commit."""
         if not rows:
@@ -297,6 +323,7 @@ class IndexStore:
             .execute(data)
         )
 
+    @_write_errors_are_transient
     def replace_frames_of_videos(self, videos: Sequence[VideoFrames]) -> None:
         """Replace the frames of several videos in one commit: each video's old rows are replaced by
         its ``rows`` (none: removed), rows of videos not in ``videos`` are untouched.
@@ -348,6 +375,7 @@ class IndexStore:
             .execute(data)
         )
 
+    @_write_errors_are_transient
     def delete_frames(self, video_id: str) -> None:
         table = self._frames_table()
         if table is not None:
