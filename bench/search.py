@@ -124,6 +124,7 @@ def scale(
     data: NDArray[np.float32],
     queries: NDArray[np.float32],
     flat_queries: int,
+    sweep: tuple[IndexSettings, ...] = (),
 ) -> dict[str, Any]:
     round_ = maintainer.run_once()
     truth = exact_top_k(data, queries)
@@ -140,6 +141,13 @@ def scale(
         f"search_flat_recall10_{label}": round(recall(flat_found, truth[:flat_queries]), 4),
         f"search_speedup_vs_flat_{label}": round(flat_p50 / ann_p50, 1),
     }
+    # Other query settings on the same index (half the queries each): how latency trades against recall,
+    # and what re-checking the table version before every query costs.
+    for variant in sweep:
+        name = f"np{variant.nprobes}_rf{variant.refine_factor or 0}_rc{variant.search_consistency_s:g}"
+        ms, variant_found = measure(store, variant, queries[::2], exact=False)
+        metrics[f"search_sweep_{name}_p50_ms_{label}"] = round(percentile(ms, 50), 2)
+        metrics[f"search_sweep_{name}_recall10_{label}"] = round(recall(variant_found, truth[::2]), 4)
     print(f"{label}: {round_.action.value} in {round_.took_s:.1f}s; {metrics}", flush=True)
     return metrics
 
@@ -213,7 +221,7 @@ def main() -> None:
     small_label, big_label = ("10k", "100k") if args.small else ("100k", "1m")
     n_queries = 200
     flat_small, flat_big = (200, 200) if args.full else (50, 5)
-    api_seconds, api_clients = 20.0, 8
+    api_seconds, api_clients = 15.0, 8
     tuning = IndexSettings(search_consistency_s=1.0)
     settings = Settings(index=tuning)
     started = time.monotonic()
@@ -231,7 +239,17 @@ def main() -> None:
         small = scale(small_label, store, maintainer, tuning, data[:small_n], queries, flat_small)
         table.add(pa.RecordBatchReader.from_batches(frames_schema(DIM), batches(data[small_n:], small_n)))
         load_s = time.monotonic() - with_load
-        big = scale(big_label, store, maintainer, tuning, data, queries, flat_big)
+        sweep = tuple(
+            tuning.model_copy(update=u)
+            for u in (
+                {"nprobes": 5},
+                {"nprobes": 20},
+                {"nprobes": 10, "refine_factor": None},
+                {"nprobes": 40},
+                {"search_consistency_s": 0.0},
+            )
+        )
+        big = scale(big_label, store, maintainer, tuning, data, queries, flat_big, sweep)
         del data
         qps = api_qps(store, settings, queries, api_seconds, api_clients)
     finally:
@@ -251,6 +269,8 @@ def main() -> None:
         f"rebuilt at {big_n:,}).",
         f"ANN latency over {n_queries} queries; exact scan over the first {flat_small} (small scale) and "
         f"{flat_big} (1M) queries (--full: 200 each). Recall@10 against a numpy exact top-10.",
+        "search_sweep_npN_rfR_rcC: the 1M index queried with nprobes N, refine_factor R (0: none) and the handle "
+        "re-checking the table version every C s (0: before each query), over every other query.",
         f"API: {api_clients} concurrent httpx clients for {api_seconds:g} s on /v1/search?k={K} (200 candidate "
         "frames, moment merge, presigned links), uvicorn on loopback, stub query encoder.",
         f"Load {load_s:.0f}s (rows written + first index + measurements at the small scale).",
