@@ -71,9 +71,7 @@ def save_section(name: str, metrics: dict[str, Any], notes: list[str] | None = N
     data = load()
     data["machine"] = machine()
     section = {
-        "command": " ".join([Path(sys.executable).name, "-m", *sys.argv[0:1], *sys.argv[1:]]).replace(
-            str(ROOT) + "/", ""
-        ),
+        "command": " ".join(["python", "-m", f"bench.{name}", *sys.argv[1:]]),
         "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "metrics": metrics,
         "notes": notes or [],
