@@ -125,6 +125,10 @@ class BearerKeys:
     def enabled(self) -> bool:
         return bool(self._users) or self._admin is not None
 
+    @property
+    def admin_enabled(self) -> bool:
+        return self._admin is not None
+
     @staticmethod
     def _digest(key: str) -> bytes:
         return hashlib.sha256(key.encode()).digest()
@@ -215,7 +219,12 @@ def create_app(
     @app.middleware("http")
     async def auth(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         path = route_path(request.scope)
-        if not keys.enabled or path == PUBLIC_PATH:
+        if path == PUBLIC_PATH:
+            return await call_next(request)
+        if is_admin_path(path) and not keys.admin_enabled:
+            # Dead letters and reconcile are never open: without an admin key they are off.
+            return _error(403, "forbidden", "admin endpoints are off: set VIDX_ADMIN_KEY or VIDX_ADMIN_KEY_FILE")
+        if not keys.enabled:
             return await call_next(request)
         access = keys.access(request.headers.get("authorization"))
         if access is Access.NONE:

@@ -90,7 +90,8 @@ class IndexTaskHandler:
                 raise Interrupted("the consumer stopped during the job (killed, out of memory or cut off)")
             result = self._runner.run(job)
         except PermanentError as exc:
-            # The indexer already recorded the reason in the catalog.
+            # Usually recorded already (decode, limits); not when the object store refused a HEAD.
+            self._runner.record_failure(job, exc.reason)
             self._dead_letter(job, task, FailureKind.PERMANENT, exc.reason)
             return {"video_id": job.video_id, "outcome": "failed", "reason": exc.reason}
         except Exception as exc:

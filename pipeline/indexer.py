@@ -220,10 +220,13 @@ class Indexer:
 
     def record_failure(self, job: IndexJob, reason: str, version: str | None = None) -> None:
         """Mark ``job``'s video failed with ``reason`` (its old rows, if any, stay searchable), unless
-        the catalog already holds a newer outcome for another version."""
+        the catalog already holds a settled outcome (indexed, deleted) of another or unknown version."""
         old = self._store.get_video(job.video_id)
-        newer = old is not None and version is not None and old.version not in (None, version)
-        if newer and old is not None and old.status in (VideoStatus.INDEXED, VideoStatus.DELETED):
+        settled = old is not None and old.status in (VideoStatus.INDEXED, VideoStatus.DELETED)
+        # A failure of an unknown version (the consumer gave up without reaching the object) never
+        # overwrites a settled outcome: another job may have indexed it meanwhile; reconcile finds
+        # the video stale if it isn't current.
+        if settled and (version is None or (old is not None and old.version not in (None, version))):
             return
         record = old or VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.FAILED)
         record.status = VideoStatus.FAILED

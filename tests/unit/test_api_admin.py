@@ -98,3 +98,22 @@ def test_reconcile_runs_per_configured_bucket_and_rejects_others() -> None:
     assert report["changes"] == [{"drift": "missing", "uri": "s3://videos/b.mp4", "detail": "not in the index"}]
     other = http.post("/v1/admin/reconcile", headers=bearer(ADMIN_KEY), json={"bucket": "other"})
     assert other.status_code == 400 and calls == [("videos", "cams/", True)]
+
+
+def test_admin_routes_are_off_without_an_admin_key() -> None:
+    # No keys at all (an open API, e.g. compose without keys) or user keys only: admin stays shut.
+    for keys in ([], [SecretStr(API_KEY)]):
+        settings = Settings(api_keys=keys)
+        letters = FakeLetters()
+
+        async def stats() -> dict[str, Any]:
+            return {}
+
+        admin = admin_router(settings.s3.buckets, letters, FakeJobs(), lambda job: None, lambda *a: None)  # type: ignore[arg-type,return-value]
+        app = create_app(settings, FakeSearch(settings.limits), FakeStore(), FakeJobs(), stats, admin)  # type: ignore[arg-type]
+        http = TestClient(app, raise_server_exceptions=False)
+        headers = bearer(API_KEY) if keys else {}
+        resp = http.post("/v1/admin/dlq/replay", headers=headers, json={"all": True})
+        assert resp.status_code == 403 and "VIDX_ADMIN_KEY" in resp.json()["error"]["message"]
+        assert letters.replayed == []
+        assert http.get("/healthz").status_code == 200

@@ -55,7 +55,7 @@ def test_a_permanent_error_is_dead_lettered_at_once_and_not_retried() -> None:
     [letter] = letters.letters
     assert (letter.id, letter.kind, letter.attempts, letter.uri) == ("t1", FailureKind.PERMANENT, 1, JOB.uri)
     assert letter.reason == "decode error: moov atom not found"
-    assert runner.runs == 1
+    assert runner.runs == 1 and runner.failures == ["decode error: moov atom not found"]
 
 
 @pytest.mark.parametrize("retries", [0, 1, 2])

@@ -173,8 +173,12 @@ def test_a_late_failure_does_not_overwrite_a_newer_outcome(parts: tuple[Indexer,
     store.put_video(VideoRecord(video_id=vid, uri="s3://videos/a.mp4", status=VideoStatus.INDEXED, version="v2"))
     indexer.record_failure(job("a.mp4"), "gave up after 4 attempts", version="v1")
     assert store.get_video(vid).status is VideoStatus.INDEXED  # type: ignore[union-attr]
+    indexer.record_failure(job("a.mp4"), "gave up after 4 attempts")  # the giving-up consumer saw no version
+    assert store.get_video(vid).status is VideoStatus.INDEXED  # type: ignore[union-attr]
     indexer.record_failure(job("a.mp4"), "gave up after 4 attempts", version="v2")
     assert store.get_video(vid).status is VideoStatus.FAILED  # type: ignore[union-attr]
+    indexer.record_failure(job("b.mp4"), "HEAD s3://videos/b.mp4: object store answered 403")
+    assert store.get_video(job("b.mp4").video_id).status is VideoStatus.FAILED  # type: ignore[union-attr]
 
 
 def test_each_job_reports_where_its_time_went(parts: tuple[Indexer, IndexStore, MemoryObjects], tmp_path: Path) -> None:
