@@ -284,7 +284,11 @@ class BlockingObjectStore:
                 loop = asyncio.new_event_loop()
                 threading.Thread(target=_serve_loop, args=(loop,), name="s3-client", daemon=True).start()
                 store = ObjectStore(self._settings)
-                asyncio.run_coroutine_threadsafe(store.__aenter__(), loop).result()
+                try:
+                    asyncio.run_coroutine_threadsafe(store.__aenter__(), loop).result()
+                except BaseException:
+                    loop.call_soon_threadsafe(loop.stop)
+                    raise
                 self._loop, self._store = loop, store
                 # Closed with its owner: an aiohttp session collected open is a leak (and a warning).
                 self._finalizer = weakref.finalize(self, _shut_down, loop, store)

@@ -105,9 +105,15 @@ class GroupedFrameWriter:
             self._cond.notify_all()
         if not pending.done.wait(self._commit_timeout_s):
             with self._cond:
-                if pending in self._queue:
+                withdrawn = pending in self._queue
+                if withdrawn:
                     self._queue.remove(pending)
-            raise TransientError(f"no commit of {video_id}'s frames within {self._commit_timeout_s:g}s")
+            if withdrawn:
+                raise TransientError(f"no commit of {video_id}'s frames within {self._commit_timeout_s:g}s")
+            # Already being written: that commit may still land, so wait for its outcome (a commit is
+            # bounded by the store's timeouts) rather than let a retry race a late write of old rows.
+            if not pending.done.wait(CLOSE_TIMEOUT_S):
+                raise TransientError(f"the commit of {video_id}'s frames did not finish")
         if pending.error is not None:
             raise TransientError(
                 f"grouped commit of {video_id}'s frames failed: {type(pending.error).__name__}"

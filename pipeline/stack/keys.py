@@ -41,16 +41,21 @@ def ensure_keys(settings: Settings, layout: Layout) -> StackKeys:
 
 
 def _ensure_key_file(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, KEY_FILE_MODE)
-    except FileExistsError:
+    if path.exists() and path.stat().st_size > 0:
         if stat.S_IMODE(path.stat().st_mode) & 0o077:  # someone loosened it: keys are the owner's only
             path.chmod(KEY_FILE_MODE)
         return
+    # Written whole to a private temporary file, then renamed: a crash never leaves an empty key file.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, KEY_FILE_MODE)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(secrets.token_urlsafe(KEY_BYTES) + "\n")
+        os.chmod(tmp, KEY_FILE_MODE)
+        os.replace(tmp, path)
     except OSError as exc:
+        tmp.unlink(missing_ok=True)
         raise StackError(f"could not create the key file {path}: {exc.strerror}") from exc
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(secrets.token_urlsafe(KEY_BYTES) + "\n")
 
 
 def key_env(settings: Settings, layout: Layout) -> dict[str, str]:

@@ -153,6 +153,14 @@ def test_a_loosened_key_file_is_tightened(offline: Path, fake_services: list[str
     assert (offline / "api-key").read_text() == "kept-key-0123456789abcdef\n"
 
 
+def test_an_empty_key_file_left_by_a_crash_is_replaced(offline: Path, fake_services: list[str]) -> None:
+    offline.mkdir(parents=True)
+    (offline / "api-key").write_text("")
+    assert CliRunner().invoke(app, ["up"]).exit_code == 0
+    assert len((offline / "api-key").read_text().strip()) >= 16 and _mode(offline / "api-key") == 0o600
+    assert not list(offline.glob(".api-key.*"))
+
+
 def test_the_app_is_handed_key_files_not_keys(offline: Path, fake_services: list[str]) -> None:
     from pipeline.settings import Settings
     from pipeline.stack.layout import Layout

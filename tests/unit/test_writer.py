@@ -225,20 +225,30 @@ class BlockingStore:
         self.store.replace_frames_of_videos(videos)
 
 
-def test_a_job_that_times_out_is_withdrawn(store: IndexStore) -> None:
+def test_a_job_that_times_out_is_withdrawn_and_one_being_written_waits_for_its_commit(store: IndexStore) -> None:
     blocking = BlockingStore(store)
     writer = GroupedFrameWriter(blocking, max_videos=1, wait_s=0.0, commit_timeout_s=0.5)
+    slow: dict[str, BaseException | None] = {}
     try:
-        outcome = submit_all(writer, [frames("slow", 1, seed=1)])
-        assert isinstance(outcome["slow"], TransientError)  # its commit is stuck in the store
+        slow_thread = threading.Thread(target=lambda: slow.update(submit_all(writer, [frames("slow", 1, seed=1)])))
+        slow_thread.start()
+        deadline = time.monotonic() + 10
+        while not blocking.groups and time.monotonic() < deadline:
+            time.sleep(0.01)
         # Queued behind the stuck commit, it gives up and is withdrawn before being written.
         late = submit_all(writer, [frames("late", 1, seed=2)])
         assert isinstance(late["late"], TransientError)
+        # The one already being written outlives its timeout: its commit may still land, so it waits.
+        time.sleep(0.6)
+        assert slow_thread.is_alive()
         blocking.release.set()
+        slow_thread.join(30)
+        assert slow == {"slow": None}
     finally:
+        blocking.release.set()
         writer.close()
     assert blocking.groups == [["slow"]]
-    assert frame_ids(store, "late") == []
+    assert frame_ids(store, "late") == [] and len(frame_ids(store, "slow")) == 1
     with pytest.raises(TransientError, match="closed"):
         writer.replace_frames(video_id="x", uri="s3://videos/x", version="v", model="m", rows=[])
 
