@@ -330,7 +330,12 @@ def _plannable(gop: list[av.Packet], following: list[av.Packet] | None) -> bool:
     if following is None:
         return True
     next_key = following[0].pts
-    return next_key is not None and max(int(p.pts) for p in gop if p.pts is not None) < next_key
+    if next_key is None or any(p.pts is None for p in following):
+        return False
+    # An open next GOP: its leading frames (presented before its keyframe) refer back into this one.
+    if min(int(p.pts) for p in following if p.pts is not None) < next_key:
+        return False
+    return max(int(p.pts) for p in gop if p.pts is not None) < next_key
 
 
 def _decode_sampled(
