@@ -25,8 +25,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 STARTUP_TIMEOUT_S = 240.0
 INDEX_TIMEOUT_S = 120.0
-#: Less log text than this means the logs were not found: the secret check would pass vacuously.
-MIN_LOG_BYTES = 200_000
+#: Less log text than this means the logs were not found: the secret check would pass vacuously. A run
+#: writes 180–330 kB here (how much Ray logs varies with timing); the job line of the indexed video
+#: is required as well.
+MIN_LOG_BYTES = 100_000
 VIDEO_KEY = "security/clip one.mp4"
 
 
