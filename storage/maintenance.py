@@ -89,6 +89,8 @@ class IndexMaintainer:
         if state.rows >= s.rebuild_growth * max(1, self._built_rows):
             return self._build(state.rows, Action.INDEX_REBUILT, started)
         if state.unindexed_rows < max(1, s.optimize_min_unindexed_rows):
+            # No new frames, but the catalog keeps committing status changes (deletes, duplicates).
+            self._store.optimize_catalog(s.keep_versions_s)
             return RoundResult(Action.UP_TO_DATE, state.rows, state.unindexed_rows)
         self._store.optimize(s.keep_versions_s)
         took = time.monotonic() - started

@@ -475,7 +475,11 @@ class IndexStore:
         frames = self._frames_table()
         if frames is not None:
             frames.optimize(cleanup_older_than=keep)
-        self._videos_table().optimize(cleanup_older_than=keep)
+        self.optimize_catalog(keep_versions_s)
+
+    def optimize_catalog(self, keep_versions_s: float) -> None:
+        """Compact the ``videos`` table and drop its old versions (status writes commit all the time)."""
+        self._videos_table().optimize(cleanup_older_than=timedelta(seconds=keep_versions_s))
 
     def acquire_lease(self, name: str, holder: str, ttl_s: float, now_s: float) -> bool:
         """Take or renew the lease ``name`` for ``holder`` until ``now_s + ttl_s``; False while another
