@@ -200,7 +200,13 @@ class Indexer:
         for _ in range(MAX_CONVERGE_ROUNDS):
             if head is None:
                 result = self._remove(job, clock)
-                break
+                # An upload may have landed (and its job finished) while the rows were being removed.
+                with clock.stage("head"):
+                    head = self._objects.head(job.bucket, job.key)
+                if head is None:
+                    break
+                log.info("%s was uploaded again while its rows were removed: indexing it", job.uri)
+                continue
             result, head = self._index(job, head, clock)
             if result.outcome is not Outcome.SUPERSEDED:
                 break
@@ -221,18 +227,10 @@ class Indexer:
     def record_failure(self, job: IndexJob, reason: str, version: str | None = None) -> None:
         """Mark ``job``'s video failed with ``reason`` (its old rows, if any, stay searchable), unless
         the catalog already holds a settled outcome (indexed, deleted) of another or unknown version."""
-        old = self._store.get_video(job.video_id)
-        settled = old is not None and old.status in (VideoStatus.INDEXED, VideoStatus.DELETED)
         # A failure of an unknown version (the consumer gave up without reaching the object) never
         # overwrites a settled outcome: another job may have indexed it meanwhile; reconcile finds
         # the video stale if it isn't current.
-        if settled and (version is None or (old is not None and old.version not in (None, version))):
-            return
-        record = old or VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.FAILED)
-        record.status = VideoStatus.FAILED
-        record.error = reason
-        record.version = version or record.version
-        self._store.put_video(record)
+        self._store.mark_failed(job.video_id, job.uri, reason, version)
 
     def _remove(self, job: IndexJob, clock: StageClock) -> JobResult:
         with clock.stage("catalog"):
@@ -258,12 +256,11 @@ class Indexer:
         with clock.stage("catalog"):
             old = self._store.get_video(job.video_id)
         if old is not None and old.fingerprint == fp:
-            # The rows for this exact content, model and sampling are already written.
+            # The rows for this exact content, model and sampling are already written. Status only,
+            # and only while the row still holds this fingerprint: a newer version may land meanwhile.
             if old.status is not VideoStatus.INDEXED:
-                old.status = VideoStatus.INDEXED
-                old.error = None
                 with clock.stage("catalog"):
-                    self._store.put_video(old)
+                    self._store.set_status(job.video_id, VideoStatus.INDEXED, only_if_fingerprint=fp)
             return JobResult(job.video_id, Outcome.UNCHANGED, frames=old.frames), head
         record = VideoRecord(
             video_id=job.video_id,
@@ -276,7 +273,12 @@ class Indexer:
             frames=old.frames if old else 0,
         )
         with clock.stage("catalog"):
-            self._store.put_video(record)
+            # Status only: the version and fingerprint are written together once the rows are, so a
+            # job that loses a race never leaves its version next to another version's fingerprint.
+            if old is None:
+                self._store.insert_video_if_absent(record)
+            else:
+                self._store.set_status(job.video_id, VideoStatus.INDEXING)
         try:
             rows, duration_s = self._embed_object(head, job.video_id, clock)
         except PermanentError as exc:

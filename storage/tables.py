@@ -270,12 +270,34 @@ class IndexStore:
         self._videos_table().merge_insert("video_id").when_not_matched_insert_all().execute(data)
 
     @_write_errors_are_transient
-    def set_status(self, video_id: str, status: VideoStatus, error: str | None = None) -> None:
-        """Change only the status (and error) of one row, leaving what other writers set alone."""
+    def set_status(
+        self, video_id: str, status: VideoStatus, error: str | None = None, *, only_if_fingerprint: str | None = None
+    ) -> None:
+        """Change only the status (and error) of one row, leaving what other writers set alone;
+        with ``only_if_fingerprint``, only while the row still holds that fingerprint (one atomic
+        update: a newer version written meanwhile is left alone)."""
+        where = f"video_id = {_quote(video_id)}"
+        if only_if_fingerprint is not None:
+            where += f" AND fingerprint = {_quote(only_if_fingerprint)}"
         self._videos_table().update(
-            where=f"video_id = {_quote(video_id)}",
-            values={"status": status.value, "error": error, "updated_at": datetime.now(UTC)},
+            where=where, values={"status": status.value, "error": error, "updated_at": datetime.now(UTC)}
         )
+
+    @_write_errors_are_transient
+    def mark_failed(self, video_id: str, uri: str, reason: str, version: str | None) -> None:
+        """Record a failure of ``version`` (None: unknown) without overwriting a settled outcome
+        (indexed, deleted) of another or unknown version — one conditional update, so a job that
+        settles the video meanwhile wins."""
+        self.insert_video_if_absent(
+            VideoRecord(video_id=video_id, uri=uri, status=VideoStatus.FAILED, version=version, error=reason)
+        )
+        unsettled = f"status NOT IN ({_quote(VideoStatus.INDEXED.value)}, {_quote(VideoStatus.DELETED.value)})"
+        where = f"video_id = {_quote(video_id)} AND ({unsettled}"
+        values: dict[str, Any] = {"status": VideoStatus.FAILED.value, "error": reason, "updated_at": datetime.now(UTC)}
+        if version is not None:
+            where += f" OR version IS NULL OR version = {_quote(version)}"
+            values["version"] = version
+        self._videos_table().update(where=where + ")", values=values)
 
     @_write_errors_are_transient
     def put_video(self, record: VideoRecord) -> None:

@@ -216,3 +216,36 @@ def test_an_overwrite_during_the_commit_is_followed(tmp_path: Path) -> None:
     assert result.outcome is Outcome.INDEXED and result.frames == 5 and writer.commits == 2
     assert record is not None and record.version == head.version and record.frames == 5
     assert store.count_frames(job("a.mp4").video_id) == 5
+
+
+def test_an_upload_during_a_removal_is_indexed(tmp_path: Path) -> None:
+    settings = Settings()
+    objects = MemoryObjects()
+    v2 = write_video(tmp_path / "v2.mp4", seconds=2, seed=9)
+
+    class UploadDuringDelete(IndexStore):
+        def delete_frames(self, video_id: str) -> None:
+            super().delete_frames(video_id)
+            objects.put("a.mp4", v2)  # uploaded again, and its own job already done
+
+    store = UploadDuringDelete(settings.s3, uri=str(tmp_path / "lance"))
+    objects.put("a.mp4", write_video(tmp_path / "v1.mp4", seconds=3, seed=8))
+    indexer = Indexer(settings, MeanColour(), store, objects)
+    assert indexer.run(job("a.mp4")).frames == 3
+    objects.files.pop("a.mp4")
+    result = indexer.run(job("a.mp4", JobOp.DELETE))
+    record = store.get_video(job("a.mp4").video_id)
+    assert result.outcome is Outcome.INDEXED and result.frames == 2
+    assert record is not None and record.status is VideoStatus.INDEXED and store.count_frames(record.video_id) == 2
+
+
+def test_a_status_repair_never_touches_a_newer_version(parts: tuple[Indexer, IndexStore, MemoryObjects]) -> None:
+    _, store, _ = parts
+    vid = job("a.mp4").video_id
+    store.put_video(
+        VideoRecord(video_id=vid, uri="s3://videos/a.mp4", status=VideoStatus.INDEXED, version="v2", fingerprint="fp2")
+    )
+    store.set_status(vid, VideoStatus.QUEUED, only_if_fingerprint="fp1")
+    assert store.get_video(vid).status is VideoStatus.INDEXED  # type: ignore[union-attr]
+    store.set_status(vid, VideoStatus.QUEUED, only_if_fingerprint="fp2")
+    assert store.get_video(vid).status is VideoStatus.QUEUED  # type: ignore[union-attr]
