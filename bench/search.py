@@ -183,7 +183,10 @@ def api_qps(store: IndexStore, settings: Settings, queries: NDArray[np.float32],
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
+    started_by = time.monotonic() + 30
     while not server.started:
+        if time.monotonic() > started_by or not thread.is_alive():
+            raise RuntimeError("the API server did not start within 30 s")
         time.sleep(0.05)
 
     async def drive() -> int:
