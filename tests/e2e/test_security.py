@@ -18,6 +18,7 @@ import pytest
 
 from pipeline.ids import video_id
 from pipeline.settings import Settings
+from tests.harness import report_lines
 from tests.media import write_video
 from tests.services import SECRET_KEY, Services, eventually, unique_prefix
 
@@ -281,7 +282,17 @@ def _log_files(root: Path) -> Iterator[Path]:
             yield path
 
 
-def test_zz_no_secret_in_any_log_or_error_body(secure: SecureApp, capfd: pytest.CaptureFixture[str]) -> None:
+@pytest.fixture(scope="module")
+def summary(request: pytest.FixtureRequest) -> Iterator[list[str]]:
+    """Lines for the terminal report, written when the module is done (capfd holds the test's output)."""
+    lines: list[str] = []
+    yield lines
+    report_lines(request.config, lines)
+
+
+def test_zz_no_secret_in_any_log_or_error_body(
+    secure: SecureApp, capfd: pytest.CaptureFixture[str], summary: list[str]
+) -> None:
     """Runs last in this module: reads every log the run wrote and every body the API answered."""
     import ray
 
@@ -305,4 +316,7 @@ def test_zz_no_secret_in_any_log_or_error_body(secure: SecureApp, capfd: pytest.
         if secret.encode() in text
     ]
     assert not leaks, leaks
-    print(f"\nno secret in {total} bytes: {len(texts) - 3} Ray log files, {len(secure.records)} records, bodies")
+    summary.append(
+        f"security: no secret in {total} bytes: {len(texts) - 3} Ray log files, {len(secure.records)} log "
+        f"records, this test's output, {len(secure.bodies)} response bodies ({len(secure.secrets)} secrets)"
+    )
