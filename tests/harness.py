@@ -27,6 +27,8 @@ WAIT_S = 30.0
 
 
 class QueueSink:
+    """Collects the jobs the router submits, so the test runs them one by one."""
+
     def __init__(self) -> None:
         self.jobs: queue.Queue[IndexJob] = queue.Queue()
 
@@ -38,7 +40,10 @@ class QueueSink:
         deadline = time.monotonic() + WAIT_S
         out: list[IndexJob] = []
         while len(out) < n:
-            out.append(self.jobs.get(timeout=max(0.1, deadline - time.monotonic())))
+            try:
+                out.append(self.jobs.get(timeout=max(0.1, deadline - time.monotonic())))
+            except queue.Empty:
+                raise AssertionError(f"{len(out)} of {n} jobs arrived within {WAIT_S}s") from None
         return out
 
 

@@ -5,8 +5,6 @@ client — no API call — and found by search."""
 from __future__ import annotations
 
 import io
-import os
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,12 +17,12 @@ from PIL import Image
 
 from pipeline.ids import video_id
 from pipeline.settings import Settings
+from tests.faults.harness import start_app
 from tests.media import frame_at, write_corrupt_mp4, write_video
 from tests.services import Services, eventually, unique_prefix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
-STARTUP_TIMEOUT_S = 240.0
 INDEX_TIMEOUT_S = 120.0
 MOMENT_KEYS = {"video_id", "uri", "score", "start_s", "end_s", "ts_s", "thumbnail_url", "video_url"}
 VIDEO_KEYS = {"video_id", "uri", "status", "error", "frames", "duration_s", "model", "updated_at"}
@@ -66,57 +64,10 @@ class App:
         return dict(resp.json())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def app(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
-    import ray
-    from ray import serve
-
-    from pipeline.deployments import build_app
-
-    prefix = unique_prefix()
-    services.prepare_buckets(prefix)
-    env = {
-        **services.env(prefix),
-        "VIDX_MODEL__ID": str(tiny_model_dir),
-        "VIDX_STATE_DIR": str(tmp_path_factory.mktemp("state")),
-        "VIDX_SERVE__PORT": str(_free_port()),
-    }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        settings = Settings()
-        ray.init(address="local", num_cpus=4, include_dashboard=False, configure_logging=False, log_to_driver=False)
-        serve.start(http_options={"host": settings.serve.host, "port": settings.serve.port})
-        serve.run(build_app(settings), name=settings.serve.app_name, route_prefix="/", blocking=False)
-        with httpx.Client(base_url=settings.api_url, timeout=30) as http:
-
-            def healthy() -> bool:
-                try:
-                    return http.get("/healthz").status_code == 200
-                except httpx.HTTPError:
-                    return False
-
-            eventually(healthy, "the API to answer /healthz", STARTUP_TIMEOUT_S)
-            eventually(
-                lambda: http.get("/metrics").text.count('kind="connected"} 1.0') == 1, "the event router to connect", 60
-            )
-            yield App(settings, services, http)
-    finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    with start_app(services, unique_prefix(), tiny_model_dir, tmp_path_factory.mktemp("state")) as host:
+        yield App(host.settings, services, host.http)
 
 
 def test_uploaded_videos_are_found_by_image_and_text(app: App, tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import os
-import queue
 import re
 import threading
 import time
@@ -34,7 +33,7 @@ from pipeline.jobs import IndexJob, JobOp
 from pipeline.settings import LimitSettings, Settings
 from storage.s3 import ObjectHead
 from storage.tables import FRAMES, IndexStore, VideoStatus, storage_options
-from tests.harness import report_lines
+from tests.harness import WAIT_S, QueueSink, report_lines
 from tests.media import (
     MATRIX_FORMATS,
     frame_at,
@@ -53,33 +52,11 @@ from tests.services import Services, eventually, unique_prefix
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-WAIT_S = 30.0
 #: Multipart uploads use parts of at least 5 MiB; the video must need two.
 PART_BYTES = 5 * 1024 * 1024
 VFR_TIMES = [0.0, 0.04, 0.1, 0.5, 0.55, 1.2, 1.25, 1.3, 2.7, 2.9, 3.05]
 #: Thumbnails are JPEG: a bit further from the drawn picture than decoded frames.
 THUMBNAIL_MAE = 25.0
-
-
-class QueueSink:
-    """Collects the jobs the router submits, so the test runs them one by one."""
-
-    def __init__(self) -> None:
-        self.jobs: queue.Queue[IndexJob] = queue.Queue()
-
-    def submit(self, job: IndexJob) -> str:
-        self.jobs.put(job)
-        return f"local-{self.jobs.qsize()}"
-
-    def take(self, n: int) -> list[IndexJob]:
-        deadline = time.monotonic() + WAIT_S
-        out = []
-        while len(out) < n:
-            try:
-                out.append(self.jobs.get(timeout=max(0.1, deadline - time.monotonic())))
-            except queue.Empty:
-                raise AssertionError(f"{len(out)} of {n} jobs arrived within {WAIT_S}s") from None
-        return out
 
 
 @dataclass

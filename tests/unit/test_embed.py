@@ -267,14 +267,15 @@ def test_encoder_deployment_batches_concurrent_calls_as_configured(
     np.testing.assert_allclose(np.stack(vectors), embed(images), atol=1e-5)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_preprocessing_runs_on_the_gpu(tiny_model_dir: Path, encoder: SiglipEncoder) -> None:
-    on_gpu = SiglipEncoder(_settings(tiny_model_dir, device="cuda"))
+def test_preprocessing_runs_on_the_model_device(tiny_model_dir: Path, encoder: SiglipEncoder) -> None:
+    # Runs everywhere: on the GPU when there is one (bf16), else on the CPU through the same path.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    on_device = SiglipEncoder(_settings(tiny_model_dir, device=device))
     images = _mixed_images()
-    pixels = on_gpu._preprocess(images)  # type: ignore[misc]
-    assert pixels.device.type == "cuda" and pixels.dtype == torch.bfloat16
+    pixels = on_device._preprocess(images)  # type: ignore[misc]
+    assert pixels.device.type == device
+    assert pixels.dtype == (torch.bfloat16 if device == "cuda" else torch.float32)
     reference = encoder._preprocess(images)  # type: ignore[misc]
     assert float((pixels.float().cpu() - reference).abs().max()) <= 2 * _ONE_LEVEL + 0.01  # bf16 rounding
-    cosine = np.sum(on_gpu.embed_images(images) * encoder.embed_images(images), axis=1)
+    cosine = np.sum(on_device.embed_images(images) * encoder.embed_images(images), axis=1)
     assert (cosine > 0.99).all()
