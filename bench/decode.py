@@ -33,8 +33,9 @@ from typing import Any
 import av
 
 from bench.common import have_command, save_section
-from pipeline.decode import DecodeLimits, DecodeStats, DecodeStrategy, sample_frames, scaled_size
-from pipeline.samples import write_textured_video
+from infra.dev.samples import write_textured_video
+from pipeline.decode import DecodeStats, sample_frames, scaled_size
+from pipeline.decode_settings import DecodeLimits, DecodeStrategy
 
 EVERY_S = 1.0
 FPS = 30

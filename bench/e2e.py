@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import percentile, save_section, stopwatch
-from pipeline.ids import video_id
+from storage.ids import video_id
 
 DEFAULT_VIDEOS, FULL_VIDEOS = 50, 200
 VIDEO_S = 10.0
@@ -43,7 +43,7 @@ STAGE = re.compile(r"(\w+)=([\d.]+)s")
 
 
 def _videos(directory: Path, n: int, first_seed: int) -> list[Path]:
-    from pipeline.samples import write_video
+    from infra.dev.samples import write_video
 
     return [
         write_video(directory / f"v{i:03d}.mp4", seconds=VIDEO_S, fps=FPS, size=SIZE, gop=GOP, seed=first_seed + i)
@@ -94,10 +94,11 @@ def _stages_alone(settings: Any, model_dir: Path, paths: list[Path], bucket: str
     """Seconds for all ``paths`` per stage, each stage run alone over all of them."""
     from pipeline.decode import sample_frames
     from pipeline.embed import SiglipEncoder
-    from pipeline.ids import frame_id
     from pipeline.indexer import thumbnail_jpeg
+    from storage.frames import FrameRow, VideoFrames
+    from storage.ids import frame_id
     from storage.s3 import ObjectStore
-    from storage.tables import FrameRow, IndexStore
+    from storage.tables import IndexStore
 
     seconds: dict[str, float] = {}
 
@@ -151,7 +152,7 @@ def _stages_alone(settings: Any, model_dir: Path, paths: list[Path], bucket: str
     with stopwatch() as elapsed:
         for i, video_rows in enumerate(rows):
             vid = f"bench-alone-{i}"
-            store.replace_frames(video_id=vid, uri=f"s3://x/{vid}", version="1", model="tiny", rows=video_rows)
+            store.frames.replace(VideoFrames(vid, f"s3://x/{vid}", "1", "fp", "tiny", video_rows))
     seconds["write"] = elapsed()
     return seconds
 
@@ -174,7 +175,7 @@ def main() -> None:
     n_videos = args.videos or (FULL_VIDEOS if args.full else DEFAULT_VIDEOS)
     n_clips = args.clips or (FULL_FRESHNESS_CLIPS if args.full else FRESHNESS_CLIPS)
 
-    from pipeline.tinymodel import build_tiny_siglip
+    from infra.dev.tinymodel import build_tiny_siglip
     from tests.faults.harness import start_app
     from tests.services import start_services, unique_prefix
 

@@ -41,7 +41,7 @@ def build_siglip_b16(path: Path, *, seed: int = 0) -> Path:
     from transformers import SiglipConfig, SiglipModel, SiglipTextConfig, SiglipVisionConfig
     from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
 
-    from pipeline.tinymodel import build_tiny_tokenizer
+    from infra.dev.tinymodel import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     base: dict[str, Any] = {

@@ -34,13 +34,14 @@ import uvicorn
 from numpy.typing import NDArray
 
 from bench.common import percentile, save_section
+from events.jobs import IndexJob
 from pipeline.api import create_app
-from pipeline.jobs import IndexJob
 from pipeline.search import SearchService
 from pipeline.settings import Settings
 from storage.config import IndexSettings
+from storage.frames import FRAMES, frames_schema
 from storage.maintenance import IndexMaintainer
-from storage.tables import FRAMES, IndexStore, frames_schema
+from storage.tables import IndexStore
 
 DIM = 768
 FRAMES_PER_VIDEO = 500
@@ -82,6 +83,7 @@ def batches(vectors: NDArray[np.float32], first_id: int) -> Iterator[pa.RecordBa
                 pa.array(video, pa.string()),
                 pa.array([f"s3://videos/{v}.mp4" for v in video], pa.string()),
                 pa.array(["1"] * n, pa.string()),
+                pa.array(["fp"] * n, pa.string()),
                 pa.array([float(i % FRAMES_PER_VIDEO) for i in ids], pa.float64()),
                 pa.FixedSizeListArray.from_arrays(pa.array(chunk.reshape(-1), pa.float32()), DIM),
                 pa.nulls(n, pa.binary()),
@@ -102,11 +104,11 @@ def measure(
 ) -> tuple[list[float], list[set[int]]]:
     """Latency (ms) and the returned row numbers of each query; two unmeasured queries warm the handle."""
     for q in queries[:2]:
-        store.search(q, K, tuning, exact=exact)
+        store.frames.search(q, K, tuning, exact=exact)
     latencies, found = [], []
     for q in queries:
         started = time.perf_counter()
-        rows = store.search(q, K, tuning, exact=exact)
+        rows = store.frames.search(q, K, tuning, exact=exact)
         latencies.append((time.perf_counter() - started) * 1000)
         found.append({int(r["frame_id"][1:]) for r in rows})
     return latencies, found

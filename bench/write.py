@@ -2,7 +2,7 @@
 
 The same videos (768-d vectors and thumbnail-sized blobs per frame) are written by the same number
 of concurrent callers, as a consumer's Celery threads write them: once with one ``merge_insert`` per
-video (``IndexStore.replace_frames``), once through ``GroupedFrameWriter`` (several videos per
+video (``FrameTable.replace``), once through ``GroupedFrameWriter`` (several videos per
 commit, each call returning after its commit). Each mode writes into a fresh database on a MinIO
 container started from the local images (``eval "$(infra/containers/engine.sh)"`` first).
 """
@@ -22,7 +22,8 @@ from pydantic import SecretStr
 
 from bench.common import save_section
 from storage.config import S3Settings
-from storage.tables import FrameRow, IndexStore, VideoFrames
+from storage.frames import FrameRow, VideoFrames
+from storage.tables import IndexStore
 from storage.writer import GroupedFrameWriter
 
 DIM = 768
@@ -39,7 +40,7 @@ def make_videos(n_videos: int, n_frames: int, seed: int = 0) -> list[VideoFrames
         rows = [
             FrameRow(f"{video_id}-{i:06d}", float(i), vectors[i], rng.bytes(THUMBNAIL_BYTES)) for i in range(n_frames)
         ]
-        videos.append(VideoFrames(video_id, f"s3://videos/{video_id}.mp4", "etag-1", "siglip-b16", rows))
+        videos.append(VideoFrames(video_id, f"s3://videos/{video_id}.mp4", "etag-1", "fp-1", "siglip-b16", rows))
     return videos
 
 
@@ -71,25 +72,26 @@ def measure(s3: S3Settings, videos: list[VideoFrames], callers: int, grouped: bo
     # The table exists before the clock starts (the first commit of a fresh database creates it).
     first = videos[0].rows[0]
     warm = FrameRow("warm-000000", 0.0, first.vector, first.thumbnail)
-    store.replace_frames_of_videos([VideoFrames("warm", "s3://videos/warm", "1", "m", [warm])])
-    table = store._frames_table()
+    store.frames.replace_many([VideoFrames("warm", "s3://videos/warm", "1", "fp", "m", [warm])])
+    table = store.frames.table()
+    assert table is not None
     before = int(table.version)
     if grouped:
-        group = GroupedFrameWriter(store, **writer)
+        group = GroupedFrameWriter(store.frames, **writer)
 
         def write(v: VideoFrames) -> None:
-            group.replace_frames(video_id=v.video_id, uri=v.uri, version=v.version, model=v.model, rows=v.rows)
+            group.replace(v)
 
         seconds, failed = write_all(videos, callers, write)
         group.close()
     else:
 
         def write(v: VideoFrames) -> None:
-            store.replace_frames(video_id=v.video_id, uri=v.uri, version=v.version, model=v.model, rows=v.rows)
+            store.frames.replace(v)
 
         seconds, failed = write_all(videos, callers, write)
     frames = sum(len(v.rows) for v in videos)
-    rows = store.count_frames() - 1
+    rows = store.frames.count() - 1
     if failed == 0 and rows != frames:
         raise RuntimeError(f"wrote {frames} frames but the table holds {rows}")
     return {

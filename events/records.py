@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote_plus
 
-from pipeline.errors import PermanentError
+from storage.errors import PermanentError
 
 
 class EventKind(enum.StrEnum):

@@ -14,7 +14,6 @@ import posixpath
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,10 +21,10 @@ import pika
 import pika.exceptions
 
 from events.config import AmqpSettings, VideoFilterSettings
+from events.jobs import IndexJob, JobOp, JobSink, JobSource
 from events.records import BucketEvent, EventDecodeError, EventKind, decode_message
 from events.subscribe import declare_event_topology
-from pipeline.errors import TransientError
-from pipeline.jobs import IndexJob, JobOp, JobSink, JobSource
+from storage.errors import TransientError
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +77,11 @@ class EventRouter:
         videos: VideoFilterSettings,
         sink: JobSink,
         buckets: list[str],
-        on_queued: Callable[[IndexJob], None] | None = None,
     ) -> None:
         self._amqp = amqp
         self._videos = videos
         self._sink = sink
         self._buckets = set(buckets)
-        self._on_queued = on_queued
         self.stats: Counter[str] = Counter()
         self._connected = threading.Event()
 
@@ -111,11 +108,6 @@ class EventRouter:
                 log.debug("ignored %s: not a video by extension or content type", event.uri)
                 continue
             job = job_for(event)
-            if job.op is JobOp.INDEX and self._on_queued is not None:
-                try:
-                    self._on_queued(job)
-                except Exception:  # the catalog hint is best effort: the job itself must go through
-                    log.warning("could not mark %s queued", job.uri, exc_info=True)
             self._sink.submit(job)
             submitted += 1
             self.stats[f"jobs_{job.op.value}"] += 1

@@ -23,13 +23,13 @@ from starlette._utils import get_route_path
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pipeline.errors import InvalidInput, LimitExceeded, TransientError, VidxError
-from pipeline.ids import parse_s3_uri, video_id
-from pipeline.indexer import mark_queued
-from pipeline.jobs import IndexJob, JobOp, JobSource
+from events.jobs import IndexJob, JobOp, JobSource
 from pipeline.search import SearchResponse, SearchService
 from pipeline.settings import Settings
-from storage.tables import IndexStore, VideoRecord, VideoStatus
+from storage.catalog import VideoRecord, VideoStatus
+from storage.errors import InvalidInput, LimitExceeded, TransientError, VidxError
+from storage.ids import parse_s3_uri, video_id
+from storage.tables import IndexStore
 
 log = logging.getLogger(__name__)
 
@@ -269,13 +269,12 @@ def create_app(
     async def index(body: IndexRequest) -> IndexAccepted:
         bucket, key = parse_s3_uri(body.uri, settings.s3.buckets)
         job = IndexJob(op=JobOp.INDEX, bucket=bucket, key=key, source=JobSource.API)
-        await asyncio.to_thread(mark_queued, store, job)
         task_id = await asyncio.to_thread(jobs.submit, job)
         return IndexAccepted(video_id=job.video_id, task_id=task_id, status=VideoStatus.QUEUED.value)
 
     @app.get("/v1/videos/{video_id}")
     async def get_video(video_id: str) -> VideoOut:
-        record = await asyncio.to_thread(store.get_video, video_id)
+        record = await asyncio.to_thread(store.catalog.get, video_id)
         if record is None:
             raise HTTPException(404, f"no video {video_id}")
         return VideoOut.of(record)
@@ -288,9 +287,9 @@ def create_app(
     ) -> VideoList:
         if uri is not None:
             bucket, key = parse_s3_uri(uri, settings.s3.buckets)
-            record = await asyncio.to_thread(store.get_video, video_id(bucket, key))
+            record = await asyncio.to_thread(store.catalog.get, video_id(bucket, key))
             return VideoList(videos=[VideoOut.of(record)] if record else [])
-        records = await asyncio.to_thread(store.find_videos, status=status, limit=limit)
+        records = await asyncio.to_thread(store.catalog.find, status=status, limit=limit)
         return VideoList(videos=[VideoOut.of(r) for r in records])
 
     @app.get("/v1/search")
@@ -305,7 +304,7 @@ def create_app(
 
     @app.get("/v1/frames/{frame_id}/thumbnail")
     async def thumbnail(frame_id: str) -> Response:
-        data = await asyncio.to_thread(store.thumbnail, frame_id)
+        data = await asyncio.to_thread(store.frames.thumbnail, frame_id)
         if not data:
             raise HTTPException(404, f"no thumbnail for {frame_id}")
         return Response(content=data, media_type="image/jpeg", headers={"Cache-Control": "max-age=3600"})
@@ -314,7 +313,7 @@ def create_app(
     async def metrics() -> PlainTextResponse:
         registry = CollectorRegistry()
         videos = Gauge("vidx_videos", "Videos in the catalog by status", ["status"], registry=registry)
-        for status_name, count in (await asyncio.to_thread(store.count_videos)).items():
+        for status_name, count in (await asyncio.to_thread(store.catalog.counts)).items():
             videos.labels(status=status_name).set(count)
         router = Gauge("vidx_router_events", "EventRouter counters since start", ["kind"], registry=registry)
         for kind, count in (await stats()).items():

@@ -10,10 +10,10 @@ from typing import Annotated, Any, Protocol
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, model_validator
 
+from events.jobs import JobSink
 from pipeline.deadletters import DeadLetter, ReplayReport
-from pipeline.errors import InvalidInput
-from pipeline.jobs import IndexJob, JobSink
 from pipeline.reconcile import ReconcileReport
+from storage.errors import InvalidInput
 
 #: Changes listed per bucket in a reconcile answer (the counts cover all).
 MAX_CHANGES_SHOWN = 100
@@ -26,7 +26,6 @@ class DeadLetters(Protocol):
         self,
         sink: JobSink,
         ids: Collection[str] | None = None,
-        on_queued: Callable[[IndexJob], None] | None = None,
     ) -> ReplayReport: ...
 
 
@@ -69,7 +68,6 @@ def admin_router(
     buckets: list[str],
     dead_letters: DeadLetters,
     jobs: JobSink,
-    on_queued: Callable[[IndexJob], None],
     reconcile: Callable[[str, str, bool], ReconcileReport],
     max_list: int = 1000,
 ) -> APIRouter:
@@ -84,7 +82,7 @@ def admin_router(
     @router.post("/dlq/replay")
     async def replay_dead_letters(body: ReplayRequest) -> dict[str, Any]:
         ids = None if body.all else body.ids
-        report = await asyncio.to_thread(dead_letters.replay, jobs, ids, on_queued)
+        report = await asyncio.to_thread(dead_letters.replay, jobs, ids)
         replayed = [letter.id for letter in report.replayed]
         return {
             "replayed": replayed,

@@ -6,26 +6,30 @@ exit status, never a traceback.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import mimetypes
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
 
-from pipeline.errors import VidxError
+from pipeline.cli_admin import dlq_app, reconcile
+from pipeline.cli_common import (
+    WAIT_LIST_LIMIT,
+    WAIT_POLL_S,
+    ApiClient,
+    CliError,
+    errors,
+    fail,
+    format_moment,
+    hms,
+    print_json,
+    settings_of,
+)
 from pipeline.settings import Settings
-
-#: How long one API call may take (a search embeds the query on a CPU).
-HTTP_TIMEOUT_S = 60.0
-WAIT_POLL_S = 2.0
-WAIT_LIST_LIMIT = 1000
 
 app = typer.Typer(
     name="vidx",
@@ -35,38 +39,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-
-
-class CliError(VidxError):
-    """Raised for a failure the command reports in one line."""
-
-
-def _fail(message: str, code: int = 1) -> NoReturn:
-    typer.echo(message if message.startswith("vidx") else f"vidx: {message}", err=True)
-    raise typer.Exit(code)
-
-
-@contextlib.contextmanager
-def _errors() -> Iterator[None]:
-    """Turns every expected failure into one line on stderr and exit status 1."""
-    try:
-        yield
-    except VidxError as exc:
-        _fail(str(exc))
-    except OSError as exc:
-        _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
-    except KeyboardInterrupt:
-        _fail("interrupted", 130)
-    except typer.Exit:
-        raise
-    except Exception as exc:  # a library error we did not anticipate: still one line, no traceback
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        _fail(f"{type(exc).__name__}: {first}"[:300])
-
-
-def _settings(ctx: typer.Context) -> Settings:
-    settings: Settings = ctx.obj
-    return settings
 
 
 @app.callback()
@@ -79,70 +51,7 @@ def _main(ctx: typer.Context) -> None:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
-        _fail(f"invalid settings: {where}: {first['msg']} (from VIDX_{where.upper().replace('.', '__')})", 2)
-
-
-# -- HTTP API -------------------------------------------------------------------------------------------
-
-
-class ApiClient:
-    """The vidx HTTP API; errors become one-line ``CliError``s.
-
-    Sends the configured API key (``VIDX_API_KEY``, ``VIDX_API_KEYS``, ``VIDX_API_KEY_FILE``), else
-    the one ``vidx up`` keeps under the state dir; ``admin=True`` sends the admin key instead.
-    """
-
-    def __init__(self, settings: Settings, admin: bool = False) -> None:
-        import httpx
-
-        from pipeline.stack import client_key
-
-        self.url = settings.api_url
-        key = client_key(settings, admin=admin)
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=HTTP_TIMEOUT_S)
-        which = "VIDX_ADMIN_KEY or VIDX_ADMIN_KEY_FILE" if admin else "VIDX_API_KEY or VIDX_API_KEY_FILE"
-        self._key_hint = f"sent {'a' if key else 'no'} key; set {which}, or use the state dir of 'vidx up'"
-
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        import httpx
-
-        try:
-            response = self._client.request(method, path, **kwargs)
-        except httpx.ConnectError as exc:
-            raise CliError(f"vidx API not reachable at {self.url}: run 'vidx up'") from exc
-        except httpx.TimeoutException as exc:
-            raise CliError(f"vidx API at {self.url} did not answer within {HTTP_TIMEOUT_S:.0f}s") from exc
-        except httpx.HTTPError as exc:
-            raise CliError(f"vidx API at {self.url}: {type(exc).__name__}: {exc}") from exc
-        if response.status_code >= 400:
-            try:
-                message = response.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                text = response.text.strip()
-                message = text.splitlines()[0] if text else response.reason_phrase
-            if response.status_code in (401, 403):
-                message += f" ({self._key_hint})"
-            raise CliError(f"{method} {path} failed ({response.status_code}): {message}")
-        return response.json()
-
-
-def _hms(seconds: float) -> str:
-    minutes, s = divmod(max(seconds, 0.0), 60)
-    hours, minutes = divmod(int(minutes), 60)
-    return f"{hours:02d}:{minutes:02d}:{s:04.1f}"
-
-
-def format_moment(r: dict[str, Any]) -> str:
-    """One line per moment: score, video, span, best second, playable link."""
-    return (
-        f"{r['score']:6.3f}  {r['uri']}  {_hms(r['start_s'])}–{_hms(r['end_s'])}  "
-        f"best {_hms(r['ts_s'])}  {r['video_url']}"
-    )
-
-
-def _print_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2, default=str))
+        fail(f"invalid settings: {where}: {first['msg']} (from VIDX_{where.upper().replace('.', '__')})", 2)
 
 
 # -- the local stack ------------------------------------------------------------------------------------
@@ -151,30 +60,30 @@ def _print_json(data: Any) -> None:
 @app.command()
 def up(ctx: typer.Context) -> None:
     """Start the local stack (RabbitMQ, MinIO, Ray, the Serve app) under the state dir."""
-    from pipeline import stack
+    from infra.dev import stack
 
-    with _errors():
-        stack.up(_settings(ctx), echo=typer.echo)
+    with errors():
+        stack.up(settings_of(ctx), echo=typer.echo)
 
 
 @app.command()
 def down(ctx: typer.Context) -> None:
     """Stop everything 'vidx up' started."""
-    from pipeline import stack
+    from infra.dev import stack
 
-    with _errors():
-        stack.down(_settings(ctx), echo=typer.echo)
+    with errors():
+        stack.down(settings_of(ctx), echo=typer.echo)
 
 
 @app.command()
 def status(ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Show whether each component of the local stack runs."""
-    from pipeline import stack
+    from infra.dev import stack
 
-    with _errors():
-        components = stack.status(_settings(ctx))
+    with errors():
+        components = stack.status(settings_of(ctx))
     if as_json:
-        _print_json([c.to_dict() for c in components])
+        print_json([c.to_dict() for c in components])
         return
     for c in components:
         typer.echo(f"{c.name:<9} {'running' if c.running else 'stopped':<8} {c.detail}")
@@ -221,11 +130,11 @@ def upload(
     from minio.error import MinioException
     from tqdm import tqdm
 
-    from pipeline.stack import minio_client
+    from infra.dev.stack import minio_client
 
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     target = bucket or settings.s3.upload_bucket
-    with _errors():
+    with errors():
         files = _files(paths)
         client = minio_client(settings)
         total = sum(f.stat().st_size for f, _ in files)
@@ -254,10 +163,10 @@ def search(
     as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
 ) -> None:
     """Find the moments that best match a text or an image."""
-    with _errors():
+    with errors():
         if (text is None) == (image is None):
             raise CliError("give either a TEXT or --image FILE")
-        api = ApiClient(_settings(ctx))
+        api = ApiClient(settings_of(ctx))
         if image is not None:
             with image.open("rb") as f:
                 mime = mimetypes.guess_type(image.name)[0] or "application/octet-stream"
@@ -267,7 +176,7 @@ def search(
         else:
             answer = api.request("GET", "/v1/search", params={"q": text, "k": k})
     if as_json:
-        _print_json(answer)
+        print_json(answer)
         return
     results = answer.get("results", [])
     if not results:
@@ -291,16 +200,16 @@ def videos(
         params["status"] = status_
     if uri:
         params["uri"] = uri
-    with _errors():
-        answer = ApiClient(_settings(ctx)).request("GET", "/v1/videos", params=params)
+    with errors():
+        answer = ApiClient(settings_of(ctx)).request("GET", "/v1/videos", params=params)
     if as_json:
-        _print_json(answer)
+        print_json(answer)
         return
     rows = answer.get("videos", [])
     if not rows:
         typer.echo("no videos")
     for v in rows:
-        duration = _hms(v["duration_s"]) if v.get("duration_s") is not None else "-"
+        duration = hms(v["duration_s"]) if v.get("duration_s") is not None else "-"
         line = f"{v['status']:<9} {v['frames']:>6} frames  {duration:>10}  {v['uri']}"
         typer.echo(line + (f"  ({v['error']})" if v.get("error") else ""))
 
@@ -308,8 +217,8 @@ def videos(
 @app.command()
 def index(ctx: typer.Context, uri: Annotated[str, typer.Argument(help="s3://bucket/key of a video")]) -> None:
     """Queue a video for (re)indexing."""
-    with _errors():
-        answer = ApiClient(_settings(ctx)).request("POST", "/v1/index", json={"uri": uri})
+    with errors():
+        answer = ApiClient(settings_of(ctx)).request("POST", "/v1/index", json={"uri": uri})
     typer.echo(f"{answer['status']}: {uri} (video {answer['video_id']}, task {answer['task_id']})")
 
 
@@ -319,8 +228,8 @@ def tiny_model(
     seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
 ) -> None:
     """Build a tiny random SigLIP checkpoint (offline; for tests and demos, not for real search)."""
-    with _errors():
-        from pipeline.tinymodel import build_tiny_siglip
+    with errors():
+        from infra.dev.tinymodel import build_tiny_siglip
 
         path = build_tiny_siglip(directory, seed=seed).resolve()
     typer.echo(f"tiny SigLIP checkpoint written to {path}")
@@ -335,8 +244,8 @@ def wait(
 ) -> None:
     """Wait until COUNT videos are indexed and none is queued or indexing."""
     deadline = time.monotonic() + timeout
-    with _errors():
-        api = ApiClient(_settings(ctx))
+    with errors():
+        api = ApiClient(settings_of(ctx))
         counts: dict[str, int] = {}
         last_error = "no answer yet"
         while True:
@@ -362,7 +271,7 @@ def _prepare_services(settings: Settings) -> None:
     import pika
 
     from events.subscribe import declare_event_topology, prepare_buckets
-    from pipeline.stack import minio_client
+    from infra.dev.stack import minio_client
 
     connection = pika.BlockingConnection(pika.URLParameters(settings.amqp.url.get_secret_value()))
     declare_event_topology(connection.channel(), settings.amqp)
@@ -374,13 +283,13 @@ def _prepare_services(settings: Settings) -> None:
 def serve(ctx: typer.Context) -> None:
     """Run the Ray Serve app in the foreground on a local Ray instance (containers; see infra/compose.yaml).
     MinIO and RabbitMQ must already be reachable at the configured URLs."""
-    with _errors():
+    with errors():
         import ray
         from ray import serve as ray_serve
 
         from pipeline.deployments import build_app
 
-        settings = _settings(ctx)
+        settings = settings_of(ctx)
         _prepare_services(settings)
         ray.init(address="local", num_cpus=settings.serve.ray_num_cpus, include_dashboard=False)
         ray_serve.start(http_options={"host": settings.serve.host, "port": settings.serve.port})
@@ -392,14 +301,13 @@ def serve(ctx: typer.Context) -> None:
 @app.command()
 def demo(ctx: typer.Context) -> None:
     """Start the stack, upload generated sample videos, wait until indexed, search them."""
-    with _errors():
-        from pipeline.demo import run_demo
+    with errors():
+        from infra.dev.demo import run_demo
 
-        run_demo(_settings(ctx), typer.echo)
+        run_demo(settings_of(ctx), typer.echo)
 
 
 # The operator commands live in their own module; registered here, after the helpers they import.
-from pipeline.cli_admin import dlq_app, reconcile  # noqa: E402
 
 app.command()(reconcile)
 app.add_typer(dlq_app, name="dlq")

@@ -10,10 +10,10 @@ from typing import Annotated
 
 import typer
 
-from pipeline.cli import _errors, _print_json, _settings
+from pipeline.cli_common import errors, print_json, settings_of
 from pipeline.deadletters import DeadLetterQueue
-from pipeline.errors import InvalidInput
 from pipeline.settings import Settings
+from storage.errors import InvalidInput
 
 dlq_app = typer.Typer(
     help="The dead-letter queue: jobs that failed for good.", no_args_is_help=True, rich_markup_mode=None
@@ -36,12 +36,12 @@ def reconcile(
 ) -> None:
     """Compare buckets with the index and queue the jobs that repair drift: objects never indexed,
     indexed at an old version, and index entries whose object is gone."""
-    with _errors():
+    with errors():
         from pipeline.reconcile import build_reconciler
         from pipeline.taskqueue import CeleryJobSink
         from storage.tables import IndexStore
 
-        settings = _settings(ctx)
+        settings = settings_of(ctx)
         buckets = bucket or settings.s3.buckets
         foreign = [b for b in buckets if b not in settings.s3.buckets]
         if foreign:
@@ -62,10 +62,10 @@ def dlq_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Failed jobs: id, when, attempts, uri, reason. The queue is left as it was."""
-    with _errors():
-        letters = dead_letter_queue(_settings(ctx)).list(limit)
+    with errors():
+        letters = dead_letter_queue(settings_of(ctx)).list(limit)
     if as_json:
-        _print_json([letter.summary() for letter in letters])
+        print_json([letter.summary() for letter in letters])
         return
     if not letters:
         typer.echo("no dead letters")
@@ -82,17 +82,15 @@ def dlq_replay(
     replay_all: Annotated[bool, typer.Option("--all", help="Replay every dead letter.")] = False,
 ) -> None:
     """Queue the jobs of dead letters again (after fixing their cause) and remove those letters."""
-    with _errors():
+    with errors():
         if bool(ids) == replay_all:
             raise InvalidInput("name dead-letter ids or pass --all (not both)")
-        from pipeline.indexer import mark_queued
-        from pipeline.taskqueue import CeleryJobSink
+        from pipeline.taskqueue import queueing_sink
         from storage.tables import IndexStore
 
-        settings = _settings(ctx)
-        store = IndexStore(settings.s3)
+        settings = settings_of(ctx)
         report = dead_letter_queue(settings).replay(
-            CeleryJobSink(settings), None if replay_all else ids, on_queued=lambda job: mark_queued(store, job)
+            queueing_sink(settings, IndexStore(settings.s3)), None if replay_all else ids
         )
         missing = sorted(set(ids or []) - {letter.id for letter in report.replayed})
     for letter in report.replayed:

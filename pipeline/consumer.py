@@ -6,8 +6,11 @@ done, retry and dead letter.
     transient error (S3, broker, encoder) or an unexpected one
         -> re-raised: Celery retries with exponential backoff (``serve.max_retries`` times, at most
            60 s apart); on the last attempt the catalog says ``failed`` and a dead letter is stored
-    a redelivered task (its consumer died mid-job)
-        -> counted as a failed attempt and retried the same way: a crash loop is bounded too
+    a redelivered task (a dropped connection, a broker restart, a consumer that died)
+        -> just run again: a redelivery is not a failed attempt. Only a start whose consumer died
+           while holding the video is charged (the started-marker in the catalog, see
+           ``Indexer._crashes``); after ``serve.max_crashes`` of those the video is failed and
+           dead-lettered, so a video that kills its consumer every time does not loop.
 
 A task is acknowledged only after this returns (acks_late), so a dead letter is stored before the
 task leaves the queue; a crash in between stores it twice, and the list shows it once (same id).
@@ -21,16 +24,16 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
+from events.jobs import IndexJob
 from pipeline.deadletters import DeadLetter, FailureKind
-from pipeline.errors import PermanentError, TransientError, VidxError
-from pipeline.indexer import JobResult
-from pipeline.jobs import IndexJob
+from pipeline.indexer import ConsumerKilled, JobResult
+from storage.errors import PermanentError, TransientError, VidxError
 
 log = logging.getLogger(__name__)
 
 
 class JobRunner(Protocol):
-    def run(self, job: IndexJob) -> JobResult: ...
+    def run(self, job: IndexJob, task_id: str | None = None) -> JobResult: ...
 
     def record_failure(self, job: IndexJob, reason: str, version: str | None = None) -> None: ...
 
@@ -46,14 +49,9 @@ class TaskContext:
     task_id: str
     #: Retries so far (0 on the first attempt).
     retries: int
-    #: The broker delivered this message before and it was never acknowledged: the consumer that
-    #: had it stopped mid-job (killed, out of memory, restarted, or cut off from the broker).
+    #: The broker delivered this message before and it was never acknowledged (logged only: whether
+    #: a consumer died with it is for the started-marker to tell).
     redelivered: bool = False
-
-
-class Interrupted(TransientError):
-    """Raised when a task comes back after its consumer stopped mid-job: counted as a failed attempt,
-    so a video that kills its consumer every time ends in the dead-letter queue instead of looping."""
 
 
 class IndexTaskHandler:
@@ -85,14 +83,15 @@ class IndexTaskHandler:
             )
             log.warning("task %s dead-lettered: %s", task.task_id, reason)
             return {"outcome": "failed", "reason": reason}
+        if task.redelivered:
+            log.info("task %s for %s redelivered: running it again", task.task_id, job.uri)
         try:
-            if task.redelivered:
-                raise Interrupted("the consumer stopped during the job (killed, out of memory or cut off)")
-            result = self._runner.run(job)
+            result = self._runner.run(job, task.task_id)
         except PermanentError as exc:
             # Usually recorded already (decode, limits); not when the object store refused a HEAD.
-            self._runner.record_failure(job, exc.reason)
-            self._dead_letter(job, task, FailureKind.PERMANENT, exc.reason)
+            self._record_failure(job, exc.reason)
+            kind = FailureKind.CRASH_LOOP if isinstance(exc, ConsumerKilled) else FailureKind.PERMANENT
+            self._dead_letter(job, task, kind, exc.reason)
             return {"video_id": job.video_id, "outcome": "failed", "reason": exc.reason}
         except Exception as exc:
             cause = str(exc) if isinstance(exc, VidxError) else f"internal error ({type(exc).__name__})"
@@ -101,7 +100,7 @@ class IndexTaskHandler:
                 log.warning("job %s attempt %d failed, will retry: %s", job.uri, attempt, cause)
                 raise
             reason = f"gave up after {attempt} attempts: {cause}"
-            self._runner.record_failure(job, reason)
+            self._record_failure(job, reason)
             self._dead_letter(job, task, FailureKind.EXHAUSTED, reason)
             return {"video_id": job.video_id, "outcome": "failed", "reason": reason}
         return {
@@ -110,6 +109,14 @@ class IndexTaskHandler:
             "frames": result.frames,
             "stages": result.stages,
         }
+
+    def _record_failure(self, job: IndexJob, reason: str) -> None:
+        """Best effort: the store that failed the job is often the one that is down. The dead letter
+        still goes out, and the scheduled check finds a row left ``indexing`` past its grace."""
+        try:
+            self._runner.record_failure(job, reason)
+        except TransientError as exc:
+            log.warning("could not record the failure of %s (%s); the scheduled check will find it", job.uri, exc)
 
     def _dead_letter(self, job: IndexJob, task: TaskContext, kind: FailureKind, reason: str) -> None:
         self._dead_letters.publish(

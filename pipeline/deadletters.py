@@ -15,7 +15,7 @@ import ast
 import enum
 import json
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -24,8 +24,8 @@ import pika
 import pika.exceptions
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.errors import TransientError
-from pipeline.jobs import IndexJob, JobSink, JobSource
+from events.jobs import IndexJob, JobSink, JobSource
+from storage.errors import TransientError
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,8 @@ class FailureKind(enum.StrEnum):
     EXHAUSTED = "exhausted"
     #: The job itself could not be read.
     MALFORMED = "malformed"
+    #: Its consumer died while indexing it ``serve.max_crashes`` times (killed, out of memory).
+    CRASH_LOOP = "crash_loop"
 
 
 class DeadLetter(BaseModel):
@@ -215,7 +217,6 @@ class DeadLetterQueue:
         self,
         sink: JobSink,
         ids: Collection[str] | None = None,
-        on_queued: Callable[[IndexJob], None] | None = None,
     ) -> ReplayReport:
         """Resubmit the jobs of the chosen dead letters (``None``: all) and remove those letters.
 
@@ -239,8 +240,6 @@ class DeadLetterQueue:
                 if letter.id not in replayed:
                     job = letter.job.model_copy(update={"source": JobSource.REPLAY, "submitted_at": datetime.now(UTC)})
                     sink.submit(job)
-                    if on_queued is not None:
-                        on_queued(job)
                     replayed[letter.id] = letter
                 channel.basic_ack(delivery_tag=tag)
                 acked += 1

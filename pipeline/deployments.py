@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,10 +20,10 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 from ray.serve.task_consumer import task_consumer, task_handler
 
-from pipeline.errors import EncoderUnavailable
-from pipeline.jobs import INDEX_TASK
+from events.jobs import INDEX_TASK
 from pipeline.settings import ModelSettings, Settings
-from pipeline.taskqueue import CeleryJobSink, task_processor_config
+from pipeline.taskqueue import CeleryJobSink, queueing_sink, task_processor_config
+from storage.errors import EncoderUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,8 @@ class Encoder:
 
 class HandleEmbedder:
     """``FrameEmbedder`` over the Encoder deployment, for synchronous callers (Celery threads): one
-    call per frame, all in flight together, so the encoder batches them with other videos' frames."""
+    call per frame, all in flight together, so the encoder batches them with other videos' frames.
+    One deadline covers the whole chunk: the wait for each frame is what is left of it."""
 
     def __init__(self, encoder: DeploymentHandle, model_id: str, timeout_s: float = 300.0) -> None:
         self._encoder = encoder
@@ -87,11 +89,16 @@ class HandleEmbedder:
         return self._model_id
 
     def embed_images(self, images: Sequence[NDArray[np.uint8]]) -> NDArray[np.float32]:
+        deadline = time.monotonic() + self._timeout_s
+        responses = [self._encoder.embed_image.remote(image) for image in images]
         try:
-            responses = [self._encoder.embed_image.remote(image) for image in images]
-            return np.stack([r.result(timeout_s=self._timeout_s) for r in responses])
+            return np.stack([r.result(timeout_s=max(0.0, deadline - time.monotonic())) for r in responses])
         except Exception as exc:  # Ray raises actor/timeout errors of many types here
-            raise EncoderUnavailable(f"encoder call failed: {type(exc).__name__}") from exc
+            for response in responses:
+                response.cancel()
+            raise EncoderUnavailable(
+                f"encoder call failed: {type(exc).__name__} ({len(images)} frames, deadline {self._timeout_s:g}s)"
+            ) from exc
 
 
 class HandleQueryEncoder:
@@ -129,6 +136,7 @@ def consumer_deployment(settings: Settings) -> Any:
         def __init__(self, settings: Settings, encoder: DeploymentHandle) -> None:
             from pipeline.consumer import IndexTaskHandler
             from pipeline.deadletters import DeadLetterQueue
+            from pipeline.holders import holder_alive, process_holder
             from pipeline.indexer import Indexer
             from storage.tables import IndexStore
             from storage.writer import GroupedFrameWriter
@@ -139,14 +147,16 @@ def consumer_deployment(settings: Settings) -> Any:
             # the commit holding its rows.
             w = settings.writer
             writer = GroupedFrameWriter(
-                store,
+                store.frames,
                 max_videos=w.group_max_videos,
                 max_rows=w.group_max_rows,
                 wait_s=w.group_wait_s,
                 commit_timeout_s=w.commit_timeout_s,
             )
             embedder = HandleEmbedder(encoder, settings.model.id, settings.model.embed_timeout_s)
-            indexer = Indexer(settings, embedder, store, writer=writer)
+            indexer = Indexer(
+                settings, embedder, store, writer=writer, holder=process_holder(), holder_alive=holder_alive
+            )
             dead_letters = DeadLetterQueue(settings.amqp.url.get_secret_value(), settings.serve.failed_queue)
             self._handler = IndexTaskHandler(indexer, dead_letters, settings.serve.max_retries)
 
@@ -174,18 +184,10 @@ class EventRouterDeployment:
 
     def __init__(self, settings: Settings) -> None:
         from events.router import EventRouter
-        from pipeline.indexer import mark_queued
         from storage.tables import IndexStore
 
         route_logs_to_replica()
-        store = IndexStore(settings.s3)
-        self._router = EventRouter(
-            settings.amqp,
-            settings.videos,
-            CeleryJobSink(settings),
-            buckets=settings.s3.buckets,
-            on_queued=lambda job: mark_queued(store, job),
-        )
+        self._router = EventRouter(settings.amqp, settings.videos, CeleryJobSink(settings), buckets=settings.s3.buckets)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._router.run, args=(self._stop,), name="event-router", daemon=True)
         self._thread.start()
@@ -222,7 +224,7 @@ class Api:
         self._settings = settings
         self._store = IndexStore(settings.s3)
         self._search = SearchService(settings, self._store, HandleQueryEncoder(encoder, settings.model.query_timeout_s))
-        self._sink = CeleryJobSink(settings)
+        self._sink = queueing_sink(settings, self._store)
         self._router = router
         # Held so the consumer is part of the app graph (it takes work from the queue, not from here).
         self._consumer = consumer
@@ -241,7 +243,6 @@ class Api:
         from pipeline.api import create_app
         from pipeline.api_admin import admin_router
         from pipeline.deadletters import DeadLetterQueue
-        from pipeline.indexer import mark_queued
         from pipeline.reconcile import build_reconciler
 
         settings, store = self._settings, self._store
@@ -250,7 +251,6 @@ class Api:
             settings.s3.buckets,
             DeadLetterQueue(settings.amqp.url.get_secret_value(), settings.serve.failed_queue),
             self._sink,
-            lambda job: mark_queued(store, job),
             lambda bucket, prefix, dry_run: reconciler.run(bucket, prefix=prefix, dry_run=dry_run),
         )
         return create_app(settings, self._search, store, self._sink, self._stats, admin)

@@ -3,7 +3,7 @@
 ``SiglipEncoder`` is the plain class the Ray Serve encoder deployment holds. It loads any
 checkpoint that ``AutoModel``, ``AutoTokenizer`` and ``AutoImageProcessor`` can load and that has
 ``get_image_features``/``get_text_features``: ``google/siglip-*``, ``google/siglip2-*`` (fixed
-resolution and NaFlex) and the offline test model of ``pipeline.tinymodel``.
+resolution and NaFlex) and the offline test model of ``infra.dev.tinymodel``.
 
 Text follows how SigLIP was trained (big_vision): lowercased, padded on the right to
 ``text_max_length`` tokens, and encoded without an attention mask (the tower pools the last
@@ -30,8 +30,8 @@ from numpy.typing import NDArray
 from PIL import Image
 from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
 
-from pipeline.errors import InvalidInput, ModelUnavailable
 from pipeline.settings import ModelSettings
+from storage.errors import InvalidInput, ModelUnavailable
 
 log = logging.getLogger(__name__)
 

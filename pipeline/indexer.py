@@ -1,8 +1,6 @@
-"""The index job, without Ray: reconcile with the object's current state, fetch, decode, embed, write.
-
-Events are hints: the object is HEADed at processing time. Gone -> its rows are removed. Present with
-an index fingerprint (version, model, sampling) already indexed -> no-op. Otherwise its rows are
-replaced in one commit. Every outcome is recorded in the catalog.
+"""The index job, without Ray: read the video's row, HEAD the object, then remove its rows, confirm
+them, or fetch, decode, embed and replace them — each catalog change a compare-and-set through
+``pipeline.videostate``. docs/architecture.md explains why every interleaving converges.
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from itertools import islice
@@ -24,14 +22,17 @@ import numpy as np
 from numpy.typing import NDArray
 from PIL import Image
 
+from events.jobs import IndexJob, JobOp
 from pipeline.decode import SampledFrame, probe, sample_frames
-from pipeline.errors import PermanentError, TransientError
-from pipeline.ids import fingerprint, frame_id
-from pipeline.jobs import IndexJob, JobOp
 from pipeline.settings import LimitSettings, Settings
+from pipeline.videostate import Attempt, VideoStates
+from storage.catalog import IN_FLIGHT, VideoRecord, VideoStatus
 from storage.config import S3Settings
+from storage.errors import PermanentError, TransientError
+from storage.frames import FrameRow, VideoFrames
+from storage.ids import fingerprint, frame_id
 from storage.s3 import BlockingObjectStore, ObjectHead
-from storage.tables import FrameRow, IndexStore, VideoRecord, VideoStatus
+from storage.tables import IndexStore
 from storage.writer import FrameWriter
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,23 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-#: Times one job follows an object that keeps changing under it before retrying later.
-MAX_CONVERGE_ROUNDS = 3
+#: Rounds one job goes (read, HEAD, act) while other writers keep changing the video under it.
+MAX_CONVERGE_ROUNDS = 5
+
+#: A step boundary of a job and the job: ``hooks(step, job)`` runs there (tests pause jobs at them).
+StepHook = Callable[[str, IndexJob], None]
+
+#: The boundaries, in the order one job can pass them.
+STEPS = ("read", "head", "claim", "fetch", "recheck", "write", "written", "finish", "settled", "remove", "removed")
+
+
+def _no_hook(step: str, job: IndexJob) -> None:
+    return None
+
+
+class ConsumerKilled(PermanentError):
+    """Raised when a job's consumer died while holding it ``max_crashes`` times: the video itself
+    (a decoder crash, memory) is the likely cause, so it is failed instead of tried forever."""
 
 
 class FrameEmbedder(Protocol):
@@ -98,7 +114,6 @@ class Outcome(enum.StrEnum):
     UNCHANGED = "unchanged"
     DELETED = "deleted"
     FAILED = "failed"
-    SUPERSEDED = "superseded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,14 +166,8 @@ def thumbnail_jpeg(rgb: NDArray[np.uint8], max_side: int) -> bytes:
     return out.getvalue()
 
 
-def mark_queued(store: IndexStore, job: IndexJob) -> None:
-    """Record that a job for this object is on the queue, unless that version is already indexed."""
-    old = store.get_video(job.video_id)
-    if old is None:
-        store.insert_video_if_absent(VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.QUEUED))
-    elif not (old.status is VideoStatus.INDEXED and old.version == job.hint_version):
-        # Status only: the consumer may be writing this row's version and fingerprint right now.
-        store.set_status(job.video_id, VideoStatus.QUEUED)
+class _Lost(Exception):
+    """Another writer changed the video's row (or the object) under this round: go around again."""
 
 
 class Indexer:
@@ -171,48 +180,52 @@ class Indexer:
         store: IndexStore | None = None,
         objects: ObjectSource | None = None,
         writer: FrameWriter | None = None,
+        *,
+        holder: str = "local",
+        holder_alive: Callable[[str], bool] = lambda holder: True,
+        hooks: StepHook = _no_hook,
     ) -> None:
         """``writer`` replaces a video's frames (a ``GroupedFrameWriter`` shares commits between the
-        jobs of one process); by default the store itself, one commit per video."""
+        jobs of one process); by default the frames table itself, one commit per video. ``holder``
+        names this consumer process in the started-marker; ``holder_alive`` tells whether another
+        holder's process still runs (a claim it left behind while dead counts as a crash)."""
         self._settings = settings
         self._embedder = embedder
         self._store = store or IndexStore(settings.s3)
+        self._states = VideoStates(self._store.catalog)
         self._objects = objects or S3ObjectSource(settings.s3, settings.limits)
-        self._writer: FrameWriter = writer or self._store
+        self._writer: FrameWriter = writer or self._store.frames
+        self._holder = holder
+        self._holder_alive = holder_alive
+        self._hooks = hooks
 
     @property
     def sampling_label(self) -> str:
         return f"every_s={self._settings.sampling.every_s:g}"
 
-    def run(self, job: IndexJob) -> JobResult:
+    @property
+    def holder(self) -> str:
+        return self._holder
+
+    def run(self, job: IndexJob, task_id: str | None = None) -> JobResult:
         """Bring the index of ``job``'s object in line with the object.
 
         Raises:
-            PermanentError: the object can't be indexed; the catalog already says why.
-            TransientError: worth retrying; the catalog still says ``indexing``.
+            PermanentError: the object can't be indexed (the catalog says why), or ``ConsumerKilled``.
+            TransientError: worth retrying; the catalog still says ``indexing`` (or what it said before).
         """
         started = time.monotonic()
         clock = StageClock()
-        with clock.stage("head"):
-            head = self._objects.head(job.bucket, job.key)
-        if head is not None and job.op is JobOp.DELETE:
-            log.info("delete event for %s but the object exists: indexing it", job.uri)
+        attempt = Attempt(task_id, self._holder) if task_id is not None else None
         for _ in range(MAX_CONVERGE_ROUNDS):
-            if head is None:
-                result = self._remove(job, clock)
-                # An upload may have landed (and its job finished) while the rows were being removed.
-                with clock.stage("head"):
-                    head = self._objects.head(job.bucket, job.key)
-                if head is None:
-                    break
-                log.info("%s was uploaded again while its rows were removed: indexing it", job.uri)
+            try:
+                result = self._round(job, attempt, clock)
+            except _Lost as lost:
+                log.info("%s: %s; looking again", job.uri, lost)
                 continue
-            result, head = self._index(job, head, clock)
-            if result.outcome is not Outcome.SUPERSEDED:
-                break
-            log.info("%s changed while it was indexed: indexing the new version", job.uri)
+            break
         else:
-            raise TransientError(f"{job.uri} kept changing while it was indexed")
+            raise TransientError(f"{job.uri} kept changing under the job ({MAX_CONVERGE_ROUNDS} rounds)")
         log.info(
             "job %s %s -> %s (%d frames) in %.2fs: %s",
             job.op.value,
@@ -226,88 +239,140 @@ class Indexer:
 
     def record_failure(self, job: IndexJob, reason: str, version: str | None = None) -> None:
         """Mark ``job``'s video failed with ``reason`` (its old rows, if any, stay searchable), unless
-        the catalog already holds a settled outcome (indexed, deleted) of another or unknown version."""
-        # A failure of an unknown version (the consumer gave up without reaching the object) never
-        # overwrites a settled outcome: another job may have indexed it meanwhile; reconcile finds
-        # the video stale if it isn't current.
-        self._store.mark_failed(job.video_id, job.uri, reason, version)
+        the catalog holds a settled outcome (indexed, deleted) of another or unknown version.
 
-    def _remove(self, job: IndexJob, clock: StageClock) -> JobResult:
+        Raises:
+            TransientError: the catalog could not be written (the scheduled check finds the row later).
+        """
+        for _ in range(MAX_CONVERGE_ROUNDS):
+            if self._states.fail(job, self._states.read(job.video_id), reason, version) is not None:
+                return
+        raise TransientError(f"could not record the failure of {job.uri}: the row kept changing")
+
+    # -- one round: read, HEAD, act ---------------------------------------------------------------
+    def _round(self, job: IndexJob, attempt: Attempt | None, clock: StageClock) -> JobResult:
+        self._hooks("read", job)
         with clock.stage("catalog"):
-            old = self._store.get_video(job.video_id)
-        if old is None or (old.status is VideoStatus.DELETED and old.frames == 0):
-            # Never indexed, or already removed: no commit at all.
+            seen = self._states.read(job.video_id)
+        self._hooks("head", job)
+        with clock.stage("head"):
+            head = self._objects.head(job.bucket, job.key)
+        if head is None:
+            return self._remove(job, seen, clock)
+        if job.op is JobOp.DELETE:
+            log.info("delete event for %s but the object exists: indexing it", job.uri)
+        return self._index(job, seen, head, attempt, clock)
+
+    def _remove(self, job: IndexJob, seen: VideoRecord | None, clock: StageClock) -> JobResult:
+        with clock.stage("catalog"):
+            rows = self._store.frames.count(job.video_id)
+        if rows == 0 and (seen is None or seen.status is VideoStatus.DELETED):
             return JobResult(job.video_id, Outcome.UNCHANGED)
+        self._hooks("remove", job)
         with clock.stage("write"):
-            self._store.delete_frames(job.video_id)
-        old.status = VideoStatus.DELETED
-        old.frames = 0
-        old.fingerprint = None
-        old.error = None
+            self._writer.replace(VideoFrames(job.video_id, job.uri, "", "", "", rows=[]))
+        self._hooks("removed", job)
         with clock.stage("catalog"):
-            self._store.put_video(old)
+            now = self._states.read(job.video_id)
+            if self._states.removed(job, now) is None:
+                raise _Lost("the row changed while its rows were removed")
+        self._hooks("settled", job)
+        # An upload may have landed (and its job finished) while the rows were being removed.
+        with clock.stage("head"):
+            if self._objects.head(job.bucket, job.key) is not None:
+                raise _Lost("uploaded again while its rows were removed")
         return JobResult(job.video_id, Outcome.DELETED)
 
-    def _index(self, job: IndexJob, head: ObjectHead, clock: StageClock) -> tuple[JobResult, ObjectHead | None]:
-        """Index ``head``'s version. SUPERSEDED (with the object's current head) when the object
-        changed while it was being embedded: nothing is written then, and the caller goes again."""
-        settings = self._settings
-        fp = fingerprint(head.version, self._embedder.model_id, settings.sampling.every_s)
+    def _rows_hold(self, video_id: str, fp: str, frames: int) -> bool:
+        """Whether ``frames`` holds exactly ``frames`` rows of ``video_id``, all of fingerprint ``fp``."""
+        summary = self._store.frames.summary(video_id)
+        return summary.rows == frames and summary.duplicate_ids == 0 and set(summary.fingerprints) <= {fp}
+
+    def _index(
+        self, job: IndexJob, seen: VideoRecord | None, head: ObjectHead, attempt: Attempt | None, clock: StageClock
+    ) -> JobResult:
+        model = self._embedder.model_id
+        fp = fingerprint(head.version, model, self._settings.sampling.every_s)
+        if seen is not None and seen.fingerprint == fp:
+            # The catalog says the rows of this exact content, model and sampling are written: trust
+            # it only after looking (a job that lost a race may have written over them).
+            with clock.stage("catalog"):
+                holds = self._rows_hold(job.video_id, fp, seen.frames)
+            if holds:
+                if not (seen.status is VideoStatus.INDEXED and seen.version == head.version):
+                    with clock.stage("catalog"):
+                        if self._states.confirm(seen, head.version) is None:
+                            raise _Lost("the row changed while it was confirmed")
+                return JobResult(job.video_id, Outcome.UNCHANGED, frames=seen.frames)
+        self._hooks("claim", job)
         with clock.stage("catalog"):
-            old = self._store.get_video(job.video_id)
-        if old is not None and old.fingerprint == fp:
-            # The rows for this exact content, model and sampling are already written. Status only,
-            # and only while the row still holds this fingerprint: a newer version may land meanwhile.
-            if old.status is not VideoStatus.INDEXED:
-                with clock.stage("catalog"):
-                    self._store.set_status(job.video_id, VideoStatus.INDEXED, only_if_fingerprint=fp)
-            return JobResult(job.video_id, Outcome.UNCHANGED, frames=old.frames), head
-        record = VideoRecord(
-            video_id=job.video_id,
-            uri=job.uri,
-            status=VideoStatus.INDEXING,
-            version=head.version,
-            model=self._embedder.model_id,
-            sampling=self.sampling_label,
-            fingerprint=old.fingerprint if old else None,
-            frames=old.frames if old else 0,
-        )
-        with clock.stage("catalog"):
-            # Status only: the version and fingerprint are written together once the rows are, so a
-            # job that loses a race never leaves its version next to another version's fingerprint.
-            if old is None:
-                self._store.insert_video_if_absent(record)
-            else:
-                self._store.set_status(job.video_id, VideoStatus.INDEXING)
+            crashes = self._crashes(seen, attempt)
+            if crashes >= self._settings.serve.max_crashes:
+                raise ConsumerKilled(
+                    f"the consumer died {crashes} times while indexing this video (killed, out of memory or crashed)"
+                )
+            claimed = self._states.claim(
+                job,
+                seen,
+                version=head.version,
+                model=model,
+                sampling=self.sampling_label,
+                attempt=attempt,
+                crashes=crashes,
+            )
+            if claimed is None:
+                raise _Lost("the row changed before it was claimed")
+        self._hooks("fetch", job)
         try:
             rows, duration_s = self._embed_object(head, job.video_id, clock)
         except PermanentError as exc:
             self.record_failure(job, exc.reason, version=head.version)
             raise
-        # Two jobs for one key may overlap: only the one that saw the current version writes.
+        # Overlapping jobs of one key: only one that saw the current version writes.
+        self._hooks("recheck", job)
         with clock.stage("head"):
             current = self._objects.head(job.bucket, job.key)
         if current is None or current.version != head.version:
-            return JobResult(job.video_id, Outcome.SUPERSEDED), current
+            raise _Lost("the object changed while it was embedded")
+        self._hooks("write", job)
         # Returns once the commit holding these rows succeeded (possibly shared with other jobs).
         with clock.stage("write"):
-            self._writer.replace_frames(
-                video_id=job.video_id, uri=job.uri, version=head.version, model=self._embedder.model_id, rows=rows
-            )
-        record.status = VideoStatus.INDEXED
-        record.frames = len(rows)
-        record.duration_s = duration_s
-        record.fingerprint = fp
-        record.error = None
+            self._writer.replace(VideoFrames(job.video_id, job.uri, head.version, fp, model, rows))
+        self._hooks("written", job)
         with clock.stage("catalog"):
-            self._store.put_video(record)
+            now = self._states.read(job.video_id)
+            if now is not None and now.fingerprint == fp and now.status is VideoStatus.INDEXED:
+                pass  # a twin job of the same content finished first: its rows equal these
+            elif now is None or now.status not in IN_FLIGHT or now.version not in (head.version, None):
+                raise _Lost(f"another job moved the row to {now.status.value if now else 'nothing'} meanwhile")
+            else:
+                self._hooks("finish", job)
+                if (
+                    self._states.finish(
+                        now, version=head.version, fingerprint=fp, frames=len(rows), duration_s=duration_s
+                    )
+                    is None
+                ):
+                    raise _Lost("the row changed while it was finished")
+        self._hooks("settled", job)
         # The object may have changed between the check above and the commit, and the job for the
         # new version may already have finished: look once more, so the last writer converges.
         with clock.stage("head"):
             after = self._objects.head(job.bucket, job.key)
         if after is None or after.version != head.version:
-            return JobResult(job.video_id, Outcome.SUPERSEDED), after
-        return JobResult(job.video_id, Outcome.INDEXED, frames=len(rows)), head
+            raise _Lost("the object changed while its rows were written")
+        return JobResult(job.video_id, Outcome.INDEXED, frames=len(rows))
+
+    def _crashes(self, seen: VideoRecord | None, attempt: Attempt | None) -> int:
+        """Times this task's consumer died while holding the video, this start included: a claim of
+        this task left ``indexing`` by a process that no longer runs is one more."""
+        if attempt is None or seen is None or seen.task_id != attempt.task_id:
+            return 0
+        if seen.status is not VideoStatus.INDEXING or seen.holder is None:
+            return seen.crashes
+        if seen.holder == self._holder:
+            return seen.crashes  # this process is alive: a retry or a redelivery, not a crash
+        return seen.crashes if self._holder_alive(seen.holder) else seen.crashes + 1
 
     def _embed_object(self, head: ObjectHead, video_id: str, clock: StageClock) -> tuple[list[FrameRow], float | None]:
         settings = self._settings

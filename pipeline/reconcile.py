@@ -14,17 +14,18 @@ import asyncio
 import enum
 import logging
 import posixpath
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
 
 from events.config import VideoFilterSettings
-from pipeline.ids import fingerprint, s3_uri, video_id
-from pipeline.jobs import IndexJob, JobOp, JobSink, JobSource
+from events.jobs import IndexJob, JobOp, JobSink, JobSource
+from storage.catalog import VideoRecord, VideoStatus
 from storage.config import S3Settings
+from storage.ids import fingerprint, s3_uri, video_id
 from storage.s3 import ObjectHead, ObjectStore
-from storage.tables import IndexStore, VideoRecord, VideoStatus
+from storage.tables import IndexStore
 
 if TYPE_CHECKING:
     from pipeline.settings import Settings
@@ -88,7 +89,7 @@ class PageLister(Protocol):
 
 
 class Catalog(Protocol):
-    def scan_videos(self, uri_from: str, uri_to: str, *, include_from: bool) -> Iterator[VideoRecord]: ...
+    def scan(self, uri_from: str, uri_to: str, *, include_from: bool) -> Iterator[VideoRecord]: ...
 
 
 class S3PageLister:
@@ -138,7 +139,6 @@ class Reconciler:
         catalog: Catalog,
         lister: PageLister,
         sink: JobSink | None,
-        on_queued: Callable[[IndexJob], None] | None = None,
         in_flight_grace_s: float = 600.0,
     ) -> None:
         self._model_id = model_id
@@ -147,7 +147,6 @@ class Reconciler:
         self._catalog = catalog
         self._lister = lister
         self._sink = sink
-        self._on_queued = on_queued
         self._grace = timedelta(seconds=in_flight_grace_s)
 
     def run(self, bucket: str, *, prefix: str = "", dry_run: bool = False) -> ReconcileReport:
@@ -168,12 +167,12 @@ class Reconciler:
             report.pages += 1
             report.listed += len(page)
             upper = s3_uri(bucket, page[-1].key)
-            known = {r.video_id: r for r in self._catalog.scan_videos(lower, upper, include_from=include_lower)}
+            known = {r.video_id: r for r in self._catalog.scan(lower, upper, include_from=include_lower)}
             for obj in page:
                 self._compare(report, obj, known.pop(video_id(bucket, obj.key), None), now)
             self._orphans(report, known.values())
             lower, include_lower = upper, False
-        tail = self._catalog.scan_videos(lower, _prefix_end(bucket, prefix), include_from=include_lower)
+        tail = self._catalog.scan(lower, _prefix_end(bucket, prefix), include_from=include_lower)
         # The end bound is exclusive in effect: no URI under the prefix equals it.
         self._orphans(report, (r for r in tail if r.uri.startswith(s3_uri(bucket, prefix))))
         log.info("reconcile %s", report.summary())
@@ -217,21 +216,16 @@ class Reconciler:
         if report.dry_run or self._sink is None:
             return
         self._sink.submit(job)
-        if self._on_queued is not None:
-            self._on_queued(job)
 
 
 def build_reconciler(settings: Settings, store: IndexStore, sink: JobSink | None) -> Reconciler:
     """The reconciler the CLI and the admin API use: this deployment's model, sampling and buckets;
     jobs it submits are marked queued in the catalog."""
-    from pipeline.indexer import mark_queued
-
     return Reconciler(
         model_id=settings.model.id,
         every_s=settings.sampling.every_s,
         videos=settings.videos,
-        catalog=store,
+        catalog=store.catalog,
         lister=S3PageLister(settings.s3),
         sink=sink,
-        on_queued=lambda job: mark_queued(store, job),
     )

@@ -12,9 +12,9 @@ from numpy.typing import NDArray
 from PIL import Image, UnidentifiedImageError
 from pydantic import BaseModel
 
-from pipeline.errors import InvalidInput, LimitExceeded
 from pipeline.moments import FrameHit, merge_moments
 from pipeline.settings import Settings
+from storage.errors import InvalidInput, LimitExceeded
 from storage.s3 import ObjectStore
 from storage.tables import IndexStore
 
@@ -122,7 +122,7 @@ class SearchService:
 
     async def _respond(self, vector: NDArray[np.float32], k: int, base_url: str, started: float) -> SearchResponse:
         limit = min(k * CANDIDATES_PER_MOMENT, MAX_CANDIDATES)
-        rows = await asyncio.to_thread(self._store.search, vector, limit, self._settings.index)
+        rows = await asyncio.to_thread(self._store.frames.search, vector, limit, self._settings.index)
         hits = [
             FrameHit(
                 frame_id=r["frame_id"],

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from events.config import AmqpSettings, VideoFilterSettings
-from pipeline.decode import DecodeLimits, DecodeStrategy
+from pipeline.decode_settings import DecodeLimits, DecodeStrategy
 from storage.config import IndexSettings, S3Settings
 
 #: SigLIP 2 base/16 at 224 px: same cost as SigLIP base (the B/16 architecture), better retrieval
@@ -103,6 +103,9 @@ class ServeSettings(BaseModel):
     #: Celery result backend; empty means a file backend under ``state_dir``.
     backend_url: str = ""
     max_retries: int = Field(default=3, ge=0, le=20)
+    #: Starts of one task whose consumer died mid-job (killed, out of memory) before the video is
+    #: failed and dead-lettered: a video that kills its consumer every time ends here, not in a loop.
+    max_crashes: int = Field(default=3, ge=1, le=20)
     consumer_replicas: int = Field(default=1, ge=1)
     consumer_concurrency: int = Field(default=2, ge=1, le=64)
     encoder_replicas: int = Field(default=1, ge=1)
@@ -116,6 +119,24 @@ class ServeSettings(BaseModel):
     ray_num_cpus: int | None = None
     #: Longest wait for the EventRouter's counters (/metrics).
     stats_timeout_s: float = Field(default=5.0, gt=0)
+
+
+class CheckSettings(BaseModel):
+    """The scheduled check: bucket, catalog and frames held against each other inside the app."""
+
+    #: Seconds between rounds of the scheduled check (0: never; ``vidx check`` still works).
+    interval_s: float = Field(default=300.0, ge=0)
+    #: Objects listed per round: the check goes through the buckets a slice at a time, resuming
+    #: where the last round stopped, so one round stays short however big the bucket.
+    objects_per_round: int = Field(default=5000, ge=1)
+    #: A video queued or indexing for longer than this, or an object changed more recently, is
+    #: given time (a job may be on its way); past it, it is an inconsistency and is repaired.
+    #: Longer than the longest job (``limits.max_decode_s`` plus fetch and embed).
+    in_flight_grace_s: float = Field(default=3600.0, gt=0)
+    #: Lease the scheduled check takes (one worker at a time in the whole fleet).
+    lease_ttl_s: float = Field(default=120.0, gt=0)
+    #: Submit repairing jobs for what a scheduled round finds.
+    repair: bool = True
 
 
 class Settings(BaseSettings):
@@ -135,6 +156,7 @@ class Settings(BaseSettings):
     limits: LimitSettings = Field(default_factory=LimitSettings)
     serve: ServeSettings = Field(default_factory=ServeSettings)
     index: IndexSettings = Field(default_factory=IndexSettings)
+    check: CheckSettings = Field(default_factory=CheckSettings)
     #: Where the local stack keeps its data, logs and pids.
     state_dir: Path = Path(".vidx")
     #: Bearer keys the API accepts; several at once let a key rotate (``VIDX_API_KEYS='["k1","k2"]'``).

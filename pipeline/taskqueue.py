@@ -11,9 +11,11 @@ import kombu.exceptions
 from ray.serve.schema import CeleryAdapterConfig, TaskProcessorConfig
 from ray.serve.task_consumer import instantiate_adapter_from_config
 
-from pipeline.errors import PermanentError, TransientError
-from pipeline.jobs import INDEX_TASK, IndexJob
+from events.jobs import INDEX_TASK, IndexJob
 from pipeline.settings import Settings
+from pipeline.videostate import QueueingSink, VideoStates
+from storage.errors import PermanentError, TransientError
+from storage.tables import IndexStore
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,11 @@ def task_processor_config(settings: Settings) -> TaskProcessorConfig:
         failed_task_queue_name=settings.serve.failed_queue,
         unprocessable_task_queue_name=settings.serve.unprocessable_queue,
     )
+
+
+def queueing_sink(settings: Settings, store: IndexStore) -> QueueingSink:
+    """The sink the API, reconcile and replays submit through: marks ``queued``, then submits."""
+    return QueueingSink(CeleryJobSink(settings), VideoStates(store.catalog))
 
 
 class CeleryJobSink:

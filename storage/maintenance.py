@@ -17,6 +17,10 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from lancedb.index import IvfHnswSq, IvfPq, IvfRq, IvfSq
 
 from storage.config import IndexSettings
 from storage.tables import IndexStore
@@ -24,6 +28,8 @@ from storage.tables import IndexStore
 log = logging.getLogger(__name__)
 
 LEASE = "maintenance"
+#: Name LanceDB gives the index on ``frames.vector``.
+VECTOR_INDEX = "vector_idx"
 
 
 class Action(enum.StrEnum):
@@ -42,6 +48,61 @@ class RoundResult:
     rows: int = 0
     unindexed_rows: int = 0
     took_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class VectorIndexState:
+    """How much of ``frames`` the ANN index covers."""
+
+    rows: int
+    indexed_rows: int
+    unindexed_rows: int
+    has_index: bool
+
+
+def vector_index_state(store: IndexStore) -> VectorIndexState | None:
+    """Rows of ``frames`` and how many the ANN index covers; None before the table exists."""
+    table = store.frames.table()
+    if table is None:
+        return None
+    rows = int(table.count_rows())
+    has_index = any(getattr(i, "name", None) == VECTOR_INDEX for i in table.list_indices())
+    stats = table.index_stats(VECTOR_INDEX) if has_index else None
+    if stats is None:
+        return VectorIndexState(rows=rows, indexed_rows=0, unindexed_rows=rows, has_index=False)
+    return VectorIndexState(
+        rows=rows,
+        indexed_rows=int(stats.num_indexed_rows),
+        unindexed_rows=int(stats.num_unindexed_rows),
+        has_index=True,
+    )
+
+
+def create_vector_index(store: IndexStore, settings: IndexSettings) -> None:
+    """(Re)build the cosine ANN index on ``frames.vector``; IVF partitions scale with the row count."""
+    table = store.frames.table()
+    if table is None:
+        return
+    partitions = max(1, int(table.count_rows()) // settings.rows_per_partition)
+    config: Any
+    if settings.index_type == "IVF_PQ":
+        config = IvfPq(distance_type="cosine", num_partitions=partitions, num_sub_vectors=settings.num_sub_vectors)
+    elif settings.index_type == "IVF_RQ":
+        config = IvfRq(distance_type="cosine", num_partitions=partitions)
+    elif settings.index_type == "IVF_HNSW_SQ":
+        config = IvfHnswSq(distance_type="cosine", num_partitions=partitions)
+    else:
+        config = IvfSq(distance_type="cosine", num_partitions=partitions)
+    table.create_index("vector", config=config, replace=True, name=VECTOR_INDEX)
+
+
+def optimize(store: IndexStore, keep_versions_s: float) -> None:
+    """Compact both tables' small fragments, fold new frames into the ANN index and drop versions older
+    than ``keep_versions_s``. Concurrent writers keep working (their commits are retried on conflict)."""
+    frames = store.frames.table()
+    if frames is not None:
+        frames.optimize(cleanup_older_than=timedelta(seconds=keep_versions_s))
+    store.catalog.optimize(keep_versions_s)
 
 
 class IndexMaintainer:
@@ -73,15 +134,15 @@ class IndexMaintainer:
         Library errors propagate (``run`` logs them and tries again next round)."""
         started = time.monotonic()
         s = self._settings
-        if not self._store.acquire_lease(LEASE, self._holder, s.lease_ttl_s, self._clock()):
+        if not self._store.leases.acquire(LEASE, self._holder, s.lease_ttl_s, self._clock()):
             return RoundResult(Action.SKIPPED_NOT_LEADER)
-        state = self._store.vector_index_state()
+        state = vector_index_state(self._store)
         if state is None:
             return RoundResult(Action.NO_TABLE)
         if not state.has_index:
             if state.rows < s.ann_min_rows:
                 # Still compact: one small fragment per video write slows scans as much as missing the index.
-                self._store.optimize(s.keep_versions_s)
+                optimize(self._store, s.keep_versions_s)
                 return RoundResult(Action.FLAT, state.rows, state.unindexed_rows, time.monotonic() - started)
             return self._build(state.rows, Action.INDEX_CREATED, started)
         if self._built_rows is None:
@@ -90,15 +151,15 @@ class IndexMaintainer:
             return self._build(state.rows, Action.INDEX_REBUILT, started)
         if state.unindexed_rows < max(1, s.optimize_min_unindexed_rows):
             # No new frames, but the catalog keeps committing status changes (deletes, duplicates).
-            self._store.optimize_catalog(s.keep_versions_s)
+            self._store.catalog.optimize(s.keep_versions_s)
             return RoundResult(Action.UP_TO_DATE, state.rows, state.unindexed_rows)
-        self._store.optimize(s.keep_versions_s)
+        optimize(self._store, s.keep_versions_s)
         took = time.monotonic() - started
         log.info("optimized: %d unindexed of %d rows folded in %.1fs", state.unindexed_rows, state.rows, took)
         return RoundResult(Action.OPTIMIZED, state.rows, state.unindexed_rows, took)
 
     def _build(self, rows: int, action: Action, started: float) -> RoundResult:
-        self._store.create_vector_index(self._settings)
+        create_vector_index(self._store, self._settings)
         self._built_rows = rows
         took = time.monotonic() - started
         log.info("vector index %s: %s over %d rows in %.1fs", action.value, self._settings.index_type, rows, took)

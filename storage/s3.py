@@ -21,8 +21,8 @@ import aiobotocore.session
 import botocore.exceptions
 from aiobotocore.config import AioConfig
 
-from pipeline.errors import LimitExceeded, PermanentError, TransientError
 from storage.config import S3Settings
+from storage.errors import LimitExceeded, PermanentError, TransientError
 
 log = logging.getLogger(__name__)
 

@@ -1,16 +1,17 @@
 """Grouped frame writes: the jobs of one consumer process share LanceDB commits.
 
-Each job hands its video's rows to ``GroupedFrameWriter.replace_frames`` and blocks. One writer
+Each job hands its video's rows to ``GroupedFrameWriter.replace`` and blocks. One writer
 thread gathers the videos that are waiting, at most ``max_videos`` videos / ``max_rows`` rows and
 at most ``wait_s`` after the oldest arrived, and replaces all their rows in one ``merge_insert``
-(``IndexStore.replace_frames_of_videos``: each video's old rows are replaced, other videos are left
-alone). Commits are what cost on object storage (a manifest PUT and its conflict check each), so
-fewer, larger commits write more frames per second and leave fewer versions to compact.
+(``FrameTable.replace_many``: each video's old rows are replaced, other videos are left alone).
+Commits are what cost on object storage (a manifest PUT and its conflict check each), so fewer,
+larger commits write more frames per second and leave fewer versions to compact.
 
 Durability is unchanged: a call returns only after the commit holding its rows succeeded, so the
 task is acknowledged (acks late) only once its rows are in the table. If the process dies before
 the group is written, no job of the group has returned: the broker redelivers them all and the old
-rows are still there. A failed commit fails every job of its group with ``TransientError``.
+rows are still there. When a grouped commit fails, each video of the group is committed alone, so one
+video's deterministic error fails that video only.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pipeline.errors import TransientError
-from storage.tables import FrameRow, VideoFrames
+from storage.errors import TransientError
+from storage.frames import VideoFrames
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +34,14 @@ CLOSE_TIMEOUT_S = 30.0
 
 
 class FrameWriter(Protocol):
-    """Replaces one video's frames and returns once they are durable (``IndexStore`` itself is the
+    """Replaces one video's frames and returns once they are durable (``FrameTable`` itself is the
     ungrouped writer: one commit per call)."""
 
-    def replace_frames(self, *, video_id: str, uri: str, version: str, model: str, rows: list[FrameRow]) -> None: ...
+    def replace(self, frames: VideoFrames) -> None: ...
 
 
 class GroupStore(Protocol):
-    def replace_frames_of_videos(self, videos: Sequence[VideoFrames]) -> None: ...
+    def replace_many(self, videos: Sequence[VideoFrames]) -> None: ...
 
 
 @dataclass(eq=False, slots=True)
@@ -60,7 +61,7 @@ class WriterStats:
 
 
 class GroupedFrameWriter:
-    """Gathers concurrent ``replace_frames`` calls into grouped commits (see the module docstring)."""
+    """Gathers concurrent ``replace`` calls into grouped commits (see the module docstring)."""
 
     def __init__(
         self,
@@ -90,14 +91,15 @@ class GroupedFrameWriter:
         with self._cond:
             return WriterStats(self._commits, self._videos, self._rows, self._failed)
 
-    def replace_frames(self, *, video_id: str, uri: str, version: str, model: str, rows: list[FrameRow]) -> None:
-        """Replace ``video_id``'s frames with ``rows``; returns once the commit holding them succeeded.
+    def replace(self, frames: VideoFrames) -> None:
+        """Replace ``frames.video_id``'s rows with ``frames.rows``; returns once the commit holding them succeeded.
 
         Raises:
             TransientError: the group's commit failed, no commit came within ``commit_timeout_s``
                 (the rows are then withdrawn if not yet being written), or the writer is closed.
         """
-        pending = _Pending(VideoFrames(video_id=video_id, uri=uri, version=version, model=model, rows=rows))
+        pending = _Pending(frames)
+        video_id = frames.video_id
         with self._cond:
             if self._closed:
                 raise TransientError("the frame writer is closed")
@@ -168,10 +170,15 @@ class GroupedFrameWriter:
         started = time.perf_counter()
         error: Exception | None = None
         try:
-            self._store.replace_frames_of_videos([p.frames for p in group])
-        except Exception as exc:  # every job of the group retries; the writer thread carries on
+            self._store.replace_many([p.frames for p in group])
+        except Exception as exc:  # the writer thread carries on whatever a commit raises
             error = exc
             log.warning("grouped commit of %d videos failed: %s: %s", len(group), type(exc).__name__, exc)
+        if error is not None and len(group) > 1:
+            # One video's bad rows must not fail the others: each goes alone, with its own outcome.
+            for pending in group:
+                self._commit([pending])
+            return
         rows = sum(len(p.frames.rows) for p in group)
         with self._cond:
             if error is None:

@@ -19,7 +19,7 @@ def services() -> Iterator[Services]:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from pipeline.tinymodel import build_tiny_siglip
+    from infra.dev.tinymodel import build_tiny_siglip
 
     return build_tiny_siglip(tmp_path_factory.mktemp("tiny-siglip"), seed=0)
 

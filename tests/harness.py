@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from events.jobs import IndexJob
 from events.router import EventRouter
 from pipeline.embed import SiglipEncoder
 from pipeline.indexer import Indexer, JobResult, mark_queued
-from pipeline.jobs import IndexJob
 from pipeline.settings import Settings
 from storage.tables import IndexStore
 from tests.services import Services, eventually, unique_prefix

@@ -1,6 +1,6 @@
-"""Test media: the generators live in ``pipeline.samples`` (the demo and benchmarks use them too)."""
+"""Test media: the generators live in ``infra.dev.samples`` (the demo and benchmarks use them too)."""
 
-from pipeline.samples import (
+from infra.dev.samples import (
     MATRIX_FORMATS,
     VIDEO_FORMATS,
     VideoFormat,

@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pipeline.ids import video_id
 from pipeline.settings import Settings
+from storage.ids import video_id
 from tests.harness import report_lines
 from tests.media import write_video
 from tests.services import SECRET_KEY, Services, eventually, unique_prefix

@@ -15,8 +15,8 @@ import httpx
 import pytest
 from PIL import Image
 
-from pipeline.ids import video_id
 from pipeline.settings import Settings
+from storage.ids import video_id
 from tests.faults.harness import start_app
 from tests.media import frame_at, write_corrupt_mp4, write_video
 from tests.services import Services, eventually, unique_prefix

@@ -26,10 +26,12 @@ from typing import Any
 import httpx
 import lancedb
 
-from pipeline.ids import s3_uri, video_id
-from pipeline.samples import expected_sample_count, write_video
+from infra.dev.samples import expected_sample_count, write_video
 from pipeline.settings import Settings
-from storage.tables import FRAMES, VIDEOS, storage_options
+from storage.catalog import VIDEOS
+from storage.db import storage_options
+from storage.frames import FRAMES
+from storage.ids import s3_uri, video_id
 from tests.services import Services, eventually, queue_counts
 
 STARTUP_TIMEOUT_S = 240.0
@@ -361,7 +363,7 @@ class SameVideoRace:
         self.threads: list[threading.Thread] = []
 
     def __call__(self, key: str) -> None:
-        from pipeline.jobs import IndexJob, JobOp, JobSource
+        from events.jobs import IndexJob, JobOp, JobSource
 
         self._uploads += 1
         if self._uploads % self._every:

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=4.0, help="operations per second, at most")
     args = parser.parse_args(argv)
 
-    from pipeline.tinymodel import build_tiny_siglip
+    from infra.dev.tinymodel import build_tiny_siglip
 
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="vidx-faults-") as tmp, start_services() as services:

@@ -25,14 +25,17 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from events.jobs import IndexJob, JobOp
 from events.router import EventRouter
 from pipeline.embed import SiglipEncoder
-from pipeline.errors import PermanentError, TransientError
 from pipeline.indexer import Indexer, JobResult, Outcome, S3ObjectSource, mark_queued
-from pipeline.jobs import IndexJob, JobOp
 from pipeline.settings import LimitSettings, Settings
+from storage.catalog import VideoStatus
+from storage.db import storage_options
+from storage.errors import PermanentError, TransientError
+from storage.frames import FRAMES
 from storage.s3 import ObjectHead
-from storage.tables import FRAMES, IndexStore, VideoStatus, storage_options
+from storage.tables import IndexStore
 from tests.harness import WAIT_S, QueueSink, report_lines
 from tests.media import (
     MATRIX_FORMATS,
@@ -390,7 +393,7 @@ def test_bad_input_matrix(stack: Stack, tmp_path: Path, report: list[str]) -> No
             lost += 1
             continue
         job = case.jobs[0]
-        record = stack.store.get_video(job.video_id)
+        record = stack.store.catalog.get(job.video_id)
         status = record.status if record else None
         written = record.frames if record and status is VideoStatus.INDEXED else 0
         rows_here = rows_per_video.get(job.video_id, 0)
@@ -428,7 +431,7 @@ def test_bad_input_matrix(stack: Stack, tmp_path: Path, report: list[str]) -> No
         Outcome.UNCHANGED
     ] * 4
     latest = stack.encoder.embed_images([frame_at(3, 74)])[0]
-    top = stack.store.search(latest, 1)[0]
+    top = stack.store.frames.search(latest, 1)[0]
     assert (top["video_id"], top["ts_s"]) == (overwritten.jobs[0].video_id, 3.0)
     # The good video after all the bad ones
     assert good.results == [JobResult(good.jobs[0].video_id, Outcome.INDEXED, frames=3)]

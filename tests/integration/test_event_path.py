@@ -14,10 +14,10 @@ from pathlib import Path
 import pika
 import pytest
 
-from pipeline.errors import CorruptVideo, PermanentError
+from events.jobs import JobOp
 from pipeline.indexer import Outcome
-from pipeline.jobs import JobOp
-from storage.tables import VideoStatus
+from storage.catalog import VideoStatus
+from storage.errors import CorruptVideo, PermanentError
 from tests.harness import WAIT_S, Stack
 from tests.media import frame_at, write_corrupt_mp4, write_video
 from tests.services import eventually
@@ -37,14 +37,14 @@ def test_uploads_become_searchable_moments_without_api_calls(stack: Stack, tmp_p
     assert sorted(j.key for j in jobs) == [f"clips/video {n}.mp4" for n in range(3)]
     assert all(j.op is JobOp.INDEX for j in jobs)
     eventually(lambda: stack.router.stats["ignored_not_video"] == 1, "the .txt event to be ignored", WAIT_S)
-    assert stack.store.get_video(jobs[0].video_id).status is VideoStatus.QUEUED  # type: ignore[union-attr]
+    assert stack.store.catalog.get(jobs[0].video_id).status is VideoStatus.QUEUED  # type: ignore[union-attr]
     results = [stack.run(j) for j in jobs]
     # Then each video is indexed with one frame per second
     assert [r.outcome for r in results] == [Outcome.INDEXED] * 3
     assert all(r.frames == 6 for r in results)
     # And an image of video 1 at t = 4 s finds video 1 at 4 s
     query = stack.encoder.embed_images([frame_at(4, 101)])[0]
-    top = stack.store.search(query, 5)[0]
+    top = stack.store.frames.search(query, 5)[0]
     assert top["uri"] == f"s3://{stack.bucket}/clips/video 1.mp4"
     assert top["ts_s"] == 4.0
     assert stack.router.stats["ignored_not_video"] == 1
@@ -56,7 +56,7 @@ def test_duplicate_event_is_a_no_op(stack: Stack, tmp_path: Path) -> None:
     (job,) = stack.sink.take(1)
     assert stack.run(job).outcome is Outcome.INDEXED
     assert stack.run(job).outcome is Outcome.UNCHANGED
-    assert stack.store.count_frames(job.video_id) == 3
+    assert stack.store.frames.count(job.video_id) == 3
 
 
 def test_corrupt_video_fails_with_reason_and_next_video_is_indexed(stack: Stack, tmp_path: Path) -> None:
@@ -65,7 +65,7 @@ def test_corrupt_video_fails_with_reason_and_next_video_is_indexed(stack: Stack,
     bad, good = stack.sink.take(2)
     with pytest.raises(CorruptVideo) as caught:
         stack.run(bad)
-    record = stack.store.get_video(bad.video_id)
+    record = stack.store.catalog.get(bad.video_id)
     assert record is not None and record.status is VideoStatus.FAILED
     assert record.error == caught.value.reason and record.error.startswith("decode error")
     assert stack.run(good).outcome is Outcome.INDEXED
@@ -76,7 +76,7 @@ def test_not_a_video_named_mp4_fails_permanently(stack: Stack) -> None:
     (job,) = stack.sink.take(1)
     with pytest.raises(PermanentError):
         stack.run(job)
-    record = stack.store.get_video(job.video_id)
+    record = stack.store.catalog.get(job.video_id)
     assert record is not None and record.status is VideoStatus.FAILED and record.error
 
 
@@ -88,16 +88,16 @@ def test_delete_and_overwrite_follow_the_bucket(stack: Stack, tmp_path: Path) ->
     stack.upload("v.mp4", write_video(tmp_path / "b.mp4", seconds=5, seed=21))
     (overwritten,) = stack.sink.take(1)
     assert stack.run(overwritten).outcome is Outcome.INDEXED
-    assert stack.store.count_frames(created.video_id) == 5
-    top = stack.store.search(stack.encoder.embed_images([frame_at(2, 21)])[0], 1)[0]
+    assert stack.store.frames.count(created.video_id) == 5
+    top = stack.store.frames.search(stack.encoder.embed_images([frame_at(2, 21)])[0], 1)[0]
     assert top["video_id"] == created.video_id and top["ts_s"] == 2.0
     # Delete: rows gone, status deleted
     stack.services.minio_client().remove_object(stack.bucket, "v.mp4")
     (deleted,) = stack.sink.take(1)
     assert deleted.op is JobOp.DELETE
     assert stack.run(deleted).outcome is Outcome.DELETED
-    assert stack.store.count_frames(created.video_id) == 0
-    assert stack.store.get_video(created.video_id).status is VideoStatus.DELETED  # type: ignore[union-attr]
+    assert stack.store.frames.count(created.video_id) == 0
+    assert stack.store.catalog.get(created.video_id).status is VideoStatus.DELETED  # type: ignore[union-attr]
 
 
 def test_undecodable_message_is_parked_and_router_keeps_going(stack: Stack, tmp_path: Path) -> None:

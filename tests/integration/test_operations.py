@@ -16,16 +16,16 @@ import pika
 import pytest
 from typer.testing import CliRunner
 
+from events.jobs import IndexJob, JobSource
 from events.records import BucketEvent, EventKind, decode_message
 from events.router import EventRouter, Routed
 from pipeline.cli import app
 from pipeline.consumer import IndexTaskHandler, TaskContext
 from pipeline.deadletters import DeadLetterQueue
-from pipeline.errors import TransientError
-from pipeline.ids import video_id
 from pipeline.indexer import JobResult
-from pipeline.jobs import IndexJob, JobSource
-from storage.tables import VideoStatus
+from storage.catalog import VideoStatus
+from storage.errors import TransientError
+from storage.ids import video_id
 from tests.harness import Stack, report_lines
 from tests.media import write_corrupt_mp4, write_video
 
@@ -86,7 +86,7 @@ def test_failed_jobs_are_listed_and_replayed(stack: Stack, tmp_path: Path, reque
     unlucky = handler(stack, EncoderDown(stack))
     out = unlucky.handle(jobs["ok/unlucky.mp4"].model_dump(mode="json"), TaskContext("task-unlucky", last))
     assert out["reason"] == f"gave up after {last + 1} attempts: encoder call failed: ActorDiedError"
-    assert stack.store.get_video(jobs["ok/unlucky.mp4"].video_id).status is VideoStatus.FAILED  # type: ignore[union-attr]
+    assert stack.store.catalog.get(jobs["ok/unlucky.mp4"].video_id).status is VideoStatus.FAILED  # type: ignore[union-attr]
 
     # When an operator lists the dead letters (twice: listing leaves them in place)
     for _ in range(2):
@@ -106,11 +106,11 @@ def test_failed_jobs_are_listed_and_replayed(stack: Stack, tmp_path: Path, reque
     report_lines(request.config, [f"dlq replay: {line}" for line in output.splitlines()])
     [(task_id, replayed)] = take_tasks(stack)
     assert replayed.source is JobSource.REPLAY and replayed.key == "ok/unlucky.mp4"
-    assert stack.store.get_video(replayed.video_id).status is VideoStatus.QUEUED  # type: ignore[union-attr]
+    assert stack.store.catalog.get(replayed.video_id).status is VideoStatus.QUEUED  # type: ignore[union-attr]
     assert handler(stack).handle(replayed.model_dump(mode="json"), TaskContext(task_id, 0))["outcome"] == "indexed"
 
     # Then the video is indexed, and only the corrupt one is still a dead letter
-    assert stack.store.get_video(replayed.video_id).status is VideoStatus.INDEXED  # type: ignore[union-attr]
+    assert stack.store.catalog.get(replayed.video_id).status is VideoStatus.INDEXED  # type: ignore[union-attr]
     assert [d["id"] for d in json.loads(cli("dlq", "list", "--json"))] == ["task-broken"]
     assert "1 replayed, 0 left" in cli("dlq", "replay", "--all")
     [(_, again)] = take_tasks(stack)
@@ -176,14 +176,14 @@ def test_reconcile_repairs_a_bucket_after_ten_percent_of_events_were_lost(
     assert sorted(present) == keys[10:]
     for key, etag in present.items():
         vid = video_id(stack.bucket, key)
-        record = stack.store.get_video(vid)
+        record = stack.store.catalog.get(vid)
         assert record is not None and record.status is VideoStatus.INDEXED and record.version == etag, (key, record)
-        assert stack.store.count_frames(vid) == record.frames == 2
+        assert stack.store.frames.count(vid) == record.frames == 2
     for key in keys[:10]:
         vid = video_id(stack.bucket, key)
-        record = stack.store.get_video(vid)
+        record = stack.store.catalog.get(vid)
         assert record is None or record.status is VideoStatus.DELETED, (key, record)
-        assert stack.store.count_frames(vid) == 0
+        assert stack.store.frames.count(vid) == 0
     again = cli("reconcile")
     assert "in sync 10, missing 0, stale 0, orphaned 0" in again and "submitted 0 jobs" in again, again
     lost = f"{loss.seen} events, {len(loss.lost)} lost ({len(lost_creates)} creates, {len(lost_deletes)} deletes)"

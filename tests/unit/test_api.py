@@ -12,13 +12,13 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from pydantic import SecretStr
 
+from events.jobs import IndexJob
 from pipeline.api import MAX_BODY_BYTES, MULTIPART_OVERHEAD_BYTES, create_app, is_admin_path
-from pipeline.errors import InvalidInput, LimitExceeded, TransientError
-from pipeline.ids import video_id
-from pipeline.jobs import IndexJob
 from pipeline.search import MomentOut, SearchResponse, decode_query_image
 from pipeline.settings import LimitSettings, Settings
-from storage.tables import VideoRecord, VideoStatus
+from storage.catalog import VideoRecord, VideoStatus
+from storage.errors import InvalidInput, LimitExceeded, TransientError
+from storage.ids import video_id
 
 MOMENT = MomentOut(
     video_id="v1",

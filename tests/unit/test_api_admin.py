@@ -8,10 +8,10 @@ from typing import Any
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
+from events.jobs import IndexJob, JobOp, JobSink, JobSource
 from pipeline.api import create_app
 from pipeline.api_admin import admin_router
 from pipeline.deadletters import DeadLetter, FailureKind, ReplayReport
-from pipeline.jobs import IndexJob, JobOp, JobSink, JobSource
 from pipeline.reconcile import Change, Drift, ReconcileReport
 from pipeline.settings import Settings
 from tests.unit.test_api import FakeJobs, FakeSearch, FakeStore

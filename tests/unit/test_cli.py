@@ -106,7 +106,7 @@ def test_invalid_settings_fail_in_one_line(offline: Path, monkeypatch: pytest.Mo
 @pytest.fixture
 def fake_services(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """``vidx up`` with every service start replaced by a note of its name."""
-    import pipeline.stack as stack
+    import infra.dev.stack as stack
 
     started: list[str] = []
     for name in ("start_rabbitmq", "start_minio", "start_ray", "start_app"):
@@ -162,9 +162,9 @@ def test_an_empty_key_file_left_by_a_crash_is_replaced(offline: Path, fake_servi
 
 
 def test_the_app_is_handed_key_files_not_keys(offline: Path, fake_services: list[str]) -> None:
+    from infra.dev.stack.layout import Layout
+    from infra.dev.stack.ray import child_env
     from pipeline.settings import Settings
-    from pipeline.stack.layout import Layout
-    from pipeline.stack.ray import child_env
 
     assert CliRunner().invoke(app, ["up"]).exit_code == 0
     settings = Settings()
@@ -179,7 +179,7 @@ def test_the_app_is_handed_key_files_not_keys(offline: Path, fake_services: list
 
 
 def test_cli_sends_the_stack_key(offline: Path, fake_services: list[str]) -> None:
-    from pipeline.cli import ApiClient
+    from pipeline.cli_common import ApiClient
     from pipeline.settings import Settings
 
     assert CliRunner().invoke(app, ["up"]).exit_code == 0
@@ -190,7 +190,7 @@ def test_cli_sends_the_stack_key(offline: Path, fake_services: list[str]) -> Non
 
 
 def test_cli_prefers_the_configured_key(offline: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.cli import ApiClient
+    from pipeline.cli_common import ApiClient
     from pipeline.settings import Settings
 
     monkeypatch.setenv("VIDX_API_KEY", "configured-key-0123456789")
@@ -198,7 +198,7 @@ def test_cli_prefers_the_configured_key(offline: Path, monkeypatch: pytest.Monke
 
 
 def test_cli_without_any_key_sends_none(offline: Path) -> None:
-    from pipeline.cli import ApiClient
+    from pipeline.cli_common import ApiClient
     from pipeline.settings import Settings
 
     assert "authorization" not in ApiClient(Settings())._client.headers

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from events.jobs import IndexJob, JobOp, JobSource
 from pipeline.consumer import IndexTaskHandler, Interrupted, TaskContext
 from pipeline.deadletters import DeadLetter, FailureKind
-from pipeline.errors import CorruptVideo, TransientError
 from pipeline.indexer import JobResult, Outcome
-from pipeline.jobs import IndexJob, JobOp, JobSource
+from storage.errors import CorruptVideo, TransientError
 
 JOB = IndexJob(op=JobOp.INDEX, bucket="videos", key="a/b.mp4", source=JobSource.EVENT)
 

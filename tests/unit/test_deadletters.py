@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from events.jobs import IndexJob, JobOp, JobSource
 from pipeline.deadletters import DeadLetter, FailureKind, decode_dead_letter
-from pipeline.jobs import IndexJob, JobOp, JobSource
 
 JOB = IndexJob(op=JobOp.INDEX, bucket="videos", key="dir/clip 1.mp4", source=JobSource.EVENT, hint_version="e1")
 

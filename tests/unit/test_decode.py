@@ -12,6 +12,7 @@ import numpy as np
 import pydantic
 import pytest
 
+from infra.dev.samples import write_textured_video
 from pipeline.decode import (
     DecodeLimits,
     DecodeStats,
@@ -22,8 +23,7 @@ from pipeline.decode import (
     sample_frames,
     span,
 )
-from pipeline.errors import CorruptVideo, LimitExceeded, NotAVideo, PermanentError
-from pipeline.samples import write_textured_video
+from storage.errors import CorruptVideo, LimitExceeded, NotAVideo, PermanentError
 from tests.media import (
     MATRIX_FORMATS,
     expected_sample_count,

@@ -12,10 +12,10 @@ import torch
 from numpy.typing import NDArray
 from PIL import Image
 
+from infra.dev.tinymodel import HIDDEN_SIZE, build_tiny_siglip
 from pipeline.embed import SiglipEncoder
-from pipeline.errors import InvalidInput, ModelUnavailable
 from pipeline.settings import ModelSettings
-from pipeline.tinymodel import HIDDEN_SIZE, build_tiny_siglip
+from storage.errors import InvalidInput, ModelUnavailable
 
 
 def _settings(model_dir: Path, **overrides: object) -> ModelSettings:

@@ -1,4 +1,4 @@
-"""pipeline/ids.py: video ids, frame ids, S3 URIs and index fingerprints."""
+"""storage/ids.py: video ids, frame ids, S3 URIs and index fingerprints."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from pipeline.errors import InvalidInput, PermanentError
-from pipeline.ids import fingerprint, frame_id, parse_s3_uri, s3_uri, video_id
+from storage.errors import InvalidInput, PermanentError
+from storage.ids import fingerprint, frame_id, parse_s3_uri, s3_uri, video_id
 
 BUCKETS = ["videos", "archive"]
 

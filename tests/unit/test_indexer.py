@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from pipeline.errors import CorruptVideo, LimitExceeded
+from events.jobs import IndexJob, JobOp, JobSource
 from pipeline.indexer import Indexer, JobResult, Outcome, mark_queued
-from pipeline.jobs import IndexJob, JobOp, JobSource
 from pipeline.settings import Settings
+from storage.catalog import VideoRecord, VideoStatus
+from storage.errors import CorruptVideo, LimitExceeded
 from storage.s3 import ObjectHead
-from storage.tables import IndexStore, VideoRecord, VideoStatus
+from storage.tables import IndexStore
 from tests.media import write_corrupt_mp4, write_video
 
 
@@ -75,10 +76,10 @@ def test_index_then_duplicate_is_a_no_op(parts: tuple[Indexer, IndexStore, Memor
     indexer, store, objects = parts
     objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=4, seed=1))
     assert indexer.run(job("a.mp4")) == JobResult(job("a.mp4").video_id, Outcome.INDEXED, frames=4)
-    record = store.get_video(job("a.mp4").video_id)
+    record = store.catalog.get(job("a.mp4").video_id)
     assert record is not None and record.status is VideoStatus.INDEXED and record.duration_s == pytest.approx(4.0)
     assert indexer.run(job("a.mp4")).outcome is Outcome.UNCHANGED
-    assert objects.downloads == 1 and store.count_frames() == 4
+    assert objects.downloads == 1 and store.frames.count() == 4
 
 
 def test_queued_row_over_indexed_rows_settles_back_without_work(
@@ -88,9 +89,9 @@ def test_queued_row_over_indexed_rows_settles_back_without_work(
     objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=2, seed=1))
     indexer.run(job("a.mp4"))
     mark_queued(store, IndexJob(op=JobOp.INDEX, bucket="videos", key="a.mp4", source=JobSource.API))
-    assert store.get_video(job("a.mp4").video_id).status is VideoStatus.QUEUED  # type: ignore[union-attr]
+    assert store.catalog.get(job("a.mp4").video_id).status is VideoStatus.QUEUED  # type: ignore[union-attr]
     assert indexer.run(job("a.mp4")).outcome is Outcome.UNCHANGED
-    assert store.get_video(job("a.mp4").video_id).status is VideoStatus.INDEXED  # type: ignore[union-attr]
+    assert store.catalog.get(job("a.mp4").video_id).status is VideoStatus.INDEXED  # type: ignore[union-attr]
     assert objects.downloads == 1
 
 
@@ -110,11 +111,11 @@ def test_create_event_for_a_gone_object_removes_it(
     indexer.run(job("a.mp4"))
     del objects.files["a.mp4"]
     assert indexer.run(job("a.mp4")).outcome is Outcome.DELETED
-    assert store.count_frames(job("a.mp4").video_id) == 0
+    assert store.frames.count(job("a.mp4").video_id) == 0
     # A repeated delete, and a delete of something never indexed, commit nothing.
     assert indexer.run(job("a.mp4", JobOp.DELETE)).outcome is Outcome.UNCHANGED
     assert indexer.run(job("never.mp4", JobOp.DELETE)).outcome is Outcome.UNCHANGED
-    assert store.get_video(job("never.mp4").video_id) is None
+    assert store.catalog.get(job("never.mp4").video_id) is None
 
 
 def test_an_overwrite_during_indexing_is_followed_not_committed_stale(
@@ -126,9 +127,9 @@ def test_an_overwrite_during_indexing_is_followed_not_committed_stale(
     objects.on_download = lambda: objects.put("a.mp4", v2)  # overwritten while v1 is being embedded
     result = indexer.run(job("a.mp4"))
     assert result.outcome is Outcome.INDEXED and result.frames == 5
-    record = store.get_video(job("a.mp4").video_id)
+    record = store.catalog.get(job("a.mp4").video_id)
     assert record is not None and record.version == hashlib.md5(v2.read_bytes()).hexdigest()
-    assert store.count_frames(job("a.mp4").video_id) == 5
+    assert store.frames.count(job("a.mp4").video_id) == 5
 
 
 def test_a_delete_during_indexing_removes_instead(
@@ -138,7 +139,7 @@ def test_a_delete_during_indexing_removes_instead(
     objects.put("a.mp4", write_video(tmp_path / "v1.mp4", seconds=3, seed=1))
     objects.on_download = lambda: objects.files.pop("a.mp4")
     assert indexer.run(job("a.mp4")).outcome is Outcome.DELETED
-    assert store.count_frames() == 0
+    assert store.frames.count() == 0
 
 
 def test_permanent_failure_is_recorded_and_old_rows_stay(
@@ -150,10 +151,10 @@ def test_permanent_failure_is_recorded_and_old_rows_stay(
     objects.put("a.mp4", write_corrupt_mp4(tmp_path / "bad.mp4"))
     with pytest.raises(CorruptVideo):
         indexer.run(job("a.mp4"))
-    record = store.get_video(job("a.mp4").video_id)
+    record = store.catalog.get(job("a.mp4").video_id)
     assert record is not None and record.status is VideoStatus.FAILED
     assert record.error is not None and record.error.startswith("decode error")
-    assert store.count_frames(job("a.mp4").video_id) == 2
+    assert store.frames.count(job("a.mp4").video_id) == 2
 
 
 def test_limits_name_themselves_in_the_reason(tmp_path: Path) -> None:
@@ -163,7 +164,7 @@ def test_limits_name_themselves_in_the_reason(tmp_path: Path) -> None:
     objects.put("long.mp4", write_video(tmp_path / "long.mp4", seconds=4, seed=1))
     with pytest.raises(LimitExceeded):
         Indexer(settings, MeanColour(), store, objects).run(job("long.mp4"))
-    record = store.get_video(job("long.mp4").video_id)
+    record = store.catalog.get(job("long.mp4").video_id)
     assert record is not None and "max duration" in (record.error or "")
 
 
@@ -172,13 +173,13 @@ def test_a_late_failure_does_not_overwrite_a_newer_outcome(parts: tuple[Indexer,
     vid = job("a.mp4").video_id
     store.put_video(VideoRecord(video_id=vid, uri="s3://videos/a.mp4", status=VideoStatus.INDEXED, version="v2"))
     indexer.record_failure(job("a.mp4"), "gave up after 4 attempts", version="v1")
-    assert store.get_video(vid).status is VideoStatus.INDEXED  # type: ignore[union-attr]
+    assert store.catalog.get(vid).status is VideoStatus.INDEXED  # type: ignore[union-attr]
     indexer.record_failure(job("a.mp4"), "gave up after 4 attempts")  # the giving-up consumer saw no version
-    assert store.get_video(vid).status is VideoStatus.INDEXED  # type: ignore[union-attr]
+    assert store.catalog.get(vid).status is VideoStatus.INDEXED  # type: ignore[union-attr]
     indexer.record_failure(job("a.mp4"), "gave up after 4 attempts", version="v2")
-    assert store.get_video(vid).status is VideoStatus.FAILED  # type: ignore[union-attr]
+    assert store.catalog.get(vid).status is VideoStatus.FAILED  # type: ignore[union-attr]
     indexer.record_failure(job("b.mp4"), "HEAD s3://videos/b.mp4: object store answered 403")
-    assert store.get_video(job("b.mp4").video_id).status is VideoStatus.FAILED  # type: ignore[union-attr]
+    assert store.catalog.get(job("b.mp4").video_id).status is VideoStatus.FAILED  # type: ignore[union-attr]
 
 
 def test_each_job_reports_where_its_time_went(parts: tuple[Indexer, IndexStore, MemoryObjects], tmp_path: Path) -> None:
@@ -212,10 +213,10 @@ def test_an_overwrite_during_the_commit_is_followed(tmp_path: Path) -> None:
     result = Indexer(settings, MeanColour(), store, objects, writer=writer).run(job("a.mp4"))
     head = objects.head("videos", "a.mp4")
     assert head is not None
-    record = store.get_video(job("a.mp4").video_id)
+    record = store.catalog.get(job("a.mp4").video_id)
     assert result.outcome is Outcome.INDEXED and result.frames == 5 and writer.commits == 2
     assert record is not None and record.version == head.version and record.frames == 5
-    assert store.count_frames(job("a.mp4").video_id) == 5
+    assert store.frames.count(job("a.mp4").video_id) == 5
 
 
 def test_an_upload_during_a_removal_is_indexed(tmp_path: Path) -> None:
@@ -234,9 +235,9 @@ def test_an_upload_during_a_removal_is_indexed(tmp_path: Path) -> None:
     assert indexer.run(job("a.mp4")).frames == 3
     objects.files.pop("a.mp4")
     result = indexer.run(job("a.mp4", JobOp.DELETE))
-    record = store.get_video(job("a.mp4").video_id)
+    record = store.catalog.get(job("a.mp4").video_id)
     assert result.outcome is Outcome.INDEXED and result.frames == 2
-    assert record is not None and record.status is VideoStatus.INDEXED and store.count_frames(record.video_id) == 2
+    assert record is not None and record.status is VideoStatus.INDEXED and store.frames.count(record.video_id) == 2
 
 
 def test_a_status_repair_never_touches_a_newer_version(parts: tuple[Indexer, IndexStore, MemoryObjects]) -> None:
@@ -246,6 +247,6 @@ def test_a_status_repair_never_touches_a_newer_version(parts: tuple[Indexer, Ind
         VideoRecord(video_id=vid, uri="s3://videos/a.mp4", status=VideoStatus.INDEXED, version="v2", fingerprint="fp2")
     )
     store.set_status(vid, VideoStatus.QUEUED, only_if_fingerprint="fp1")
-    assert store.get_video(vid).status is VideoStatus.INDEXED  # type: ignore[union-attr]
+    assert store.catalog.get(vid).status is VideoStatus.INDEXED  # type: ignore[union-attr]
     store.set_status(vid, VideoStatus.QUEUED, only_if_fingerprint="fp2")
-    assert store.get_video(vid).status is VideoStatus.QUEUED  # type: ignore[union-attr]
+    assert store.catalog.get(vid).status is VideoStatus.QUEUED  # type: ignore[union-attr]

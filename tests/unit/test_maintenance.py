@@ -10,8 +10,9 @@ import pytest
 from numpy.typing import NDArray
 
 from storage.config import IndexSettings, S3Settings
+from storage.frames import FrameRow
 from storage.maintenance import Action, IndexMaintainer
-from storage.tables import FrameRow, IndexStore
+from storage.tables import IndexStore
 
 DIM = 16
 SETTINGS = IndexSettings(ann_min_rows=400, rows_per_partition=256, nprobes=4, refine_factor=5, search_consistency_s=0)
@@ -48,7 +49,7 @@ def probe() -> NDArray[np.float32]:
 
 
 def assert_found(store: IndexStore, frame_id: str) -> None:
-    for rows in (store.search(probe(), 5, SETTINGS), store.search(probe(), 5)):
+    for rows in (store.frames.search(probe(), 5, SETTINGS), store.frames.search(probe(), 5)):
         assert rows[0]["frame_id"] == frame_id
         assert rows[0]["_distance"] == pytest.approx(0.0, abs=1e-3)
 
@@ -64,8 +65,8 @@ def test_below_the_threshold_no_index_and_search_is_exact(store: IndexStore) -> 
     assert state is not None and not state.has_index
     assert_found(store, "needle-0")
     # Exact results equal to the brute-force order.
-    exact = [r["frame_id"] for r in store.search(probe(), 10, exact=True)]
-    assert [r["frame_id"] for r in store.search(probe(), 10, SETTINGS)] == exact
+    exact = [r["frame_id"] for r in store.frames.search(probe(), 10, exact=True)]
+    assert [r["frame_id"] for r in store.frames.search(probe(), 10, SETTINGS)] == exact
 
 
 def test_past_the_threshold_the_index_is_created_once_and_optimize_folds_new_rows_in(store: IndexStore) -> None:
@@ -104,8 +105,8 @@ def test_ann_results_agree_with_exact_search(store: IndexStore) -> None:
     rng = np.random.default_rng(5)
     hits = 0
     for query in unit(rng.standard_normal((20, DIM))).astype(np.float32):
-        exact = {r["frame_id"] for r in store.search(query, 10, exact=True)}
-        hits += len(exact & {r["frame_id"] for r in store.search(query, 10, SETTINGS)})
+        exact = {r["frame_id"] for r in store.frames.search(query, 10, exact=True)}
+        hits += len(exact & {r["frame_id"] for r in store.frames.search(query, 10, SETTINGS)})
     assert hits / 200 >= 0.9
 
 

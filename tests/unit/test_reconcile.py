@@ -10,11 +10,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from events.config import VideoFilterSettings
-from pipeline.ids import fingerprint, s3_uri, video_id
-from pipeline.jobs import IndexJob, JobOp, JobSource
+from events.jobs import IndexJob, JobOp, JobSource
 from pipeline.reconcile import MAX_REPORTED_CHANGES, Drift, Reconciler
+from storage.catalog import VideoRecord, VideoStatus
+from storage.ids import fingerprint, s3_uri, video_id
 from storage.s3 import ObjectHead
-from storage.tables import VideoRecord, VideoStatus
 
 MODEL = "tiny"
 BUCKET = "videos"

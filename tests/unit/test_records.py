@@ -10,7 +10,7 @@ from urllib.parse import quote_plus, unquote_plus
 import pytest
 
 from events.records import BucketEvent, EventDecodeError, EventKind, decode_message
-from pipeline.errors import PermanentError
+from storage.errors import PermanentError
 
 BUCKET = "videos"
 

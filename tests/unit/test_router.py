@@ -10,10 +10,10 @@ import pika.exceptions
 import pytest
 
 from events.config import AmqpSettings, VideoFilterSettings
+from events.jobs import IndexJob, JobOp, JobSource
 from events.records import EventDecodeError
 from events.router import EventRouter, JobSink, _describe
-from pipeline.errors import TransientError
-from pipeline.jobs import IndexJob, JobOp, JobSource
+from storage.errors import TransientError
 from tests.unit.test_records import minio_body, minio_record
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.errors import InvalidInput, LimitExceeded
 from pipeline.search import decode_query_image
+from storage.errors import InvalidInput, LimitExceeded
 
 
 def png(width: int, height: int) -> bytes:

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import TransientError
 from pipeline.settings import Settings
-from storage.tables import IndexStore, VideoRecord, VideoStatus
+from storage.catalog import VideoRecord, VideoStatus
+from storage.errors import TransientError
+from storage.tables import IndexStore
 
 
 def test_a_commit_conflict_is_transient(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,10 +14,11 @@ import lancedb
 import numpy as np
 import pytest
 
-from pipeline.errors import TransientError
 from pipeline.indexer import Indexer, Outcome
 from pipeline.settings import Settings
-from storage.tables import FrameRow, IndexStore, VideoFrames
+from storage.errors import TransientError
+from storage.frames import FrameRow, VideoFrames
+from storage.tables import IndexStore
 from storage.writer import GroupedFrameWriter
 from tests.media import write_video
 from tests.unit.test_indexer import MeanColour, MemoryObjects, job
@@ -43,13 +44,13 @@ def table_version(db_dir: Path) -> int:
 
 
 def frame_ids(store: IndexStore, video_id: str) -> list[str]:
-    table = store._frames_table()
+    table = store.frames.table()
     got = table.search().where(f"video_id = '{video_id}'").select(["frame_id"]).limit(None).to_list()
     return sorted(r["frame_id"] for r in got)
 
 
 def versions_of(store: IndexStore, video_id: str) -> set[str]:
-    table = store._frames_table()
+    table = store.frames.table()
     got = table.search().where(f"video_id = '{video_id}'").select(["version"]).limit(None).to_list()
     return {r["version"] for r in got}
 
@@ -84,26 +85,26 @@ def submit_all(writer: GroupedFrameWriter, videos: Sequence[VideoFrames]) -> dic
 
 
 def test_grouped_write_replaces_each_video_and_leaves_others(store: IndexStore) -> None:
-    store.replace_frames_of_videos([frames("a", 5, seed=1), frames("b", 4, seed=2), frames("c", 3, seed=3)])
-    store.replace_frames_of_videos(
+    store.frames.replace_many([frames("a", 5, seed=1), frames("b", 4, seed=2), frames("c", 3, seed=3)])
+    store.frames.replace_many(
         [frames("a", 2, seed=4, version="v2"), VideoFrames("b", "s3://videos/b", "v2", "m", [])]
     )
     assert frame_ids(store, "a") == ["a-000000", "a-000001"] and versions_of(store, "a") == {"v2"}
     assert frame_ids(store, "b") == []
     assert len(frame_ids(store, "c")) == 3 and versions_of(store, "c") == {"v1"}
     with pytest.raises(ValueError, match="twice"):
-        store.replace_frames_of_videos([frames("a", 1, seed=5), frames("a", 1, seed=6)])
+        store.frames.replace_many([frames("a", 1, seed=5), frames("a", 1, seed=6)])
 
 
 def test_quotes_in_video_ids_stay_scoped(store: IndexStore) -> None:
-    store.replace_frames_of_videos([frames("o'k", 3, seed=1), frames("x", 2, seed=2)])
-    store.replace_frames_of_videos([frames("o'k", 1, seed=3, version="v2")])
+    store.frames.replace_many([frames("o'k", 3, seed=1), frames("x", 2, seed=2)])
+    store.frames.replace_many([frames("o'k", 1, seed=3, version="v2")])
     assert frame_ids(store, "o''k") == ["o'k-000000"]
     assert len(frame_ids(store, "x")) == 2
 
 
 def test_concurrent_jobs_share_commits(store: IndexStore, db_dir: Path) -> None:
-    store.replace_frames_of_videos([frames(f"v{i}", 6, seed=i) for i in range(8)] + [frames("other", 2, seed=99)])
+    store.frames.replace_many([frames(f"v{i}", 6, seed=i) for i in range(8)] + [frames("other", 2, seed=99)])
     before = table_version(db_dir)
     writer = GroupedFrameWriter(store, max_videos=8, wait_s=5.0)
     try:
@@ -121,7 +122,7 @@ def test_concurrent_jobs_share_commits(store: IndexStore, db_dir: Path) -> None:
 
 
 def test_group_limits_split_commits(store: IndexStore, db_dir: Path) -> None:
-    store.replace_frames_of_videos([frames("seed", 1, seed=0)])
+    store.frames.replace_many([frames("seed", 1, seed=0)])
     before = table_version(db_dir)
     writer = GroupedFrameWriter(store, max_videos=3, max_rows=100, wait_s=0.5)
     try:
@@ -130,11 +131,11 @@ def test_group_limits_split_commits(store: IndexStore, db_dir: Path) -> None:
         writer.close()
     assert all(e is None for e in outcome.values()) and len(outcome) == 7
     assert 3 <= table_version(db_dir) - before <= 7
-    assert store.count_frames() == 1 + 14
+    assert store.frames.count() == 1 + 14
 
 
 def test_wait_is_bounded_and_a_full_group_does_not_wait(store: IndexStore) -> None:
-    store.replace_frames_of_videos([frames("seed", 1, seed=0)])  # the table exists: commits are quick
+    store.frames.replace_many([frames("seed", 1, seed=0)])  # the table exists: commits are quick
     writer = GroupedFrameWriter(store, max_videos=2, wait_s=0.4)
     try:
         started = time.monotonic()
@@ -168,11 +169,11 @@ class FailingStore:
         if self.fail > 0:
             self.fail -= 1
             raise OSError("object store went away")
-        self.store.replace_frames_of_videos(videos)
+        self.store.frames.replace_many(videos)
 
 
 def test_failed_commit_fails_every_job_of_the_group(store: IndexStore) -> None:
-    store.replace_frames_of_videos([frames("a", 4, seed=1), frames("b", 4, seed=2)])
+    store.frames.replace_many([frames("a", 4, seed=1), frames("b", 4, seed=2)])
     failing = FailingStore(store, fail=1)
     writer = GroupedFrameWriter(failing, max_videos=2, wait_s=5.0)
     try:
@@ -222,7 +223,7 @@ class BlockingStore:
     def replace_frames_of_videos(self, videos: Sequence[VideoFrames]) -> None:
         self.groups.append([v.video_id for v in videos])
         self.release.wait(30)
-        self.store.replace_frames_of_videos(videos)
+        self.store.frames.replace_many(videos)
 
 
 def test_a_job_that_times_out_is_withdrawn_and_one_being_written_waits_for_its_commit(store: IndexStore) -> None:
@@ -338,7 +339,7 @@ _DYING_CONSUMER = textwrap.dedent(
 def test_a_consumer_killed_before_the_group_is_written_loses_nothing(
     store: IndexStore, db_dir: Path, tmp_path: Path
 ) -> None:
-    store.replace_frames_of_videos([frames("a", 5, seed=1), frames("b", 5, seed=2)])
+    store.frames.replace_many([frames("a", 5, seed=1), frames("b", 5, seed=2)])
     before = table_version(db_dir)
     script = tmp_path / "consumer.py"
     script.write_text(_DYING_CONSUMER.format(root=str(ROOT), db=str(db_dir)))

@@ -10,10 +10,10 @@ import secrets
 import sys
 from pathlib import Path
 
+from infra.dev.stack.keys import key_env
+from infra.dev.stack.layout import Echo, Layout, StackError
+from infra.dev.stack.process import alive, port_open, running_pid, spawn, taken, wait
 from pipeline.settings import Settings
-from pipeline.stack.keys import key_env
-from pipeline.stack.layout import Echo, Layout, StackError
-from pipeline.stack.process import alive, port_open, running_pid, spawn, taken, wait
 
 RAY_GCS_PORT = 6379
 RAY_START_TIMEOUT_S = 120.0

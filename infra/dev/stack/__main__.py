@@ -1,11 +1,11 @@
-"""The Serve driver: ``python -m pipeline.stack ACTION ADDRESS`` prints one JSON line (see ``app.py``)."""
+"""The Serve driver: ``python -m infra.dev.stack ACTION ADDRESS`` prints one JSON line (see ``app.py``)."""
 
 from __future__ import annotations
 
 import json
 import sys
 
-from pipeline.stack.app import serve_action
+from infra.dev.stack.app import serve_action
 
 if __name__ == "__main__":
     print(json.dumps(serve_action(sys.argv[1], sys.argv[2])), flush=True)

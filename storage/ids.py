@@ -7,7 +7,7 @@ import re
 import unicodedata
 from urllib.parse import unquote
 
-from pipeline.errors import InvalidInput
+from storage.errors import InvalidInput
 
 
 def video_id(bucket: str, key: str) -> str:

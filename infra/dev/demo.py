@@ -16,11 +16,11 @@ from typing import Any
 
 from PIL import Image
 
-from pipeline import stack
-from pipeline.cli import ApiClient, CliError, format_moment
-from pipeline.ids import video_id
-from pipeline.samples import frame_at, write_video
+from infra.dev import stack
+from infra.dev.samples import frame_at, write_video
+from pipeline.cli_common import ApiClient, CliError, format_moment
 from pipeline.settings import Settings
+from storage.ids import video_id
 
 Echo = Callable[[str], None]
 #: How long the demo tries the model hub before falling back to the tiny local model.
@@ -58,7 +58,7 @@ def choose_model(settings: Settings, echo: Echo) -> str:
     worker.join(HUB_TIMEOUT_S)
     if "path" in outcome:
         return settings.model.id
-    from pipeline.tinymodel import build_tiny_siglip
+    from infra.dev.tinymodel import build_tiny_siglip
 
     tiny = (settings.state_dir / "tiny-siglip").resolve()
     echo(

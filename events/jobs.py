@@ -8,7 +8,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.ids import s3_uri, video_id
+from storage.ids import s3_uri, video_id
 
 #: Name of the task handler on the index queue.
 INDEX_TASK = "index_video"

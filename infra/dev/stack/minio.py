@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from infra.dev.stack.layout import Echo, Layout, StackError
+from infra.dev.stack.process import alive, host_port, port_open, running_pid, spawn, taken, wait
 from pipeline.settings import Settings
-from pipeline.stack.layout import Echo, Layout, StackError
-from pipeline.stack.process import alive, host_port, port_open, running_pid, spawn, taken, wait
 
-# parents[2]: pipeline/stack/minio.py -> pipeline/stack -> pipeline -> the repository root.
+# parents[2]: infra/dev/stack/minio.py -> infra/dev/stack -> pipeline -> the repository root.
 MINIO_INSTALLER = Path(__file__).resolve().parents[2] / "infra/local/install-minio.sh"
 #: First run builds MinIO from source with ``go install``.
 MINIO_BUILD_TIMEOUT_S = 1200.0

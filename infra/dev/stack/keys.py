@@ -13,8 +13,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.dev.stack.layout import Layout, StackError
 from pipeline.settings import Settings
-from pipeline.stack.layout import Layout, StackError
 
 #: Random bytes in a generated key (43 URL-safe characters).
 KEY_BYTES = 32

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
-from pipeline.stack.layout import Layout, StackError
+from infra.dev.stack.layout import Layout, StackError
 
 GROUP_EXIT_TIMEOUT_S = 10.0
 POLL_S = 0.5

@@ -3,7 +3,7 @@
 Everything lives under ``settings.state_dir``: ``minio/data``, ``minio/queue``, ``rabbitmq/``, ``ray/``,
 ``logs/`` and ``pids/``. Each service runs in its own session (process group) so that ``down`` can end
 exactly what ``up`` started (``process.py``). Serve is driven from a short-lived driver subprocess
-(``python -m pipeline.stack ACTION ADDRESS``, ``app.py``).
+(``python -m infra.dev.stack ACTION ADDRESS``, ``app.py``).
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from infra.dev.stack.app import DRIVER_TIMEOUT_S, RUNNING, healthy, run_driver, start_app
+from infra.dev.stack.keys import StackKeys, client_key, ensure_keys
+from infra.dev.stack.layout import Echo, Layout, StackError
+from infra.dev.stack.minio import MINIO_STOP_TIMEOUT_S, minio_client, start_minio
+from infra.dev.stack.process import host_port, running_pid, stop
+from infra.dev.stack.rabbitmq import RABBITMQ_STOP_TIMEOUT_S, start_rabbitmq, stop_epmd
+from infra.dev.stack.ray import RAY_STOP_TIMEOUT_S, ray_address, start_ray
 from pipeline.settings import Settings
-from pipeline.stack.app import DRIVER_TIMEOUT_S, RUNNING, healthy, run_driver, start_app
-from pipeline.stack.keys import StackKeys, client_key, ensure_keys
-from pipeline.stack.layout import Echo, Layout, StackError
-from pipeline.stack.minio import MINIO_STOP_TIMEOUT_S, minio_client, start_minio
-from pipeline.stack.process import host_port, running_pid, stop
-from pipeline.stack.rabbitmq import RABBITMQ_STOP_TIMEOUT_S, start_rabbitmq, stop_epmd
-from pipeline.stack.ray import RAY_STOP_TIMEOUT_S, ray_address, start_ray
 
 __all__ = [
     "ComponentStatus",

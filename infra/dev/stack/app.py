@@ -1,6 +1,6 @@
 """The vidx Serve app on our Ray head, driven from a short-lived driver subprocess.
 
-``run_driver`` runs ``python -m pipeline.stack ACTION ADDRESS`` (see ``__main__.py``); in that subprocess
+``run_driver`` runs ``python -m infra.dev.stack ACTION ADDRESS`` (see ``__main__.py``); in that subprocess
 ``serve_action`` deploys, checks or shuts down the app and the driver prints one JSON line as its answer.
 """
 
@@ -13,10 +13,10 @@ import sys
 import time
 from typing import Any
 
+from infra.dev.stack.layout import Echo, Layout, StackError
+from infra.dev.stack.process import wait
+from infra.dev.stack.ray import child_env, ray_address
 from pipeline.settings import Settings
-from pipeline.stack.layout import Echo, Layout, StackError
-from pipeline.stack.process import wait
-from pipeline.stack.ray import child_env, ray_address
 
 #: Model loading on a small CPU machine is slow; a hub download is slower.
 APP_START_TIMEOUT_S = 600.0
@@ -26,7 +26,7 @@ RUNNING = "RUNNING"
 
 
 def run_driver(settings: Settings, layout: Layout, action: str, timeout_s: float) -> dict[str, Any]:
-    """Run ``python -m pipeline.stack ACTION`` against our Ray cluster; returns its JSON answer.
+    """Run ``python -m infra.dev.stack ACTION`` against our Ray cluster; returns its JSON answer.
 
     Raises StackError if it times out, fails or answers with an error.
     """
@@ -34,7 +34,7 @@ def run_driver(settings: Settings, layout: Layout, action: str, timeout_s: float
     with log.open("ab") as err:
         try:
             done = subprocess.run(
-                [sys.executable, "-m", "pipeline.stack", action, ray_address()],
+                [sys.executable, "-m", "infra.dev.stack", action, ray_address()],
                 stdout=subprocess.PIPE,
                 stderr=err,
                 env=child_env(settings, layout),

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import VidxError
 from pipeline.settings import Settings
+from storage.errors import VidxError
 
 #: Ray's unix socket paths (under the temp dir) must stay below 107 characters.
 RAY_TEMP_MAX_CHARS = 40

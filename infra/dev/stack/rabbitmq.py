@@ -8,9 +8,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from infra.dev.stack.layout import Echo, Layout, StackError
+from infra.dev.stack.process import alive, host_port, port_open, running_pid, spawn, taken
 from pipeline.settings import Settings
-from pipeline.stack.layout import Echo, Layout, StackError
-from pipeline.stack.process import alive, host_port, port_open, running_pid, spawn, taken
 
 #: Not /usr/sbin/rabbitmq-server: run as root, that wrapper su's to the rabbitmq user and drops our env.
 RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")

@@ -1,0 +1,1 @@
+"""How vidx runs: scripts, images, manifests, and the developer tooling in ``infra.dev``."""

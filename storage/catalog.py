@@ -1,0 +1,198 @@
+"""The ``videos`` table (the catalog): one row per video, changed only by compare-and-set.
+
+Every write names the revision it read (``expected_rev``) and lands only if the row still holds it,
+so of two racing writers exactly one wins and the loser learns it lost. The transitions themselves
+(who may move a video from which state to which) live in ``pipeline.videostate``; docs/architecture.md
+draws them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+
+from storage.db import PRIMARY_KEY, IndexDatabase, read_errors_are_transient, sql_quote, write_errors_are_transient
+
+VIDEOS = "videos"
+
+
+class VideoStatus(enum.StrEnum):
+    QUEUED = "queued"
+    INDEXING = "indexing"
+    INDEXED = "indexed"
+    FAILED = "failed"
+    DELETED = "deleted"
+
+
+#: A job for the video may be alive: reconcile and ``vidx check`` give these a grace period.
+IN_FLIGHT = frozenset({VideoStatus.QUEUED, VideoStatus.INDEXING})
+
+VIDEOS_SCHEMA = pa.schema(
+    [
+        pa.field("video_id", pa.string(), nullable=False, metadata=PRIMARY_KEY),
+        pa.field("uri", pa.string(), nullable=False),
+        #: The object version the status speaks of (indexed, failed or being indexed).
+        pa.field("version", pa.string(), nullable=True),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("error", pa.string(), nullable=True),
+        #: What ``frames`` holds for this video: the row count and the (version, model, sampling)
+        #: fingerprint every one of those rows carries; 0 and null when it holds none.
+        pa.field("frames", pa.int64(), nullable=False),
+        pa.field("fingerprint", pa.string(), nullable=True),
+        pa.field("duration_s", pa.float64(), nullable=True),
+        pa.field("model", pa.string(), nullable=True),
+        pa.field("sampling", pa.string(), nullable=True),
+        #: Bumped by every write; a write lands only on the revision it read.
+        pa.field("rev", pa.int64(), nullable=False),
+        #: The task that last claimed the video, the consumer process that ran it, and how many
+        #: times that task's consumer died while holding it (the started-marker: see pipeline/consumer.py).
+        pa.field("task_id", pa.string(), nullable=True),
+        pa.field("holder", pa.string(), nullable=True),
+        pa.field("crashes", pa.int64(), nullable=False),
+        pa.field("updated_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+
+
+@dataclass(slots=True)
+class VideoRecord:
+    """One row of the catalog."""
+
+    video_id: str
+    uri: str
+    status: VideoStatus
+    version: str | None = None
+    error: str | None = None
+    frames: int = 0
+    fingerprint: str | None = None
+    duration_s: float | None = None
+    model: str | None = None
+    sampling: str | None = None
+    rev: int = 0
+    task_id: str | None = None
+    holder: str | None = None
+    crashes: int = 0
+    updated_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> VideoRecord:
+        return cls(
+            video_id=str(row["video_id"]),
+            uri=str(row["uri"]),
+            status=VideoStatus(row["status"]),
+            version=row.get("version"),
+            error=row.get("error"),
+            frames=int(row.get("frames") or 0),
+            fingerprint=row.get("fingerprint"),
+            duration_s=row.get("duration_s"),
+            model=row.get("model"),
+            sampling=row.get("sampling"),
+            rev=int(row.get("rev") or 0),
+            task_id=row.get("task_id"),
+            holder=row.get("holder"),
+            crashes=int(row.get("crashes") or 0),
+            updated_at=row["updated_at"],
+        )
+
+    def evolve(self, **changes: Any) -> VideoRecord:
+        """A copy with ``changes`` applied (the record itself is left as read)."""
+        return replace(self, **changes)
+
+
+class Catalog:
+    """The ``videos`` table of one index database."""
+
+    def __init__(self, db: IndexDatabase) -> None:
+        self._db = db
+        self._table: Any = None
+
+    def _videos(self) -> Any:
+        if self._table is None:
+            self._table = self._db.create(VIDEOS, VIDEOS_SCHEMA)
+        return self._table
+
+    # -- reads ------------------------------------------------------------------------------------
+    @read_errors_are_transient
+    def get(self, video_id: str) -> VideoRecord | None:
+        rows = self._videos().search().where(f"video_id = {sql_quote(video_id)}").limit(1).to_list()
+        return VideoRecord.from_row(rows[0]) if rows else None
+
+    @read_errors_are_transient
+    def find(self, *, uri: str | None = None, status: VideoStatus | None = None, limit: int = 100) -> list[VideoRecord]:
+        clauses = []
+        if uri is not None:
+            clauses.append(f"uri = {sql_quote(uri)}")
+        if status is not None:
+            clauses.append(f"status = {sql_quote(status.value)}")
+        table = self._videos()
+        query = table.search()
+        if clauses:
+            query = query.where(" AND ".join(clauses))
+        # Newest first: every match is read before the limit applies (the catalog is one row per video).
+        records = [VideoRecord.from_row(r) for r in query.limit(max(1, table.count_rows())).to_list()]
+        records.sort(key=lambda r: r.updated_at, reverse=True)
+        return records[:limit]
+
+    @read_errors_are_transient
+    def counts(self) -> dict[str, int]:
+        table = self._videos().to_arrow().select(["status"])
+        counts: dict[str, int] = {s.value: 0 for s in VideoStatus}
+        for value in table.column("status").to_pylist():
+            counts[value] = counts.get(value, 0) + 1
+        return counts
+
+    def scan(self, uri_from: str, uri_to: str, *, include_from: bool, batch_rows: int = 4096) -> Iterator[VideoRecord]:
+        """Catalog rows whose ``uri`` lies in (``uri_from``, ``uri_to``] (``[`` with ``include_from``),
+        streamed in batches: memory stays bounded however many rows match. Byte order of UTF-8, the
+        order S3 lists keys in."""
+        lower = ">=" if include_from else ">"
+        where = f"uri {lower} {sql_quote(uri_from)} AND uri <= {sql_quote(uri_to)}"
+        reader = self._videos().search().where(where).limit(None).to_batches(batch_rows)
+        for batch in reader:
+            for row in batch.to_pylist():
+                yield VideoRecord.from_row(row)
+
+    def scan_all(self, batch_rows: int = 4096) -> Iterator[VideoRecord]:
+        for batch in self._videos().search().limit(None).to_batches(batch_rows):
+            for row in batch.to_pylist():
+                yield VideoRecord.from_row(row)
+
+    @read_errors_are_transient
+    def in_flight_since(self, before: datetime, limit: int = 10_000) -> list[VideoRecord]:
+        """Rows queued or indexing whose last write is older than ``before`` (their job may be dead)."""
+        states = ", ".join(sql_quote(s.value) for s in IN_FLIGHT)
+        bound = before.astimezone(UTC).replace(tzinfo=None).isoformat()
+        where = f"status IN ({states}) AND updated_at < timestamp '{bound}'"
+        return [VideoRecord.from_row(r) for r in self._videos().search().where(where).limit(limit).to_list()]
+
+    # -- the one write ----------------------------------------------------------------------------
+    @write_errors_are_transient
+    def write(self, record: VideoRecord, expected_rev: int) -> VideoRecord | None:
+        """Write ``record`` if the row still holds revision ``expected_rev`` (0: the row must not exist).
+
+        Returns the row as written (revision ``expected_rev + 1``), or None when another writer got
+        there first — the caller reads again and decides anew.
+
+        Raises:
+            TransientError: the store did not take the write.
+        """
+        written = record.evolve(rev=expected_rev + 1, updated_at=datetime.now(UTC))
+        row = asdict(written)
+        row["status"] = written.status.value
+        data = pa.Table.from_pylist([row], schema=VIDEOS_SCHEMA)
+        merge = self._videos().merge_insert("video_id")
+        if expected_rev == 0:
+            result = merge.when_not_matched_insert_all().execute(data)
+        else:
+            result = merge.when_matched_update_all(where="target.rev + 1 = source.rev").execute(data)
+        landed = int(result.num_updated_rows) + int(result.num_inserted_rows) > 0
+        return written if landed else None
+
+    def optimize(self, keep_versions_s: float) -> None:
+        """Compact the table and drop its versions older than ``keep_versions_s``."""
+        self._videos().optimize(cleanup_older_than=timedelta(seconds=keep_versions_s))
