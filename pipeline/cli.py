@@ -17,6 +17,7 @@ import typer
 from pydantic import ValidationError
 
 from pipeline.cli_admin import dlq_app, reconcile
+from pipeline.cli_check import check
 from pipeline.cli_common import (
     WAIT_LIST_LIMIT,
     WAIT_POLL_S,
@@ -310,6 +311,7 @@ def demo(ctx: typer.Context) -> None:
 # The operator commands live in their own module; registered here, after the helpers they import.
 
 app.command()(reconcile)
+app.command()(check)
 app.add_typer(dlq_app, name="dlq")
 
 

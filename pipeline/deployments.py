@@ -191,14 +191,34 @@ class EventRouterDeployment:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._router.run, args=(self._stop,), name="event-router", daemon=True)
         self._thread.start()
-        # The one place index maintenance runs (this deployment has a single replica); the lease it takes
-        # in the index database covers the overlap while Serve replaces a replica.
+        # The one place index maintenance and the scheduled check run (this deployment has a single
+        # replica); the leases they take in the index database cover the overlap while Serve replaces it.
+        from pipeline.check import build_checker
+        from pipeline.scheduled_check import ScheduledCheck
         from storage.maintenance import IndexMaintainer
 
-        _, self._maintenance_stop = IndexMaintainer(IndexStore(settings.s3), settings.index).start()
+        store = IndexStore(settings.s3)
+        _, self._maintenance_stop = IndexMaintainer(store, settings.index).start()
+        c = settings.check
+        self._check = ScheduledCheck(
+            build_checker(settings, store, queueing_sink(settings, store)),
+            store.leases,
+            settings.s3.buckets,
+            interval_s=c.interval_s,
+            objects_per_round=c.objects_per_round,
+            lease_ttl_s=c.lease_ttl_s,
+            repair=c.repair,
+        )
+        self._check_stop = threading.Event()
+        if c.interval_s > 0:
+            _, self._check_stop = self._check.start()
 
     def stats(self) -> dict[str, int]:
         return {**self._router.stats, "connected": int(self._router.connected)}
+
+    def check_state(self) -> dict[str, Any]:
+        """The scheduled check's last round (``vidx status``, ``/metrics``)."""
+        return self._check.state.as_json()
 
     def check_health(self) -> None:
         if not self._thread.is_alive():
@@ -207,6 +227,7 @@ class EventRouterDeployment:
     def __del__(self) -> None:
         self._stop.set()
         self._maintenance_stop.set()
+        self._check_stop.set()
 
 
 @serve.deployment(name="Api")

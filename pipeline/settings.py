@@ -132,7 +132,10 @@ class CheckSettings(BaseModel):
     #: A video queued or indexing for longer than this, or an object changed more recently, is
     #: given time (a job may be on its way); past it, it is an inconsistency and is repaired.
     #: Longer than the longest job (``limits.max_decode_s`` plus fetch and embed).
-    in_flight_grace_s: float = Field(default=3600.0, gt=0)
+    in_flight_grace_s: float = Field(default=3600.0, ge=0)
+    #: An object changed in the bucket more recently than this is not yet missing or stale: its
+    #: event may still be on the queue.
+    new_object_grace_s: float = Field(default=600.0, ge=0)
     #: Lease the scheduled check takes (one worker at a time in the whole fleet).
     lease_ttl_s: float = Field(default=120.0, gt=0)
     #: Submit repairing jobs for what a scheduled round finds.

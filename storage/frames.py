@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -70,6 +70,8 @@ class FrameSummary:
     rows: int = 0
     fingerprints: Counter[str] = field(default_factory=Counter)
     duplicate_ids: int = 0
+    #: The object the rows say they come from (any one row's ``uri``).
+    uri: str = ""
 
 
 class FrameTable:
@@ -150,10 +152,26 @@ class FrameTable:
         found = FrameSummary()
         if table is None:
             return found
-        rows = table.search().where(f"video_id = {sql_quote(video_id)}").select(["frame_id", "fingerprint"])
+        rows = table.search().where(f"video_id = {sql_quote(video_id)}").select(["frame_id", "fingerprint", "uri"])
         seen: set[str] = set()
         for row in rows.limit(None).to_list():
-            _add(found, seen, row["frame_id"], row["fingerprint"])
+            _add(found, seen, row["frame_id"], row["fingerprint"], row["uri"])
+        return found
+
+    @read_errors_are_transient
+    def summaries_of(self, video_ids: Iterable[str], batch_ids: int = 1000) -> dict[str, FrameSummary]:
+        """The summaries of ``video_ids`` that have rows (a few filtered scans, ``batch_ids`` ids each)."""
+        table = self.table()
+        ids = sorted(set(video_ids))
+        found: dict[str, FrameSummary] = {}
+        if table is None or not ids:
+            return found
+        seen: dict[str, set[str]] = {}
+        for start in range(0, len(ids), batch_ids):
+            where = f"video_id IN ({', '.join(sql_quote(i) for i in ids[start : start + batch_ids])})"
+            query = table.search().where(where).select(["video_id", "frame_id", "fingerprint", "uri"]).limit(None)
+            for batch in query.to_batches():
+                _add_batch(found, seen, batch)
         return found
 
     def summaries(self, batch_rows: int = 65_536) -> Iterator[tuple[str, FrameSummary]]:
@@ -164,15 +182,11 @@ class FrameTable:
             return
         by_video: dict[str, FrameSummary] = {}
         seen: dict[str, set[str]] = {}
-        reader = table.search().select(["video_id", "frame_id", "fingerprint"]).limit(None).to_batches(batch_rows)
+        reader = (
+            table.search().select(["video_id", "frame_id", "fingerprint", "uri"]).limit(None).to_batches(batch_rows)
+        )
         for batch in reader:
-            for vid, fid, fp in zip(
-                batch.column("video_id").to_pylist(),
-                batch.column("frame_id").to_pylist(),
-                batch.column("fingerprint").to_pylist(),
-                strict=True,
-            ):
-                _add(by_video.setdefault(vid, FrameSummary()), seen.setdefault(vid, set()), fid, fp)
+            _add_batch(by_video, seen, batch)
         yield from by_video.items()
 
     @read_errors_are_transient
@@ -223,7 +237,19 @@ class FrameTable:
         return rows
 
 
-def _add(summary: FrameSummary, seen: set[str], frame_id: str, fingerprint: str) -> None:
+def _add_batch(found: dict[str, FrameSummary], seen: dict[str, set[str]], batch: pa.RecordBatch) -> None:
+    for vid, fid, fp, uri in zip(
+        batch.column("video_id").to_pylist(),
+        batch.column("frame_id").to_pylist(),
+        batch.column("fingerprint").to_pylist(),
+        batch.column("uri").to_pylist(),
+        strict=True,
+    ):
+        _add(found.setdefault(vid, FrameSummary()), seen.setdefault(vid, set()), fid, fp, uri)
+
+
+def _add(summary: FrameSummary, seen: set[str], frame_id: str, fingerprint: str, uri: str) -> None:
+    summary.uri = summary.uri or uri
     summary.rows += 1
     summary.fingerprints[fingerprint] += 1
     if frame_id in seen:

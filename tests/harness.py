@@ -18,7 +18,7 @@ import pytest
 from events.jobs import IndexJob
 from events.router import EventRouter
 from pipeline.embed import SiglipEncoder
-from pipeline.indexer import Indexer, JobResult, mark_queued
+from pipeline.indexer import Indexer, JobResult
 from pipeline.settings import Settings
 from storage.tables import IndexStore
 from tests.services import Services, eventually, unique_prefix
@@ -79,9 +79,7 @@ def running_stack(services: Services, tiny_model_dir: Path, monkeypatch: pytest.
     settings = Settings()
     store = IndexStore(settings.s3)
     sink = QueueSink()
-    router = EventRouter(
-        settings.amqp, settings.videos, sink, settings.s3.buckets, on_queued=lambda j: mark_queued(store, j)
-    )
+    router = EventRouter(settings.amqp, settings.videos, sink, settings.s3.buckets)
     stop = threading.Event()
     thread = threading.Thread(target=router.run, args=(stop,), daemon=True)
     thread.start()

@@ -28,7 +28,7 @@ from PIL import Image
 from events.jobs import IndexJob, JobOp
 from events.router import EventRouter
 from pipeline.embed import SiglipEncoder
-from pipeline.indexer import Indexer, JobResult, Outcome, S3ObjectSource, mark_queued
+from pipeline.indexer import Indexer, JobResult, Outcome, S3ObjectSource
 from pipeline.settings import LimitSettings, Settings
 from storage.catalog import VideoStatus
 from storage.db import storage_options
@@ -100,9 +100,7 @@ def stack(services: Services, tiny_model_dir: Path) -> Iterator[Stack]:
         settings = Settings()
     store = IndexStore(settings.s3)
     sink = QueueSink()
-    router = EventRouter(
-        settings.amqp, settings.videos, sink, settings.s3.buckets, on_queued=lambda j: mark_queued(store, j)
-    )
+    router = EventRouter(settings.amqp, settings.videos, sink, settings.s3.buckets)
     stop = threading.Event()
     thread = threading.Thread(target=router.run, args=(stop,), daemon=True)
     thread.start()

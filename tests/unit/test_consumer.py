@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from events.jobs import IndexJob, JobOp, JobSource
-from pipeline.consumer import IndexTaskHandler, Interrupted, TaskContext
+from pipeline.consumer import IndexTaskHandler, TaskContext
 from pipeline.deadletters import DeadLetter, FailureKind
-from pipeline.indexer import JobResult, Outcome
+from pipeline.indexer import ConsumerKilled, JobResult, Outcome
 from storage.errors import CorruptVideo, TransientError
 
 JOB = IndexJob(op=JobOp.INDEX, bucket="videos", key="a/b.mp4", source=JobSource.EVENT)
@@ -18,14 +18,19 @@ class Runner:
         self.error = error
         self.failures: list[str] = []
         self.runs = 0
+        self.task_ids: list[str | None] = []
+        self.record_error: Exception | None = None
 
-    def run(self, job: IndexJob) -> JobResult:
+    def run(self, job: IndexJob, task_id: str | None = None) -> JobResult:
         self.runs += 1
+        self.task_ids.append(task_id)
         if self.error is not None:
             raise self.error
         return JobResult(job.video_id, Outcome.INDEXED, frames=7)
 
     def record_failure(self, job: IndexJob, reason: str, version: str | None = None) -> None:
+        if self.record_error is not None:
+            raise self.record_error
         self.failures.append(reason)
 
 
@@ -99,15 +104,21 @@ def test_when_the_dead_letter_cant_be_stored_the_task_is_retried() -> None:
         handler(Runner(CorruptVideo("bad")), Down()).handle(JOB.model_dump(mode="json"), TaskContext("t1", 0))
 
 
-def test_a_redelivered_task_counts_as_a_failed_attempt() -> None:
+def test_a_redelivered_task_just_runs_again_uncharged() -> None:
     runner, letters = Runner(), Letters()
-    with pytest.raises(Interrupted):
-        handler(runner, letters).handle(JOB.model_dump(mode="json"), TaskContext("t1", 0, redelivered=True))
-    assert runner.runs == 0
+    out = handler(runner, letters).handle(JOB.model_dump(mode="json"), TaskContext("t1", 0, redelivered=True))
+    assert out["outcome"] == "indexed" and runner.runs == 1 and runner.task_ids == ["t1"] and not letters.letters
 
 
-def test_a_video_that_kills_its_consumer_every_time_ends_dead_lettered() -> None:
-    runner, letters = Runner(), Letters()
-    out = handler(runner, letters).handle(JOB.model_dump(mode="json"), TaskContext("t1", 3, redelivered=True))
-    assert out["reason"].startswith("gave up after 4 attempts: the consumer stopped during the job")
-    assert [d.kind for d in letters.letters] == [FailureKind.EXHAUSTED] and runner.runs == 0
+def test_a_video_that_kills_its_consumer_every_time_ends_dead_lettered_as_a_crash_loop() -> None:
+    runner, letters = Runner(ConsumerKilled("the consumer died 3 times while indexing this video")), Letters()
+    out = handler(runner, letters).handle(JOB.model_dump(mode="json"), TaskContext("t1", 0, redelivered=True))
+    assert out["outcome"] == "failed" and out["reason"].startswith("the consumer died 3 times")
+    assert [d.kind for d in letters.letters] == [FailureKind.CRASH_LOOP] and runner.failures == [out["reason"]]
+
+
+def test_a_failure_the_catalog_cant_record_is_still_dead_lettered() -> None:
+    runner, letters = Runner(TransientError("S3 down")), Letters()
+    runner.record_error = TransientError("S3 down")
+    out = handler(runner, letters).handle(JOB.model_dump(mode="json"), TaskContext("t1", 3))
+    assert out["outcome"] == "failed" and [d.kind for d in letters.letters] == [FailureKind.EXHAUSTED]

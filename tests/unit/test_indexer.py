@@ -6,17 +6,18 @@ import hashlib
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 from numpy.typing import NDArray
 
 from events.jobs import IndexJob, JobOp, JobSource
-from pipeline.indexer import Indexer, JobResult, Outcome, mark_queued
+from pipeline.indexer import ConsumerKilled, Indexer, JobResult, Outcome
 from pipeline.settings import Settings
+from pipeline.videostate import VideoStates
 from storage.catalog import VideoRecord, VideoStatus
 from storage.errors import CorruptVideo, LimitExceeded
+from storage.frames import VideoFrames
 from storage.s3 import ObjectHead
 from storage.tables import IndexStore
 from tests.media import write_corrupt_mp4, write_video
@@ -88,7 +89,8 @@ def test_queued_row_over_indexed_rows_settles_back_without_work(
     indexer, store, objects = parts
     objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=2, seed=1))
     indexer.run(job("a.mp4"))
-    mark_queued(store, IndexJob(op=JobOp.INDEX, bucket="videos", key="a.mp4", source=JobSource.API))
+    states = VideoStates(store.catalog)
+    states.queue(job("a.mp4"), states.read(job("a.mp4").video_id))
     assert store.catalog.get(job("a.mp4").video_id).status is VideoStatus.QUEUED  # type: ignore[union-attr]
     assert indexer.run(job("a.mp4")).outcome is Outcome.UNCHANGED
     assert store.catalog.get(job("a.mp4").video_id).status is VideoStatus.INDEXED  # type: ignore[union-attr]
@@ -171,7 +173,7 @@ def test_limits_name_themselves_in_the_reason(tmp_path: Path) -> None:
 def test_a_late_failure_does_not_overwrite_a_newer_outcome(parts: tuple[Indexer, IndexStore, MemoryObjects]) -> None:
     indexer, store, _ = parts
     vid = job("a.mp4").video_id
-    store.put_video(VideoRecord(video_id=vid, uri="s3://videos/a.mp4", status=VideoStatus.INDEXED, version="v2"))
+    store.catalog.write(VideoRecord(video_id=vid, uri="s3://videos/a.mp4", status=VideoStatus.INDEXED, version="v2"), 0)
     indexer.record_failure(job("a.mp4"), "gave up after 4 attempts", version="v1")
     assert store.catalog.get(vid).status is VideoStatus.INDEXED  # type: ignore[union-attr]
     indexer.record_failure(job("a.mp4"), "gave up after 4 attempts")  # the giving-up consumer saw no version
@@ -203,8 +205,8 @@ def test_an_overwrite_during_the_commit_is_followed(tmp_path: Path) -> None:
         def __init__(self) -> None:
             self.commits = 0
 
-        def replace_frames(self, **kwargs: Any) -> None:
-            store.replace_frames(**kwargs)
+        def replace(self, frames: VideoFrames) -> None:
+            store.frames.replace(frames)
             self.commits += 1
             if self.commits == 1:
                 objects.put("a.mp4", v2)
@@ -224,14 +226,13 @@ def test_an_upload_during_a_removal_is_indexed(tmp_path: Path) -> None:
     objects = MemoryObjects()
     v2 = write_video(tmp_path / "v2.mp4", seconds=2, seed=9)
 
-    class UploadDuringDelete(IndexStore):
-        def delete_frames(self, video_id: str) -> None:
-            super().delete_frames(video_id)
+    def upload_during_delete(step: str, _job: IndexJob) -> None:
+        if step == "removed" and "a.mp4" not in objects.files:
             objects.put("a.mp4", v2)  # uploaded again, and its own job already done
 
-    store = UploadDuringDelete(settings.s3, uri=str(tmp_path / "lance"))
+    store = IndexStore(settings.s3, uri=str(tmp_path / "lance"))
     objects.put("a.mp4", write_video(tmp_path / "v1.mp4", seconds=3, seed=8))
-    indexer = Indexer(settings, MeanColour(), store, objects)
+    indexer = Indexer(settings, MeanColour(), store, objects, hooks=upload_during_delete)
     assert indexer.run(job("a.mp4")).frames == 3
     objects.files.pop("a.mp4")
     result = indexer.run(job("a.mp4", JobOp.DELETE))
@@ -240,13 +241,73 @@ def test_an_upload_during_a_removal_is_indexed(tmp_path: Path) -> None:
     assert record is not None and record.status is VideoStatus.INDEXED and store.frames.count(record.video_id) == 2
 
 
-def test_a_status_repair_never_touches_a_newer_version(parts: tuple[Indexer, IndexStore, MemoryObjects]) -> None:
-    _, store, _ = parts
+def test_rows_written_over_an_indexed_video_are_found_and_rewritten(
+    parts: tuple[Indexer, IndexStore, MemoryObjects], tmp_path: Path
+) -> None:
+    # A job that lost a race may write its rows after the winner settled: the catalog still says
+    # indexed with the winner's fingerprint. The next job for the video must not trust the catalog.
+    indexer, store, objects = parts
+    objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=3, seed=1))
+    indexer.run(job("a.mp4"))
+    record = store.catalog.get(job("a.mp4").video_id)
+    assert record is not None
+    rows = store.frames.summary(record.video_id)
+    assert rows.rows == 3 and set(rows.fingerprints) == {record.fingerprint}
+    store.frames.delete(record.video_id)  # the stray write: here, rows gone under an indexed row
+    assert indexer.run(job("a.mp4")).outcome is Outcome.INDEXED
+    assert store.frames.count(record.video_id) == 3 and objects.downloads == 2
+
+
+def test_a_redelivery_in_the_same_process_is_not_a_crash(
+    parts: tuple[Indexer, IndexStore, MemoryObjects], tmp_path: Path
+) -> None:
+    indexer, store, objects = parts
+    objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=2, seed=1))
     vid = job("a.mp4").video_id
-    store.put_video(
-        VideoRecord(video_id=vid, uri="s3://videos/a.mp4", status=VideoStatus.INDEXED, version="v2", fingerprint="fp2")
+    # A claim by this task, left by this (live) process: a retry or a redelivery.
+    store.catalog.write(
+        VideoRecord(vid, "s3://videos/a.mp4", VideoStatus.INDEXING, task_id="t1", holder=indexer.holder, crashes=1), 0
     )
-    store.set_status(vid, VideoStatus.QUEUED, only_if_fingerprint="fp1")
-    assert store.catalog.get(vid).status is VideoStatus.INDEXED  # type: ignore[union-attr]
-    store.set_status(vid, VideoStatus.QUEUED, only_if_fingerprint="fp2")
-    assert store.catalog.get(vid).status is VideoStatus.QUEUED  # type: ignore[union-attr]
+    assert indexer.run(job("a.mp4"), task_id="t1").outcome is Outcome.INDEXED
+    assert store.catalog.get(vid).crashes == 1  # type: ignore[union-attr]
+
+
+def test_a_claim_left_by_a_dead_consumer_counts_and_the_last_start_fails_the_video(tmp_path: Path) -> None:
+    settings = Settings.model_validate({"serve": {"max_crashes": 2}})
+    store = IndexStore(settings.s3, uri=str(tmp_path / "lance"))
+    objects = MemoryObjects()
+    objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=2, seed=1))
+    vid = job("a.mp4").video_id
+    alive = {"proc:me"}
+    indexer = Indexer(settings, MeanColour(), store, objects, holder="proc:me", holder_alive=lambda h: h in alive)
+    store.catalog.write(
+        VideoRecord(vid, "s3://videos/a.mp4", VideoStatus.INDEXING, task_id="t1", holder="proc:gone"), 0
+    )
+
+    # One dead holder: charged once (1 < 2), the job runs and indexes.
+    claimed: list[int] = []
+
+    def die_after_claim(step: str, _job: IndexJob) -> None:
+        if step == "fetch":
+            claimed.append(store.catalog.get(vid).crashes)  # type: ignore[union-attr]
+            raise RuntimeError("consumer killed")  # the process dies here, holding the claim
+
+    dying = Indexer(
+        settings,
+        MeanColour(),
+        store,
+        objects,
+        holder="proc:gone2",
+        holder_alive=lambda h: h in alive,
+        hooks=die_after_claim,
+    )
+    with pytest.raises(RuntimeError):
+        dying.run(job("a.mp4"), task_id="t1")
+    assert claimed == [1]
+    # Its holder is dead too: the second crash reaches max_crashes, the video fails without running.
+    with pytest.raises(ConsumerKilled, match="died 2 times"):
+        indexer.run(job("a.mp4"), task_id="t1")
+    assert objects.downloads == 0
+    # Another task for the same video starts from zero.
+    store.catalog.write(store.catalog.get(vid).evolve(status=VideoStatus.QUEUED), store.catalog.get(vid).rev)  # type: ignore[union-attr]
+    assert indexer.run(job("a.mp4"), task_id="t2").outcome is Outcome.INDEXED

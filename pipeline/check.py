@@ -1,0 +1,407 @@
+"""The invariant checker: bucket, catalog and frames held against each other (``vidx check``, the
+admin API, and a scheduled, leased, incremental round inside the app).
+
+For every video: what ``frames`` holds is exactly what its catalog row says (``frames`` rows, all of
+``fingerprint``, no repeated ``frame_id``); ``indexed`` means the object exists at the fingerprint's
+version, model and sampling; ``deleted`` (or no row) means no rows and no object; nothing stays
+``queued``/``indexing`` past a grace. Each breach is a ``Finding``; repairing submits the job that
+converges it (the consumer HEADs the object, so a repair racing live events is harmless).
+
+Memory stays bounded per page: one listing page, the catalog rows in its key range and those
+videos' frame summaries (S3 lists keys in UTF-8 byte order; the catalog is scanned in the same order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import posixpath
+from collections.abc import AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+from events.jobs import IndexJob, JobOp, JobSink, JobSource
+from storage.catalog import IN_FLIGHT, VideoRecord, VideoStatus
+from storage.config import S3Settings
+from storage.frames import FrameSummary
+from storage.ids import fingerprint, s3_uri, video_id
+from storage.s3 import ObjectHead, ObjectStore
+
+if TYPE_CHECKING:
+    from pipeline.settings import Settings
+    from storage.tables import IndexStore
+
+log = logging.getLogger(__name__)
+
+#: Findings kept in a report for display; the counts cover all of them.
+MAX_REPORTED = 1000
+
+
+class Finding(enum.StrEnum):
+    MISSING = "missing"  # in the bucket, never cataloged
+    STALE = "stale"  # cataloged at another version, model or sampling than the object (or deleted while it exists)
+    ORPHANED = "orphaned"  # cataloged as present, the object is gone
+    STUCK = "stuck"  # queued or indexing past the grace: no job is alive for it
+    ROWS_MISMATCH = "rows_mismatch"  # frames doesn't hold exactly the rows the catalog says
+    ORPHAN_ROWS = "orphan_rows"  # frames rows of a video with no catalog row
+    DUPLICATE_FRAMES = "duplicate_frames"  # one frame_id twice
+
+
+@dataclass(frozen=True, slots=True)
+class Inconsistency:
+    finding: Finding
+    uri: str
+    video_id: str
+    detail: str
+
+
+@dataclass(slots=True)
+class CheckReport:
+    repair: bool
+    buckets: list[str] = field(default_factory=list)
+    listed: int = 0
+    videos: int = 0
+    in_sync: int = 0
+    #: Failed at the object's current version: left alone (it is in the dead-letter queue).
+    failed: int = 0
+    #: Queued or indexing within the grace, or changed in the bucket within the grace.
+    in_flight: int = 0
+    #: Objects that aren't videos by name and were never cataloged.
+    ignored: int = 0
+    counts: dict[Finding, int] = field(default_factory=lambda: dict.fromkeys(Finding, 0))
+    found: list[Inconsistency] = field(default_factory=list)
+    submitted: int = 0
+    #: Where an incremental round stopped: (bucket, last key) to resume after; None when it went through.
+    resume_after: tuple[str, str] | None = None
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    took_s: float = 0.0
+
+    @property
+    def inconsistencies(self) -> int:
+        return sum(self.counts.values())
+
+    def add(self, item: Inconsistency) -> None:
+        self.counts[item.finding] += 1
+        if len(self.found) < MAX_REPORTED:
+            self.found.append(item)
+
+    def summary(self) -> str:
+        kinds = ", ".join(f"{k.value} {n}" for k, n in self.counts.items() if n) or "none"
+        verb = f"; submitted {self.submitted} repairing jobs" if self.repair else ""
+        return (
+            f"checked {self.videos} videos, {self.listed} objects in {', '.join(self.buckets) or 'no buckets'}: "
+            f"{self.inconsistencies} inconsistencies ({kinds}); in sync {self.in_sync}, failed {self.failed}, "
+            f"in flight {self.in_flight}, ignored {self.ignored}{verb}"
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "inconsistencies": self.inconsistencies,
+            "counts": {k.value: n for k, n in self.counts.items()},
+            "in_flight": self.in_flight,
+            "in_sync": self.in_sync,
+            "failed": self.failed,
+            "ignored": self.ignored,
+            "listed": self.listed,
+            "videos": self.videos,
+            "buckets": self.buckets,
+            "repair": self.repair,
+            "submitted": self.submitted,
+            "resume_after": list(self.resume_after) if self.resume_after else None,
+            "started_at": self.started_at.isoformat(),
+            "took_s": round(self.took_s, 3),
+            "found": [
+                {"finding": i.finding.value, "uri": i.uri, "video_id": i.video_id, "detail": i.detail}
+                for i in self.found
+            ],
+        }
+
+
+class PageLister(Protocol):
+    def pages(self, bucket: str, prefix: str, start_after: str | None) -> Iterator[list[ObjectHead]]: ...
+
+
+class CatalogReader(Protocol):
+    def scan(self, uri_from: str, uri_to: str, *, include_from: bool) -> Iterator[VideoRecord]: ...
+
+    def scan_all(self) -> Iterator[VideoRecord]: ...
+
+
+class FrameReader(Protocol):
+    def summaries_of(self, video_ids: Iterable[str]) -> dict[str, FrameSummary]: ...
+
+    def summaries(self) -> Iterator[tuple[str, FrameSummary]]: ...
+
+
+class S3PageLister:
+    """``PageLister`` over aiobotocore, driven from synchronous code on one private event loop."""
+
+    def __init__(self, s3: S3Settings) -> None:
+        self._s3 = s3
+
+    def pages(self, bucket: str, prefix: str, start_after: str | None = None) -> Iterator[list[ObjectHead]]:
+        with asyncio.Runner() as runner:
+            store = ObjectStore(self._s3)
+            runner.run(store.__aenter__())
+            try:
+                listing = store.list_current(bucket, prefix)
+                while True:
+                    page = runner.run(_next_page(listing))
+                    if page is None:
+                        return
+                    # Keys come in order: a resumed round drops what the last round checked.
+                    yield [o for o in page if start_after is None or o.key > start_after]
+            finally:
+                runner.run(store.__aexit__(None, None, None))
+
+
+async def _next_page(listing: AsyncIterator[list[ObjectHead]]) -> list[ObjectHead] | None:
+    try:
+        return await anext(listing)
+    except StopAsyncIteration:
+        return None
+
+
+def _prefix_end(bucket: str, prefix: str) -> str:
+    """The smallest URI greater than every ``s3://bucket/prefix…``: the prefix with its last
+    character incremented."""
+    start = s3_uri(bucket, prefix)
+    return start[:-1] + chr(ord(start[-1]) + 1)
+
+
+def _split_uri(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return bucket, key
+
+
+class Checker:
+    """Holds buckets, catalog and frames against each other; optionally submits the repairs."""
+
+    def __init__(
+        self,
+        *,
+        model_id: str,
+        every_s: float,
+        extensions: Iterable[str],
+        catalog: CatalogReader,
+        frames: FrameReader,
+        lister: PageLister,
+        sink: JobSink | None,
+        in_flight_grace_s: float,
+        new_object_grace_s: float,
+    ) -> None:
+        self._model_id = model_id
+        self._every_s = every_s
+        self._extensions = {e.lower() for e in extensions}
+        self._catalog = catalog
+        self._frames = frames
+        self._lister = lister
+        self._sink = sink
+        self._stuck_after = timedelta(seconds=in_flight_grace_s)
+        self._new_after = timedelta(seconds=new_object_grace_s)
+
+    def run(
+        self,
+        buckets: Iterable[str],
+        *,
+        prefix: str = "",
+        repair: bool = False,
+        max_objects: int | None = None,
+        resume_after: tuple[str, str] | None = None,
+    ) -> CheckReport:
+        """Check ``s3://bucket/prefix…`` of each bucket; with ``max_objects``, stop after about that
+        many objects and say where to resume (``report.resume_after``). A full run (no bound, no
+        resume point) also finds frames of videos that have no catalog row at all.
+
+        Raises:
+            TransientError: the object store, a table or the task queue is unavailable; repairs
+                already submitted stay submitted and a rerun picks up the rest.
+        """
+        if repair and self._sink is None:
+            raise ValueError("a job sink is needed to repair")
+        report = CheckReport(repair=repair)
+        now = datetime.now(UTC)
+        budget = max_objects
+        checked: set[str] = set()
+        names = list(buckets)
+        skipping = resume_after is not None
+        for bucket in names:
+            if skipping and resume_after is not None:
+                if bucket != resume_after[0]:
+                    continue
+                skipping = False
+                start_after: str | None = resume_after[1]
+            else:
+                start_after = None
+            report.buckets.append(bucket)
+            stopped = self._bucket(report, bucket, prefix, start_after, now, repair, budget, checked)
+            if stopped is not None:
+                report.resume_after = (bucket, stopped)
+                break
+            if budget is not None:
+                budget = max(0, budget - report.listed)
+        if max_objects is None and resume_after is None:
+            self._orphan_rows(report, checked, repair, [s3_uri(b, prefix) for b in names])
+        report.took_s = (datetime.now(UTC) - report.started_at).total_seconds()
+        log.info("check %s", report.summary())
+        return report
+
+    def _bucket(
+        self,
+        report: CheckReport,
+        bucket: str,
+        prefix: str,
+        start_after: str | None,
+        now: datetime,
+        repair: bool,
+        budget: int | None,
+        checked: set[str],
+    ) -> str | None:
+        """Check one bucket from ``start_after``; the last key checked when the budget ran out."""
+        if start_after is None:
+            lower, include_lower = s3_uri(bucket, prefix), True
+        else:
+            lower, include_lower = s3_uri(bucket, start_after), False
+        seen_here = 0
+        for page in self._lister.pages(bucket, prefix, start_after):
+            if not page:
+                continue
+            report.listed += len(page)
+            seen_here += len(page)
+            upper = s3_uri(bucket, page[-1].key)
+            rows = {r.video_id: r for r in self._catalog.scan(lower, upper, include_from=include_lower)}
+            ids = {video_id(bucket, o.key) for o in page} | set(rows)
+            summaries = self._frames.summaries_of(ids)
+            for obj in page:
+                vid = video_id(bucket, obj.key)
+                checked.add(vid)
+                self._one(
+                    report, s3_uri(bucket, obj.key), vid, obj, rows.pop(vid, None), summaries.get(vid), now, repair
+                )
+            for record in rows.values():  # cataloged in this key range, not in the bucket
+                checked.add(record.video_id)
+                self._one(
+                    report, record.uri, record.video_id, None, record, summaries.get(record.video_id), now, repair
+                )
+            lower, include_lower = upper, False
+            if budget is not None and seen_here >= budget:
+                return page[-1].key
+        tail = [
+            r
+            for r in self._catalog.scan(lower, _prefix_end(bucket, prefix), include_from=include_lower)
+            if r.uri.startswith(s3_uri(bucket, prefix))
+        ]
+        summaries = self._frames.summaries_of(r.video_id for r in tail)
+        for record in tail:
+            checked.add(record.video_id)
+            self._one(report, record.uri, record.video_id, None, record, summaries.get(record.video_id), now, repair)
+        return None
+
+    def _one(
+        self,
+        report: CheckReport,
+        uri: str,
+        vid: str,
+        obj: ObjectHead | None,
+        record: VideoRecord | None,
+        rows: FrameSummary | None,
+        now: datetime,
+        repair: bool,
+    ) -> None:
+        rows = rows or FrameSummary()
+        if record is None and rows.rows == 0:
+            if obj is None:
+                return
+            if posixpath.splitext(obj.key)[1].lower() not in self._extensions:
+                report.ignored += 1
+                return
+        report.videos += 1
+        found = self._judge(obj, record, rows, now)
+        if found is None:
+            return
+        if not isinstance(found, tuple):
+            if found == "in_flight":
+                report.in_flight += 1
+            elif found == "failed":
+                report.failed += 1
+            else:
+                report.in_sync += 1
+            return
+        finding, detail = found
+        report.add(Inconsistency(finding, uri, vid, detail))
+        if repair and self._sink is not None:
+            bucket, key = _split_uri(uri)
+            op = JobOp.INDEX if obj is not None else JobOp.DELETE
+            self._sink.submit(
+                IndexJob(
+                    op=op, bucket=bucket, key=key, source=JobSource.RECONCILE, hint_version=obj.version if obj else None
+                )
+            )
+            report.submitted += 1
+
+    def _judge(
+        self, obj: ObjectHead | None, record: VideoRecord | None, rows: FrameSummary, now: datetime
+    ) -> tuple[Finding, str] | str | None:
+        """The finding for one video, or ``in_sync`` / ``failed`` / ``in_flight``."""
+        in_flight = record is not None and record.status in IN_FLIGHT
+        if in_flight and record is not None and now - record.updated_at < self._stuck_after:
+            return "in_flight"
+        fresh = obj is not None and obj.last_modified is not None and now - obj.last_modified < self._new_after
+        if rows.duplicate_ids:
+            return Finding.DUPLICATE_FRAMES, f"{rows.duplicate_ids} repeated frame ids in {rows.rows} rows"
+        if record is None:
+            if rows.rows:
+                return Finding.ORPHAN_ROWS, f"{rows.rows} rows, no catalog row"
+            return "in_flight" if fresh else (Finding.MISSING, "in the bucket, not in the catalog")
+        expected = {record.fingerprint} if record.fingerprint else set()
+        if rows.rows != record.frames or not set(rows.fingerprints) <= expected:
+            held = ", ".join(f"{n} of {fp}" for fp, n in rows.fingerprints.items()) or "none"
+            said = f"{record.frames} rows of {record.fingerprint or '-'}"
+            return Finding.ROWS_MISMATCH, f"{record.status.value}: catalog says {said}, frames holds {held}"
+        if in_flight:
+            return Finding.STUCK, f"{record.status.value} since {record.updated_at.isoformat()}"
+        if obj is None:
+            if record.status is VideoStatus.DELETED:
+                return None
+            return Finding.ORPHANED, f"{record.status.value}, object gone"
+        current = fingerprint(obj.version, self._model_id, self._every_s)
+        if record.status is VideoStatus.INDEXED and record.fingerprint == current:
+            return "in_sync"
+        if record.status is VideoStatus.FAILED and record.version == obj.version:
+            return "failed"
+        if fresh:
+            return "in_flight"
+        return Finding.STALE, f"{record.status.value} at version {record.version or '-'}, object at {obj.version}"
+
+    def _orphan_rows(self, report: CheckReport, checked: set[str], repair: bool, under: list[str]) -> None:
+        """Rows under the checked buckets and prefix that no listing or catalog range covered: rows of
+        a video with no catalog row at all."""
+        known = {r.video_id for r in self._catalog.scan_all()}
+        for vid, summary in self._frames.summaries():
+            if vid in checked or not any(summary.uri.startswith(u) for u in under):
+                continue
+            if vid in known:
+                continue  # cataloged under another key range: its own listing judges it
+            report.videos += 1
+            report.add(Inconsistency(Finding.ORPHAN_ROWS, summary.uri, vid, f"{summary.rows} rows, no catalog row"))
+            if repair and self._sink is not None and summary.uri:
+                bucket, key = _split_uri(summary.uri)
+                self._sink.submit(IndexJob(op=JobOp.INDEX, bucket=bucket, key=key, source=JobSource.RECONCILE))
+                report.submitted += 1
+
+
+def build_checker(settings: Settings, store: IndexStore, sink: JobSink | None) -> Checker:
+    """The checker of this deployment's model, sampling and buckets (CLI, admin API, scheduled round)."""
+    return Checker(
+        model_id=settings.model.id,
+        every_s=settings.sampling.every_s,
+        extensions=settings.videos.extensions,
+        catalog=store.catalog,
+        frames=store.frames,
+        lister=S3PageLister(settings.s3),
+        sink=sink,
+        in_flight_grace_s=settings.check.in_flight_grace_s,
+        new_object_grace_s=settings.check.new_object_grace_s,
+    )

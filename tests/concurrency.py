@@ -1,0 +1,282 @@
+"""The concurrency checker: real ``Indexer`` jobs (real LanceDB on MinIO, real objects in a MinIO
+bucket) on threads over a few keys, with seeded random interleavings of upload, overwrite, delete,
+re-upload of identical bytes, redelivery (the same task twice at once), retry after a transient
+error and restart after a consumer died mid-job, and random pauses at every step boundary of every
+job. After every job has run to completion (at-least-once: an aborted job is run again), the
+invariant checker (``pipeline.check``) must find nothing and every key must be indexed exactly at
+its current bytes, or gone.
+
+    python -m tests.concurrency --seed 1234      # replay one schedule against the services in VIDX_* env
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from events.jobs import IndexJob, JobOp, JobSource
+from pipeline.check import Checker, S3PageLister
+from pipeline.indexer import STEPS, Indexer, ObjectSource, S3ObjectSource
+from pipeline.settings import Settings
+from storage.catalog import VideoStatus
+from storage.errors import TransientError
+from storage.ids import fingerprint, video_id
+from storage.tables import IndexStore
+from storage.writer import GroupedFrameWriter
+
+#: Longest pause injected at a step boundary, and how often one is injected.
+MAX_PAUSE_S = 0.03
+PAUSE_P = 0.5
+#: Times a job that keeps failing transiently is tried before the schedule counts it as lost.
+MAX_TRIES = 6
+#: Bound on one schedule's wall time (every thread is joined within it).
+SCHEDULE_TIMEOUT_S = 120.0
+
+
+class ColourEmbedder:
+    """Deterministic stand-in for the encoder: mean colour and its square, normalised."""
+
+    model_id = "test/mean-colour"
+
+    def embed_images(self, images: Sequence[NDArray[np.uint8]]) -> NDArray[np.float32]:
+        means = np.stack([img.reshape(-1, 3).mean(axis=0) for img in images]).astype(np.float32) + 1.0
+        vectors = np.concatenate([means, means**2 / 255.0], axis=1)
+        return (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+
+
+class Abort(Exception):
+    """Injected at a step boundary: the job's consumer dies (or its attempt fails) right there."""
+
+
+@dataclass
+class World:
+    """The services one run of schedules shares: a bucket, an index database, two consumer processes."""
+
+    settings: Settings
+    bucket: str
+    videos: dict[str, bytes]
+    frames_of: dict[str, int]
+    minio: object
+    stores: list[IndexStore] = field(default_factory=list)
+    writers: list[GroupedFrameWriter] = field(default_factory=list)
+    objects: ObjectSource | None = None
+
+    def close(self) -> None:
+        for writer in self.writers:
+            writer.close()
+
+
+@contextmanager
+def world(settings: Settings, minio: object, videos: dict[str, Path]) -> Iterator[World]:
+    """Two "consumer processes" (an index-store connection and a grouped writer each) over the
+    settings' index database, and the sample videos' bytes and sampled-frame counts."""
+    from pipeline.decode import sample_frames
+
+    data = {name: path.read_bytes() for name, path in videos.items()}
+    frames_of = {
+        name: sum(1 for _ in sample_frames(path, settings.sampling.every_s, settings.limits, max_side=64))
+        for name, path in videos.items()
+    }
+    w = World(settings, settings.s3.upload_bucket, data, frames_of, minio)
+    for _ in range(2):
+        store = IndexStore(settings.s3)
+        w.stores.append(store)
+        w.writers.append(GroupedFrameWriter(store.frames, max_videos=4, wait_s=0.01, commit_timeout_s=30))
+    w.objects = S3ObjectSource(settings.s3, settings.limits)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+@dataclass
+class Outcome:
+    seed: int
+    keys: int
+    jobs: int
+    violations: list[str]
+
+
+def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome:
+    """One seeded schedule over ``keys`` fresh keys; returns what the checker found (nothing is right)."""
+    import io
+
+    rng = random.Random(seed)
+    prefix = f"sched-{seed}-{uuid.uuid4().hex[:6]}/"
+    names = [f"{prefix}k{i}.mp4" for i in range(keys)]
+    dead: set[str] = set()
+    lock = threading.Lock()
+    threads: list[threading.Thread] = []
+    retries: list[tuple[IndexJob, str, str | None]] = []
+    lost: list[str] = []
+    jobs = 0
+    deadline = time.monotonic() + SCHEDULE_TIMEOUT_S
+
+    def put(key: str, name: str) -> None:
+        body = w.videos[name]
+        w.minio.put_object(w.bucket, key, io.BytesIO(body), len(body), content_type="video/mp4")  # type: ignore[attr-defined]
+
+    def launch(job: IndexJob, task_id: str, abort_at: str | None, holder: str | None = None) -> None:
+        nonlocal jobs
+        jobs += 1
+        job_rng = random.Random(rng.random())
+        n = rng.randrange(len(w.stores))
+        holder = holder or f"proc:sched:{uuid.uuid4().hex[:8]}"
+
+        def hooks(step: str, _job: IndexJob) -> None:
+            if job_rng.random() < PAUSE_P:
+                time.sleep(job_rng.uniform(0, MAX_PAUSE_S))
+            if step == abort_at:
+                raise Abort(step)
+
+        indexer = Indexer(
+            w.settings,
+            ColourEmbedder(),
+            w.stores[n],
+            w.objects,
+            writer=w.writers[n],
+            holder=holder,
+            holder_alive=lambda h: h not in dead,
+            hooks=hooks,
+        )
+
+        def body() -> None:
+            try:
+                indexer.run(job, task_id)
+            except Abort:
+                died = job_rng.random() < 0.5  # the consumer died (a restart elsewhere) or the attempt failed
+                with lock:
+                    if died:
+                        dead.add(holder)
+                    retries.append((job, task_id, None if died else holder))
+            except TransientError as exc:
+                with lock:
+                    retries.append((job, task_id, holder))
+                    lost.append(f"transient on first try: {exc}")  # kept only if the retries fail too
+
+        thread = threading.Thread(target=body, daemon=True)
+        threads.append(thread)
+        thread.start()
+
+    for _ in range(ops):
+        key = rng.choice(names)
+        action = rng.choice(["upload_a", "upload_b", "reupload", "delete", "upload_a"])
+        if action == "delete":
+            w.minio.remove_object(w.bucket, key)  # type: ignore[attr-defined]
+        else:
+            put(key, "a" if action in ("upload_a", "reupload") else "b")
+        op = JobOp.DELETE if action == "delete" else JobOp.INDEX
+        job = IndexJob(op=op, bucket=w.bucket, key=key, source=JobSource.EVENT)
+        task_id = uuid.uuid4().hex
+        abort_at = rng.choice(STEPS) if rng.random() < 0.3 else None
+        launch(job, task_id, abort_at)
+        if rng.random() < 0.3:
+            launch(job, task_id, None)  # redelivered while the first delivery still runs
+        time.sleep(rng.uniform(0, MAX_PAUSE_S))
+    _join(threads, deadline)
+    lost.clear()
+    # At least once: every attempt that failed or died runs again until it completes (bounded).
+    for _ in range(MAX_TRIES):
+        if not retries:
+            break
+        batch, retries[:] = list(retries), []
+        threads.clear()
+        for job, task_id, holder in batch:
+            launch(job, task_id, None, holder)
+        _join(threads, deadline)
+    violations = [f"a job still failed after {MAX_TRIES} tries: {j.uri}" for j, _, _ in retries]
+    violations += _violations(w, prefix, names)
+    return Outcome(seed, keys, jobs, violations)
+
+
+def _join(threads: list[threading.Thread], deadline: float) -> None:
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            raise TimeoutError("a job outlived the schedule's time bound")
+
+
+def _violations(w: World, prefix: str, names: list[str]) -> list[str]:
+    settings = w.settings
+    store = w.stores[0]
+    checker = Checker(
+        model_id=ColourEmbedder.model_id,
+        every_s=settings.sampling.every_s,
+        extensions=settings.videos.extensions,
+        catalog=store.catalog,
+        frames=store.frames,
+        lister=S3PageLister(settings.s3),
+        sink=None,
+        in_flight_grace_s=0,
+        new_object_grace_s=0,
+    )
+    report = checker.run([w.bucket], prefix=prefix)
+    found = [f"{i.finding.value} {i.uri}: {i.detail}" for i in report.found]
+    if report.in_flight:
+        found.append(f"{report.in_flight} videos left queued/indexing with no job alive")
+    import hashlib
+
+    by_etag = {hashlib.md5(body).hexdigest(): name for name, body in w.videos.items()}
+    for key in names:
+        vid = video_id(w.bucket, key)
+        record = store.catalog.get(vid)
+        head = w.objects.head(w.bucket, key) if w.objects else None
+        rows = store.frames.count(vid)
+        if head is None:
+            if rows or (record is not None and record.status is not VideoStatus.DELETED):
+                found.append(f"{key}: gone, but catalog {record.status.value if record else '-'} and {rows} rows")
+            continue
+        want = fingerprint(head.version, ColourEmbedder.model_id, settings.sampling.every_s)
+        frames = w.frames_of[by_etag[head.version]]
+        if record is None or record.status is not VideoStatus.INDEXED or record.fingerprint != want or rows != frames:
+            said = f"{record.status.value} {record.fingerprint}" if record else "no row"
+            found.append(f"{key}: at {head.version}, catalog {said}, {rows} rows (want indexed, {frames} rows)")
+    return found
+
+
+def main() -> None:  # pragma: no cover - a replay tool
+    from minio import Minio
+
+    from infra.dev.samples import write_video
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--keys", type=int, default=2)
+    parser.add_argument("--ops", type=int, default=5)
+    args = parser.parse_args()
+    settings = Settings()
+    s3 = settings.s3
+    host = s3.endpoint_url.removeprefix("http://").removeprefix("https://")
+    client = Minio(host, s3.access_key.get_secret_value(), s3.secret_key.get_secret_value(), secure=False)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        videos = sample_videos(Path(tmp), write_video)
+        with world(settings, client, videos) as w:
+            outcome = run_schedule(w, args.seed, keys=args.keys, ops=args.ops)
+    print(f"seed {outcome.seed}: {outcome.jobs} jobs, {len(outcome.violations)} violations")
+    for v in outcome.violations:
+        print(f"  {v}")
+
+
+def sample_videos(directory: Path, write_video: object) -> dict[str, Path]:
+    """Two small different videos: "a" and "b" (different bytes, different frame counts)."""
+    make = write_video  # infra.dev.samples.write_video
+    return {
+        "a": make(directory / "a.mp4", seconds=2, fps=5, size=(64, 48), seed=1),  # type: ignore[operator]
+        "b": make(directory / "b.mp4", seconds=3, fps=5, size=(64, 48), seed=2),  # type: ignore[operator]
+    }
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

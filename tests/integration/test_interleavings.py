@@ -1,0 +1,138 @@
+"""The concurrency checker in CI: hundreds of seeded schedules of racing real jobs on LanceDB-on-MinIO
+(tests/concurrency.py), and the delete-vs-reindex interleaving of issue 8 as a deterministic test."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from events.jobs import IndexJob, JobOp, JobSource
+from infra.dev.samples import write_video
+from pipeline.indexer import Indexer, Outcome
+from pipeline.settings import Settings
+from storage.catalog import VideoStatus
+from storage.ids import video_id
+from tests.concurrency import ColourEmbedder, World, run_schedule, sample_videos, world
+from tests.harness import report_lines
+from tests.services import Services, unique_prefix
+
+pytestmark = pytest.mark.integration
+
+#: Schedules per CI run (VIDX_INTERLEAVINGS overrides), and the bound on the whole run.
+SCHEDULES = int(os.environ.get("VIDX_INTERLEAVINGS", "300"))
+FIRST_SEED = int(os.environ.get("VIDX_INTERLEAVINGS_SEED", "1"))
+RUN_BOUND_S = 900.0
+KEYS = 2
+
+
+@pytest.fixture(scope="module")
+def shared(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    prefix = unique_prefix()
+    services.prepare_buckets(prefix)
+    mp = pytest.MonkeyPatch()
+    for name, value in services.env(prefix).items():
+        mp.setenv(name, value)
+    settings = Settings()
+    videos = sample_videos(tmp_path_factory.mktemp("interleavings"), write_video)
+    try:
+        with world(settings, services.minio_client(), videos) as w:
+            yield w
+    finally:
+        mp.undo()
+
+
+@pytest.mark.timeout(RUN_BOUND_S + 60)
+def test_seeded_interleavings_leave_no_violation(shared: World, pytestconfig: pytest.Config) -> None:
+    started = time.monotonic()
+    failures: list[str] = []
+    jobs = 0
+    for seed in range(FIRST_SEED, FIRST_SEED + SCHEDULES):
+        outcome = run_schedule(shared, seed, keys=KEYS)
+        jobs += outcome.jobs
+        if outcome.violations:
+            failures.append(
+                f"seed {seed} (replay: python -m tests.concurrency --seed {seed}): " + "; ".join(outcome.violations)
+            )
+        assert time.monotonic() - started < RUN_BOUND_S, f"{seed - FIRST_SEED + 1} schedules took over {RUN_BOUND_S}s"
+    took = time.monotonic() - started
+    report_lines(
+        pytestconfig,
+        [
+            f"interleavings: {SCHEDULES} schedules, {KEYS} keys, {len(failures)} violations "
+            f"({jobs} jobs in {took:.1f}s, seeds {FIRST_SEED}..{FIRST_SEED + SCHEDULES - 1})"
+        ],
+    )
+    assert not failures, "\n".join(failures)
+
+
+def test_delete_racing_a_reindex_of_the_same_bytes_converges(shared: World, pytestconfig: pytest.Config) -> None:
+    """Issue 8's interleaving, step by step with real threads: index job I commits its frames; delete
+    job D removes them and writes ``deleted``; I then settles; the same bytes are uploaded again and D
+    looks once more; the re-upload's own job R runs last. The index must hold the video with its rows."""
+    w = shared
+    key = f"{unique_prefix()}/race.mp4"
+    vid = video_id(w.bucket, key)
+    body = w.videos["a"]
+    gates = {name: threading.Event() for name in ("i_written", "i_go", "d_settled", "d_go")}
+
+    def put() -> None:
+        import io
+
+        w.minio.put_object(w.bucket, key, io.BytesIO(body), len(body))  # type: ignore[attr-defined]
+
+    def indexer(hooks: object) -> Indexer:
+        return Indexer(w.settings, ColourEmbedder(), w.stores[0], w.objects, hooks=hooks)  # type: ignore[arg-type]
+
+    i_rounds: list[str] = []
+
+    def i_hooks(step: str, _job: IndexJob) -> None:
+        i_rounds.append(step)
+        if step == "written" and not gates["i_written"].is_set():
+            gates["i_written"].set()
+            assert gates["i_go"].wait(30)
+
+    def d_hooks(step: str, _job: IndexJob) -> None:
+        if step == "settled" and not gates["d_settled"].is_set():
+            gates["d_settled"].set()
+            assert gates["d_go"].wait(30)
+
+    results: dict[str, object] = {}
+
+    def run(name: str, ix: Indexer, op: JobOp) -> None:
+        try:
+            results[name] = ix.run(IndexJob(op=op, bucket=w.bucket, key=key, source=JobSource.EVENT), name)
+        except Exception as exc:  # reported below
+            results[name] = exc
+
+    put()
+    i = threading.Thread(target=run, args=("I", indexer(i_hooks), JobOp.INDEX))
+    i.start()
+    assert gates["i_written"].wait(30), "I never committed its frames"
+    w.minio.remove_object(w.bucket, key)  # type: ignore[attr-defined]
+    d = threading.Thread(target=run, args=("D", indexer(d_hooks), JobOp.DELETE))
+    d.start()
+    assert gates["d_settled"].wait(30), "D never wrote deleted"
+    gates["i_go"].set()  # I settles after D removed its rows
+    i.join(30)
+    put()  # the same bytes again
+    gates["d_go"].set()  # D looks once more
+    d.join(30)
+    run("R", indexer(lambda step, job: None), JobOp.INDEX)  # the re-upload's own event
+    assert not i.is_alive() and not d.is_alive()
+    record = w.stores[0].catalog.get(vid)
+    rows = w.stores[0].frames.count(vid)
+    print(
+        f"\ndelete-vs-reindex: I {results['I']}, D {results['D']}, R {results['R']}; catalog "
+        f"{record.status.value if record else '-'} {record.frames if record else 0} frames, table {rows} rows"
+    )
+    assert all(not isinstance(r, Exception) for r in results.values()), results
+    assert record is not None and record.status is VideoStatus.INDEXED
+    assert rows == record.frames == w.frames_of["a"]
+    assert isinstance(results["R"], object) and getattr(results["R"], "outcome", None) in (
+        Outcome.UNCHANGED,
+        Outcome.INDEXED,
+    )
