@@ -103,6 +103,9 @@ class ScheduledCheck:
         report = self._checker.run(
             self._buckets, repair=self._repair, max_objects=self._objects, resume_after=self._resume
         )
+        if report.listed == 0 and self._resume is not None:
+            # The last round ended exactly at the end of the buckets: start over now, not next round.
+            report = self._checker.run(self._buckets, repair=self._repair, max_objects=self._objects)
         self._resume = report.resume_after  # None: the next round starts from the first bucket again
         with self._lock:
             self._state = CheckState(self._state.rounds + 1, report, None, leader=True)

@@ -71,8 +71,8 @@ def test_seeded_interleavings_leave_no_violation(shared: World, pytestconfig: py
 
 def test_delete_racing_a_reindex_of_the_same_bytes_converges(shared: World, pytestconfig: pytest.Config) -> None:
     """Issue 8's interleaving, step by step with real threads: index job I commits its frames; delete
-    job D removes them and writes ``deleted``; I then settles; the same bytes are uploaded again and D
-    looks once more; the re-upload's own job R runs last. The index must hold the video with its rows."""
+    job D removes them and writes ``deleted``; the same bytes are uploaded again; I settles; D looks
+    once more; the re-upload's own job R runs last. The index must hold the video with its rows."""
     w = shared
     key = f"{unique_prefix()}/race.mp4"
     vid = video_id(w.bucket, key)
@@ -116,23 +116,19 @@ def test_delete_racing_a_reindex_of_the_same_bytes_converges(shared: World, pyte
     d = threading.Thread(target=run, args=("D", indexer(d_hooks), JobOp.DELETE))
     d.start()
     assert gates["d_settled"].wait(30), "D never wrote deleted"
-    gates["i_go"].set()  # I settles after D removed its rows
-    i.join(30)
     put()  # the same bytes again
+    gates["i_go"].set()  # I settles after D removed its rows, the object there again
+    i.join(30)
     gates["d_go"].set()  # D looks once more
     d.join(30)
     run("R", indexer(lambda step, job: None), JobOp.INDEX)  # the re-upload's own event
     assert not i.is_alive() and not d.is_alive()
     record = w.stores[0].catalog.get(vid)
     rows = w.stores[0].frames.count(vid)
-    print(
-        f"\ndelete-vs-reindex: I {results['I']}, D {results['D']}, R {results['R']}; catalog "
-        f"{record.status.value if record else '-'} {record.frames if record else 0} frames, table {rows} rows"
-    )
+    outcomes = ", ".join(f"{n} {getattr(r, 'outcome', r)}" for n, r in results.items())
+    said = f"{record.status.value} {record.frames} frames" if record else "no row"
+    report_lines(pytestconfig, [f"delete-vs-reindex: {outcomes}; catalog {said}, table {rows} rows"])
     assert all(not isinstance(r, Exception) for r in results.values()), results
     assert record is not None and record.status is VideoStatus.INDEXED
     assert rows == record.frames == w.frames_of["a"]
-    assert isinstance(results["R"], object) and getattr(results["R"], "outcome", None) in (
-        Outcome.UNCHANGED,
-        Outcome.INDEXED,
-    )
+    assert getattr(results["R"], "outcome", None) in (Outcome.UNCHANGED, Outcome.INDEXED)

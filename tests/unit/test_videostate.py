@@ -1,0 +1,85 @@
+"""The per-video transitions and the queueing sink over a real local catalog."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from events.jobs import IndexJob, JobOp, JobSource
+from pipeline.settings import Settings
+from pipeline.videostate import QueueingSink, VideoStates
+from storage.catalog import VideoRecord, VideoStatus
+from storage.errors import TransientError
+from storage.tables import IndexStore
+
+JOB = IndexJob(op=JobOp.INDEX, bucket="videos", key="a.mp4", source=JobSource.API)
+
+
+@pytest.fixture
+def states(tmp_path: Path) -> VideoStates:
+    return VideoStates(IndexStore(Settings().s3, uri=str(tmp_path / "lance")).catalog)
+
+
+class Sink:
+    def __init__(self, states: VideoStates, fail: bool = False) -> None:
+        self.states, self.fail = states, fail
+        self.seen_status: list[str | None] = []
+
+    def submit(self, job: IndexJob) -> str:
+        record = self.states.read(job.video_id)
+        self.seen_status.append(record.status.value if record else None)
+        if self.fail:
+            raise TransientError("task queue unavailable: ConnectionRefusedError")
+        return "task-1"
+
+
+def test_queued_is_written_before_the_submit(states: VideoStates) -> None:
+    sink = Sink(states)
+    assert QueueingSink(sink, states).submit(JOB) == "task-1"
+    assert sink.seen_status == ["queued"]  # the job can't start before the row says queued
+
+
+def test_a_failed_submit_puts_the_row_back(states: VideoStates) -> None:
+    done = VideoRecord(JOB.video_id, JOB.uri, VideoStatus.INDEXED, version="e1", frames=2, fingerprint="fp")
+    states.catalog.write(done, 0)
+    with pytest.raises(TransientError):
+        QueueingSink(Sink(states, fail=True), states).submit(JOB)
+    back = states.read(JOB.video_id)
+    assert back is not None and back.status is VideoStatus.INDEXED and back.fingerprint == "fp"
+
+
+def test_a_failed_submit_of_a_new_video_leaves_a_reason_not_queued(states: VideoStates) -> None:
+    with pytest.raises(TransientError):
+        QueueingSink(Sink(states, fail=True), states).submit(JOB)
+    record = states.read(JOB.video_id)
+    assert record is not None and record.status is VideoStatus.FAILED and "could not be queued" in (record.error or "")
+
+
+def test_a_row_being_indexed_is_not_marked_queued(states: VideoStates) -> None:
+    states.catalog.write(VideoRecord(JOB.video_id, JOB.uri, VideoStatus.INDEXING, task_id="t0"), 0)
+    QueueingSink(Sink(states), states).submit(JOB)
+    record = states.read(JOB.video_id)
+    assert record is not None and record.status is VideoStatus.INDEXING and record.rev == 1
+
+
+def test_every_transition_loses_to_a_write_it_did_not_see(states: VideoStates) -> None:
+    first = states.catalog.write(VideoRecord(JOB.video_id, JOB.uri, VideoStatus.QUEUED), 0)
+    assert first is not None
+    moved = states.claim(JOB, first, version="e1", model="m", sampling="s", attempt=None, crashes=0)
+    assert moved is not None
+    # Every writer still holding the first revision loses, whatever it wanted to write.
+    assert states.finish(first, version="e1", fingerprint="fp", frames=2, duration_s=1.0) is None
+    assert states.removed(JOB, first) is None
+    assert states.fail(JOB, first, "boom", "e1") is None
+    assert states.queue(JOB, first.evolve(status=VideoStatus.DELETED)) is None
+    assert states.read(JOB.video_id) == moved
+
+
+def test_a_failure_of_another_version_leaves_a_settled_row_alone(states: VideoStates) -> None:
+    done = states.catalog.write(VideoRecord(JOB.video_id, JOB.uri, VideoStatus.INDEXED, version="e2"), 0)
+    assert done is not None
+    assert states.fail(JOB, done, "gave up", "e1") is done
+    assert states.fail(JOB, done, "gave up", None) is done
+    failed = states.fail(JOB, done, "decode error", "e2")
+    assert failed is not None and failed.status is VideoStatus.FAILED
