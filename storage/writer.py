@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from storage.errors import TransientError
+from storage.errors import PermanentError, TransientError
 from storage.frames import VideoFrames
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,9 @@ class GroupedFrameWriter:
             # bounded by the store's timeouts) rather than let a retry race a late write of old rows.
             if not pending.done.wait(CLOSE_TIMEOUT_S):
                 raise TransientError(f"the commit of {video_id}'s frames did not finish")
+        if isinstance(pending.error, ValueError):
+            # The rows themselves are wrong (vector size, repeated frame ids): retrying can't help.
+            raise PermanentError(f"the rows of {video_id} can't be written: {pending.error}") from pending.error
         if pending.error is not None:
             raise TransientError(
                 f"grouped commit of {video_id}'s frames failed: {type(pending.error).__name__}"
@@ -175,6 +178,8 @@ class GroupedFrameWriter:
             error = exc
             log.warning("grouped commit of %d videos failed: %s: %s", len(group), type(exc).__name__, exc)
         if error is not None and len(group) > 1:
+            with self._cond:
+                self._failed += 1
             # One video's bad rows must not fail the others: each goes alone, with its own outcome.
             for pending in group:
                 self._commit([pending])

@@ -1,5 +1,6 @@
 """storage/maintenance.py over a local LanceDB: the ANN index appears past the row threshold, once;
-optimize folds appended rows in; search finds a just-written frame before and after; one worker maintains."""
+optimize folds appended rows in; search finds a just-written frame before and after; the catalog is
+compacted every round; one worker maintains."""
 
 from __future__ import annotations
 
@@ -9,16 +10,17 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
+from storage.catalog import VIDEOS, VideoRecord, VideoStatus
 from storage.config import IndexSettings, S3Settings
-from storage.frames import FrameRow
-from storage.maintenance import Action, IndexMaintainer
+from storage.frames import FrameRow, VideoFrames
+from storage.maintenance import Action, IndexMaintainer, create_vector_index, optimize, vector_index_state
 from storage.tables import IndexStore
 
 DIM = 16
 SETTINGS = IndexSettings(ann_min_rows=400, rows_per_partition=256, nprobes=4, refine_factor=5, search_consistency_s=0)
 
 
-def unit(vectors: NDArray[np.float32]) -> NDArray[np.float32]:
+def unit(vectors: NDArray[np.floating]) -> NDArray[np.float32]:
     out: NDArray[np.float32] = (vectors / np.linalg.norm(vectors, axis=-1, keepdims=True)).astype(np.float32)
     return out
 
@@ -27,7 +29,7 @@ def add_video(store: IndexStore, video_id: str, vectors: NDArray[np.float32]) ->
     rows = [
         FrameRow(frame_id=f"{video_id}-{i}", ts_s=float(i), vector=v, thumbnail=None) for i, v in enumerate(vectors)
     ]
-    store.replace_frames(video_id=video_id, uri=f"s3://videos/{video_id}.mp4", version="1", model="m", rows=rows)
+    store.frames.replace(VideoFrames(video_id, f"s3://videos/{video_id}.mp4", "1", "fp-1", "m", rows))
 
 
 def fill(store: IndexStore, videos: int, frames: int, seed: int) -> None:
@@ -61,7 +63,7 @@ def test_below_the_threshold_no_index_and_search_is_exact(store: IndexStore) -> 
     add_video(store, "needle", probe()[None, :])
     result = maintainer.run_once()
     assert result.action is Action.FLAT and result.rows == 301
-    state = store.vector_index_state()
+    state = vector_index_state(store)
     assert state is not None and not state.has_index
     assert_found(store, "needle-0")
     # Exact results equal to the brute-force order.
@@ -74,20 +76,20 @@ def test_past_the_threshold_the_index_is_created_once_and_optimize_folds_new_row
     fill(store, videos=6, frames=100, seed=2)
     created = maintainer.run_once()
     assert created.action is Action.INDEX_CREATED and created.rows == 600
-    state = store.vector_index_state()
+    state = vector_index_state(store)
     assert state is not None and state.has_index and state.indexed_rows == 600 and state.unindexed_rows == 0
     assert maintainer.run_once().action is Action.UP_TO_DATE  # not rebuilt
 
     # Appended rows are not in the index yet, and search still finds them (flat scan of the tail).
     add_video(store, "needle", probe()[None, :])
     fill(store, videos=1, frames=50, seed=3)
-    state = store.vector_index_state()
+    state = vector_index_state(store)
     assert state is not None and state.unindexed_rows == 51
     assert_found(store, "needle-0")
 
     optimized = maintainer.run_once()
     assert optimized.action is Action.OPTIMIZED and optimized.unindexed_rows == 51
-    state = store.vector_index_state()
+    state = vector_index_state(store)
     assert state is not None and state.rows == 651 and state.indexed_rows == 651 and state.unindexed_rows == 0
     assert_found(store, "needle-0")
     assert maintainer.run_once().action is Action.UP_TO_DATE
@@ -108,6 +110,33 @@ def test_ann_results_agree_with_exact_search(store: IndexStore) -> None:
         exact = {r["frame_id"] for r in store.frames.search(query, 10, exact=True)}
         hits += len(exact & {r["frame_id"] for r in store.frames.search(query, 10, SETTINGS)})
     assert hits / 200 >= 0.9
+
+
+def catalog_fragments(store: IndexStore) -> int:
+    table = store.db.open(VIDEOS)
+    assert table is not None
+    return int(table.stats()["fragment_stats"]["num_fragments"])
+
+
+def test_the_index_functions_do_nothing_before_the_frames_table_exists(store: IndexStore) -> None:
+    assert vector_index_state(store) is None
+    create_vector_index(store, SETTINGS)
+    for n in range(3):
+        assert store.catalog.write(VideoRecord(video_id=f"v{n}", uri="s3://videos/v", status=VideoStatus.QUEUED), 0)
+    optimize(store, SETTINGS.keep_versions_s)  # the catalog is still compacted
+    assert store.frames.table() is None and catalog_fragments(store) == 1
+
+
+def test_a_round_with_no_new_frames_still_compacts_the_catalog(store: IndexStore) -> None:
+    maintainer = IndexMaintainer(store, SETTINGS)
+    fill(store, videos=5, frames=100, seed=9)
+    assert maintainer.run_once().action is Action.INDEX_CREATED
+    # Status changes keep committing to the catalog (one small fragment each) while frames stand still.
+    for n in range(4):
+        assert store.catalog.write(VideoRecord(video_id=f"v{n}", uri="s3://videos/v", status=VideoStatus.DELETED), 0)
+    assert catalog_fragments(store) == 4
+    assert maintainer.run_once().action is Action.UP_TO_DATE
+    assert catalog_fragments(store) == 1
 
 
 def test_only_one_worker_maintains_until_its_lease_lapses(store: IndexStore, tmp_path: Path) -> None:

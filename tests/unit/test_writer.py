@@ -1,7 +1,10 @@
-"""storage/writer.py: grouped frame commits over a local-directory LanceDB."""
+"""storage/writer.py: grouped frame commits over a local-directory LanceDB (what one commit of several
+videos does to the table is tests/unit/test_frames.py's)."""
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -13,15 +16,18 @@ from pathlib import Path
 import lancedb
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 
+from events.jobs import IndexJob, JobOp, JobSource
 from pipeline.indexer import Indexer, Outcome
 from pipeline.settings import Settings
+from storage.db import sql_quote
 from storage.errors import TransientError
 from storage.frames import FrameRow, VideoFrames
+from storage.s3 import ObjectHead
 from storage.tables import IndexStore
 from storage.writer import GroupedFrameWriter
 from tests.media import write_video
-from tests.unit.test_indexer import MeanColour, MemoryObjects, job
 
 DIM = 8
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,24 +41,37 @@ def rows(video_id: str, n: int, *, seed: int) -> list[FrameRow]:
 
 def frames(video_id: str, n: int, *, seed: int, version: str = "v1") -> VideoFrames:
     return VideoFrames(
-        video_id=video_id, uri=f"s3://videos/{video_id}", version=version, model="m", rows=rows(video_id, n, seed=seed)
+        video_id=video_id,
+        uri=f"s3://videos/{video_id}",
+        version=version,
+        fingerprint=f"fp-{version}",
+        model="m",
+        rows=rows(video_id, n, seed=seed),
     )
+
+
+def removal(video_id: str) -> VideoFrames:
+    return VideoFrames(video_id, f"s3://videos/{video_id}", "", "", "", [])
 
 
 def table_version(db_dir: Path) -> int:
     return int(lancedb.connect(str(db_dir)).open_table("frames").version)
 
 
-def frame_ids(store: IndexStore, video_id: str) -> list[str]:
+def column(store: IndexStore, video_id: str, name: str) -> list[str]:
     table = store.frames.table()
-    got = table.search().where(f"video_id = '{video_id}'").select(["frame_id"]).limit(None).to_list()
-    return sorted(r["frame_id"] for r in got)
+    if table is None:
+        return []
+    got = table.search().where(f"video_id = {sql_quote(video_id)}").select([name]).limit(None).to_list()
+    return sorted(r[name] for r in got)
+
+
+def frame_ids(store: IndexStore, video_id: str) -> list[str]:
+    return column(store, video_id, "frame_id")
 
 
 def versions_of(store: IndexStore, video_id: str) -> set[str]:
-    table = store.frames.table()
-    got = table.search().where(f"video_id = '{video_id}'").select(["version"]).limit(None).to_list()
-    return {r["version"] for r in got}
+    return set(column(store, video_id, "version"))
 
 
 @pytest.fixture
@@ -71,7 +90,7 @@ def submit_all(writer: GroupedFrameWriter, videos: Sequence[VideoFrames]) -> dic
 
     def one(v: VideoFrames) -> None:
         try:
-            writer.replace_frames(video_id=v.video_id, uri=v.uri, version=v.version, model=v.model, rows=v.rows)
+            writer.replace(v)
             outcome[v.video_id] = None
         except BaseException as exc:
             outcome[v.video_id] = exc
@@ -84,29 +103,10 @@ def submit_all(writer: GroupedFrameWriter, videos: Sequence[VideoFrames]) -> dic
     return outcome
 
 
-def test_grouped_write_replaces_each_video_and_leaves_others(store: IndexStore) -> None:
-    store.frames.replace_many([frames("a", 5, seed=1), frames("b", 4, seed=2), frames("c", 3, seed=3)])
-    store.frames.replace_many(
-        [frames("a", 2, seed=4, version="v2"), VideoFrames("b", "s3://videos/b", "v2", "m", [])]
-    )
-    assert frame_ids(store, "a") == ["a-000000", "a-000001"] and versions_of(store, "a") == {"v2"}
-    assert frame_ids(store, "b") == []
-    assert len(frame_ids(store, "c")) == 3 and versions_of(store, "c") == {"v1"}
-    with pytest.raises(ValueError, match="twice"):
-        store.frames.replace_many([frames("a", 1, seed=5), frames("a", 1, seed=6)])
-
-
-def test_quotes_in_video_ids_stay_scoped(store: IndexStore) -> None:
-    store.frames.replace_many([frames("o'k", 3, seed=1), frames("x", 2, seed=2)])
-    store.frames.replace_many([frames("o'k", 1, seed=3, version="v2")])
-    assert frame_ids(store, "o''k") == ["o'k-000000"]
-    assert len(frame_ids(store, "x")) == 2
-
-
 def test_concurrent_jobs_share_commits(store: IndexStore, db_dir: Path) -> None:
     store.frames.replace_many([frames(f"v{i}", 6, seed=i) for i in range(8)] + [frames("other", 2, seed=99)])
     before = table_version(db_dir)
-    writer = GroupedFrameWriter(store, max_videos=8, wait_s=5.0)
+    writer = GroupedFrameWriter(store.frames, max_videos=8, wait_s=5.0)
     try:
         outcome = submit_all(writer, [frames(f"v{i}", 3, seed=10 + i, version="v2") for i in range(8)])
     finally:
@@ -124,7 +124,7 @@ def test_concurrent_jobs_share_commits(store: IndexStore, db_dir: Path) -> None:
 def test_group_limits_split_commits(store: IndexStore, db_dir: Path) -> None:
     store.frames.replace_many([frames("seed", 1, seed=0)])
     before = table_version(db_dir)
-    writer = GroupedFrameWriter(store, max_videos=3, max_rows=100, wait_s=0.5)
+    writer = GroupedFrameWriter(store.frames, max_videos=3, max_rows=100, wait_s=0.5)
     try:
         outcome = submit_all(writer, [frames(f"v{i}", 2, seed=i) for i in range(7)])
     finally:
@@ -136,17 +136,15 @@ def test_group_limits_split_commits(store: IndexStore, db_dir: Path) -> None:
 
 def test_wait_is_bounded_and_a_full_group_does_not_wait(store: IndexStore) -> None:
     store.frames.replace_many([frames("seed", 1, seed=0)])  # the table exists: commits are quick
-    writer = GroupedFrameWriter(store, max_videos=2, wait_s=0.4)
+    writer = GroupedFrameWriter(store.frames, max_videos=2, wait_s=0.4)
     try:
         started = time.monotonic()
-        writer.replace_frames(
-            video_id="alone", uri="s3://videos/alone", version="v1", model="m", rows=rows("alone", 2, seed=1)
-        )
+        writer.replace(frames("alone", 2, seed=1))
         alone_s = time.monotonic() - started
         assert 0.35 <= alone_s < 0.4 + 10
     finally:
         writer.close()
-    patient = GroupedFrameWriter(store, max_videos=2, wait_s=60.0)
+    patient = GroupedFrameWriter(store.frames, max_videos=2, wait_s=60.0)
     try:
         started = time.monotonic()
         outcome = submit_all(patient, [frames("p", 1, seed=2), frames("q", 1, seed=3)])
@@ -156,15 +154,15 @@ def test_wait_is_bounded_and_a_full_group_does_not_wait(store: IndexStore) -> No
         patient.close()
 
 
-class FailingStore:
-    """Fails the first ``fail`` grouped commits, then writes through; counts the groups it saw."""
+class RecordingStore:
+    """Writes through to ``store``; fails the first ``fail`` commits it sees; records every group."""
 
-    def __init__(self, store: IndexStore, fail: int) -> None:
+    def __init__(self, store: IndexStore, fail: int = 0) -> None:
         self.store = store
         self.fail = fail
         self.groups: list[list[str]] = []
 
-    def replace_frames_of_videos(self, videos: Sequence[VideoFrames]) -> None:
+    def replace_many(self, videos: Sequence[VideoFrames]) -> None:
         self.groups.append([v.video_id for v in videos])
         if self.fail > 0:
             self.fail -= 1
@@ -172,32 +170,66 @@ class FailingStore:
         self.store.frames.replace_many(videos)
 
 
-def test_failed_commit_fails_every_job_of_the_group(store: IndexStore) -> None:
+def test_a_failed_group_is_committed_again_video_by_video(store: IndexStore) -> None:
     store.frames.replace_many([frames("a", 4, seed=1), frames("b", 4, seed=2)])
-    failing = FailingStore(store, fail=1)
+    failing = RecordingStore(store, fail=1)
+    writer = GroupedFrameWriter(failing, max_videos=2, wait_s=5.0)
+    try:
+        outcome = submit_all(writer, [frames("a", 1, seed=3, version="v2"), frames("b", 1, seed=4, version="v2")])
+    finally:
+        writer.close()
+    # The grouped commit failed; each video then went alone, and each alone succeeded.
+    assert outcome == {"a": None, "b": None}
+    assert sorted(failing.groups[0]) == ["a", "b"] and sorted(failing.groups[1:]) == [["a"], ["b"]]
+    assert versions_of(store, "a") == {"v2"} and versions_of(store, "b") == {"v2"}
+    assert writer.stats.commits == 2 and writer.stats.failed_commits == 1  # the grouped one
+
+
+def test_a_commit_that_fails_alone_too_fails_its_jobs_and_the_writer_carries_on(store: IndexStore) -> None:
+    store.frames.replace_many([frames("a", 4, seed=1), frames("b", 4, seed=2)])
+    failing = RecordingStore(store, fail=3)  # the group, then each video alone
     writer = GroupedFrameWriter(failing, max_videos=2, wait_s=5.0)
     try:
         outcome = submit_all(writer, [frames("a", 1, seed=3, version="v2"), frames("b", 1, seed=4, version="v2")])
         assert set(outcome) == {"a", "b"}
         assert all(isinstance(e, TransientError) for e in outcome.values())
-        # Nothing of the failed group is visible: the old rows are still there.
+        assert all(isinstance(e.__cause__, OSError) for e in outcome.values() if e is not None)
+        # Nothing of the failed commits is visible: the old rows are still there.
         assert versions_of(store, "a") == {"v1"} and versions_of(store, "b") == {"v1"}
         # The writer carries on: the retried jobs commit.
         again = submit_all(writer, [frames("a", 1, seed=3, version="v2"), frames("b", 1, seed=4, version="v2")])
         assert again == {"a": None, "b": None}
     finally:
         writer.close()
-    assert failing.groups[0] == failing.groups[1] and sorted(failing.groups[0]) == ["a", "b"]
-    assert versions_of(store, "a") == {"v2"} and writer.stats.failed_commits == 1
+    assert sorted(failing.groups[0]) == ["a", "b"] and sorted(failing.groups[1:3]) == [["a"], ["b"]]
+    assert versions_of(store, "a") == {"v2"} and writer.stats.failed_commits == 3  # the group, then each alone
+
+
+def test_one_videos_invalid_rows_fail_only_that_video(store: IndexStore) -> None:
+    store.frames.replace_many([frames("a", 2, seed=1), frames("c", 2, seed=3)])
+    recording = RecordingStore(store)
+    writer = GroupedFrameWriter(recording, max_videos=3, wait_s=5.0)
+    wrong = np.ones(DIM + 1, dtype=np.float32)  # a vector of another size: the grouped commit raises ValueError
+    bad = VideoFrames("bad", "s3://videos/bad", "v2", "fp-v2", "m", [FrameRow("bad-000000", 0.0, wrong, None)])
+    try:
+        outcome = submit_all(writer, [frames("a", 3, seed=4, version="v2"), bad, frames("c", 1, seed=5, version="v2")])
+    finally:
+        writer.close()
+    assert sorted(recording.groups[0]) == ["a", "bad", "c"]  # they were tried together first
+    assert outcome["a"] is None and outcome["c"] is None
+    assert isinstance(outcome["bad"], Exception)
+    assert frame_ids(store, "a") == [f"a-{k:06d}" for k in range(3)] and versions_of(store, "a") == {"v2"}
+    assert frame_ids(store, "c") == ["c-000000"] and versions_of(store, "c") == {"v2"}
+    assert frame_ids(store, "bad") == []
 
 
 def test_two_jobs_of_one_video_commit_in_order(store: IndexStore) -> None:
-    writer = GroupedFrameWriter(store, max_videos=8, wait_s=0.3)
+    writer = GroupedFrameWriter(store.frames, max_videos=8, wait_s=0.3)
     done: list[str] = []
 
     def write(version: str, n: int, delay_s: float) -> None:
         time.sleep(delay_s)
-        writer.replace_frames(video_id="a", uri="s3://videos/a", version=version, model="m", rows=rows("a", n, seed=n))
+        writer.replace(VideoFrames("a", "s3://videos/a", version, f"fp-{version}", "m", rows("a", n, seed=n)))
         done.append(version)
 
     first = threading.Thread(target=write, args=("v1", 3, 0.0))
@@ -220,7 +252,7 @@ class BlockingStore:
         self.release = threading.Event()
         self.groups: list[list[str]] = []
 
-    def replace_frames_of_videos(self, videos: Sequence[VideoFrames]) -> None:
+    def replace_many(self, videos: Sequence[VideoFrames]) -> None:
         self.groups.append([v.video_id for v in videos])
         self.release.wait(30)
         self.store.frames.replace_many(videos)
@@ -251,12 +283,47 @@ def test_a_job_that_times_out_is_withdrawn_and_one_being_written_waits_for_its_c
     assert blocking.groups == [["slow"]]
     assert frame_ids(store, "late") == [] and len(frame_ids(store, "slow")) == 1
     with pytest.raises(TransientError, match="closed"):
-        writer.replace_frames(video_id="x", uri="s3://videos/x", version="v", model="m", rows=[])
+        writer.replace(removal("x"))
 
 
-def _indexer_parts(tmp_path: Path, store: IndexStore, writer: GroupedFrameWriter) -> tuple[Indexer, MemoryObjects]:
-    objects = MemoryObjects()
-    return Indexer(Settings(), MeanColour(), store, objects, writer=writer), objects
+# -- through the indexer ------------------------------------------------------------------------------
+
+
+class MemoryObjects:
+    """An object store in a dict: key -> file, its ETag the file's MD5."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, Path] = {}
+
+    def put(self, key: str, path: Path) -> None:
+        self.files[key] = path
+
+    def head(self, bucket: str, key: str) -> ObjectHead | None:
+        path = self.files.get(key)
+        if path is None:
+            return None
+        etag = hashlib.md5(path.read_bytes()).hexdigest()
+        return ObjectHead(bucket, key, path.stat().st_size, etag, None, "video/mp4", None)
+
+    def download(self, head: ObjectHead, dest: Path) -> int:
+        shutil.copyfile(self.files[head.key], dest)
+        return dest.stat().st_size
+
+
+class MeanColour:
+    """A stand-in encoder: the normalised mean colour and its square (different frames differ)."""
+
+    model_id = "test/mean-colour"
+
+    def embed_images(self, images: Sequence[NDArray[np.uint8]]) -> NDArray[np.float32]:
+        means = np.stack([img.reshape(-1, 3).mean(axis=0) for img in images]).astype(np.float32) + 1.0
+        vectors = np.concatenate([means, means**2 / 255.0], axis=1)
+        out: NDArray[np.float32] = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+        return out
+
+
+def job(key: str) -> IndexJob:
+    return IndexJob(op=JobOp.INDEX, bucket="videos", key=key, source=JobSource.EVENT)
 
 
 def test_a_job_that_dies_before_the_group_is_written_loses_nothing(store: IndexStore, tmp_path: Path) -> None:
@@ -270,12 +337,12 @@ def test_a_job_that_dies_before_the_group_is_written_loses_nothing(store: IndexS
     # dies after embedding, before it hands over its rows (its consumer thread raises).
     for i, key in enumerate(["a.mp4", "b.mp4", "c.mp4"]):
         objects.put(key, write_video(tmp_path / f"{key}.2.mp4", seconds=4, seed=10 + i))
-    writer = GroupedFrameWriter(store, max_videos=3, wait_s=4.0)
+    writer = GroupedFrameWriter(store.frames, max_videos=3, wait_s=4.0)
     grouped = Indexer(Settings(), MeanColour(), store, objects, writer=writer)
     real_head = objects.head
     heads: dict[str, int] = {}
 
-    def dying_head(bucket: str, key: str) -> object:
+    def dying_head(bucket: str, key: str) -> ObjectHead | None:
         heads[key] = heads.get(key, 0) + 1
         if key == "b.mp4" and heads[key] == 2:  # the re-HEAD just before the write
             raise RuntimeError("consumer thread killed")
@@ -321,11 +388,10 @@ _DYING_CONSUMER = textwrap.dedent(
     from tests.unit.test_writer import frames
 
     store = IndexStore(Settings().s3, uri={db!r})
-    writer = GroupedFrameWriter(store, max_videos=10, wait_s=60.0)
+    writer = GroupedFrameWriter(store.frames, max_videos=10, wait_s=60.0)
 
     def job(name):
-        v = frames(name, 2, seed=7, version="v2")
-        writer.replace_frames(video_id=v.video_id, uri=v.uri, version="v2", model="m", rows=v.rows)
+        writer.replace(frames(name, 2, seed=7, version="v2"))
         print("acked", name, flush=True)
 
     for name in ("a", "b"):
@@ -355,7 +421,7 @@ def test_a_consumer_killed_before_the_group_is_written_loses_nothing(
     assert table_version(db_dir) == before
     assert versions_of(store, "a") == {"v1"} and len(frame_ids(store, "a")) == 5
     # Redelivered to another consumer, they converge.
-    writer = GroupedFrameWriter(store, max_videos=2, wait_s=5.0)
+    writer = GroupedFrameWriter(store.frames, max_videos=2, wait_s=5.0)
     try:
         assert submit_all(writer, [frames("a", 2, seed=7, version="v2"), frames("b", 2, seed=7, version="v2")]) == {
             "a": None,
