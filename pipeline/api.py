@@ -1,5 +1,6 @@
 """The HTTP contract (v1): FastAPI routes over plain services. Errors are JSON
-``{"error": {"code", "message"}}`` with a 4xx/5xx status, never a traceback."""
+``{"error": {"code", "message"}}`` with a 4xx/5xx status, never a traceback; a ``TransientError``
+(a store, the task queue or the encoder blipping) is a 503 with ``Retry-After``."""
 
 from __future__ import annotations
 
@@ -76,8 +77,14 @@ class VideoList(BaseModel):
     videos: list[VideoOut]
 
 
+#: Seconds a client is asked to wait before retrying a 503 (``Retry-After``): transient failures
+#: (a store or queue restarting, the encoder scaling) usually clear within a few seconds.
+RETRY_AFTER_S = 5
+
+
 def _error(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {"code": code, "message": message}})
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    return JSONResponse(status_code=status, content={"error": {"code": code, "message": message}}, headers=headers)
 
 
 #: Room for multipart headers around an image when bounding an image search's body.
@@ -237,12 +244,13 @@ def create_app(
         return await call_next(request)
 
     @app.exception_handler(VidxError)
-    async def vidx_error(_: Request, exc: VidxError) -> JSONResponse:
+    async def vidx_error(request: Request, exc: VidxError) -> JSONResponse:
         if isinstance(exc, LimitExceeded):
             return _error(413, "too_large", str(exc))
         if isinstance(exc, InvalidInput):
             return _error(400, "bad_request", str(exc))
         if isinstance(exc, TransientError):
+            log.warning("%s %s answered 503: %s", request.method, route_path(request.scope), exc)
             return _error(503, "unavailable", str(exc))
         return _error(400, "bad_request", exc.reason)
 

@@ -31,9 +31,29 @@ class S3Settings(BaseModel):
     #: Lifetime of presigned playback links: long enough to start playing, short enough that a leaked
     #: link soon stops working.
     presign_ttl_s: int = Field(default=600, ge=10, le=MAX_PRESIGN_TTL_S)
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 60.0
+    #: The client's own bounds per attempt (AioConfig): opening a connection, and the longest silence
+    #: while reading an answer (each socket read, so a slow but steady body never trips it).
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    read_timeout_s: float = Field(default=60.0, gt=0)
+    #: Attempts per request inside the client (botocore's standard retry mode), within the deadlines below.
     max_attempts: int = Field(default=5, ge=1, le=20)
+    #: Deadlines of whole calls, the client's retries included; past one the call is cancelled and
+    #: fails transiently, naming the operation and the setting.
+    #: One metadata request: HEAD of an object or a bucket, a bucket's versioning state or creation.
+    head_timeout_s: float = Field(default=30.0, gt=0)
+    #: One whole download, first byte to last (8 GiB, the default ``max_bytes``, at ~10 MB/s).
+    download_timeout_s: float = Field(default=900.0, gt=0)
+    #: One whole upload (``ObjectStore.put``).
+    upload_timeout_s: float = Field(default=900.0, gt=0)
+    #: One page of a listing (up to 1000 keys); the caller's work between pages doesn't count.
+    list_page_timeout_s: float = Field(default=60.0, gt=0)
+    #: Opening the client (botocore loads its service models: CPU, no request).
+    client_open_timeout_s: float = Field(default=30.0, gt=0)
+    #: Closing the client (its connection pool) when its owner goes away.
+    close_timeout_s: float = Field(default=10.0, gt=0)
+    #: ``BlockingObjectStore``: how long past a deadline a caller waits for the cancelled call to end
+    #: before giving up on it (only a client loop blocked by something else takes that long).
+    cancel_grace_s: float = Field(default=5.0, gt=0)
 
     @property
     def upload_bucket(self) -> str:

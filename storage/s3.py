@@ -1,16 +1,18 @@
-"""The object store (MinIO/S3) through aiobotocore. botocore errors are converted here:
-missing objects are ``None``/``ObjectGone``, throttling/5xx/timeouts ``TransientError``,
-the rest ``PermanentError``.
+"""The object store (MinIO/S3) through aiobotocore. Every call has a deadline (``S3Settings``), and
+library errors are converted here by what the caller should do (``convert_error``): missing objects
+are ``None``/``ObjectGone``; refused credentials, throttling, 5xx, timeouts and dropped connections
+``TransientError``; the other 4xx ``PermanentError``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -18,35 +20,98 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import aiobotocore.session
+import aiohttp
 import botocore.exceptions
 from aiobotocore.config import AioConfig
 
 from storage.config import S3Settings
-from storage.errors import LimitExceeded, PermanentError, TransientError
+from storage.errors import LimitExceeded, PermanentError, TransientError, VidxError
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_MISSING = {"404", "NoSuchKey", "NotFound", "NoSuchVersion"}
-_TRANSIENT = {
-    "SlowDown",
-    "ServiceUnavailable",
-    "InternalError",
-    "RequestTimeout",
-    "PreconditionFailed",
-    "XMinioServerNotInitialized",
-    "XMinioReadQuorum",
-    "XMinioWriteQuorum",
-    "412",
-    "503",
-    "500",
-}
+#: What the store's client raises; anything else is a bug and propagates as it is.
+STORE_ERRORS: tuple[type[Exception], ...] = (
+    botocore.exceptions.ClientError,
+    botocore.exceptions.BotoCoreError,
+    aiohttp.ClientError,
+    OSError,
+    TimeoutError,
+)
+#: No such object (version): HEAD answers carry no body, so botocore names them by status.
+_MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound", "NoSuchVersion"})
+#: The store refused the credentials, the signature or the clock (S3 and MinIO codes; some are 400s).
+#: Transient: a credential rotation or a clock fix ends them, and failing every job in flight
+#: meanwhile would dead-letter work that needs no change at all.
+_ACCESS_CODES = frozenset(
+    {
+        "AccessDenied",
+        "AccountProblem",
+        "AllAccessDisabled",
+        "AuthorizationHeaderMalformed",
+        "AuthorizationParametersError",
+        "AuthorizationQueryParametersError",
+        "ExpiredToken",
+        "InvalidAccessKeyId",
+        "InvalidSecurity",
+        "InvalidToken",
+        "InvalidTokenId",
+        "MissingSecurityHeader",
+        "RequestTimeTooSkewed",
+        "SignatureDoesNotMatch",
+        "TokenRefreshRequired",
+        "UnauthorizedAccess",
+    }
+)
+_ACCESS_STATUSES = frozenset({401, 403})
+#: Overload, restarts, lock timeouts, bodies damaged in transit: the same request can succeed later
+#: (``RequestTimeout`` is a 400 on AWS, ``OperationAborted`` a 409).
+_TRANSIENT_CODES = frozenset(
+    {
+        "BadDigest",
+        "IncompleteBody",
+        "InternalError",
+        "OperationAborted",
+        "PreconditionFailed",
+        "RequestLimitExceeded",
+        "RequestTimeout",
+        "ServerBusy",
+        "ServiceUnavailable",
+        "SlowDown",
+        "SlowDownRead",
+        "SlowDownWrite",
+        "Throttling",
+        "ThrottlingException",
+        "TooManyRequests",
+        "XAmzContentSHA256Mismatch",
+        "XMinioBucketMetadataNotInitialized",
+        "XMinioIAMNotInitialized",
+        "XMinioReadQuorum",
+        "XMinioServerNotInitialized",
+        "XMinioStorageFull",
+        "XMinioWriteQuorum",
+    }
+)
+_TRANSIENT_STATUSES = frozenset({408, 412, 429})
+#: Permanent under a status of the other class: an archived object (403) won't become readable by
+#: asking again, nor will a feature the server lacks (501).
+_PERMANENT_CODES = frozenset({"InvalidObjectState", "NotImplemented"})
+_CREDENTIAL_ERRORS = (
+    botocore.exceptions.NoCredentialsError,
+    botocore.exceptions.PartialCredentialsError,
+    botocore.exceptions.CredentialRetrievalError,
+)
 
 
 class ObjectGone(TransientError):
     """Raised when an object disappeared (or changed version) while it was being read. Transient:
     the retry HEADs the object again and indexes or removes whatever is there now."""
+
+
+class AccessRefused(TransientError):
+    """Raised when the store refuses the credentials, the signature or the request time. Transient
+    (see ``_ACCESS_CODES``); each one is logged as a warning naming the operation and the code."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,24 +130,73 @@ class ObjectHead:
         return self.version_id or self.etag
 
 
-def _convert(exc: Exception, what: str) -> Exception:
-    if isinstance(exc, botocore.exceptions.ClientError):
-        code = str(exc.response.get("Error", {}).get("Code", ""))
-        status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-        if code in _TRANSIENT or status in _TRANSIENT or status.startswith("5"):
-            return TransientError(f"{what}: object store answered {code or status}")
-        return PermanentError(f"{what}: object store answered {code or status}")
-    if isinstance(exc, botocore.exceptions.BotoCoreError | OSError | TimeoutError):
-        return TransientError(f"{what}: {type(exc).__name__}")
-    return exc
+def error_code(exc: botocore.exceptions.ClientError) -> tuple[str, int | None]:
+    """The S3 error code and HTTP status of ``exc``. A HEAD answer has no body, so botocore names
+    its code by the status ("403"); MinIO sends the real code in a header, preferred then."""
+    meta = exc.response.get("ResponseMetadata", {})
+    code = str(exc.response.get("Error", {}).get("Code") or "")
+    if not code or code.isdigit():
+        code = str(meta.get("HTTPHeaders", {}).get("x-minio-error-code") or code)
+    status = meta.get("HTTPStatusCode")
+    return code, int(status) if status is not None else None
 
 
-def _is_missing(exc: Exception) -> bool:
+def is_missing(exc: BaseException) -> bool:
+    """Whether ``exc`` says the object (or the version asked for) does not exist."""
     if not isinstance(exc, botocore.exceptions.ClientError):
         return False
-    code = str(exc.response.get("Error", {}).get("Code", ""))
-    status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-    return code in _MISSING or status == "404"
+    code, status = error_code(exc)
+    return code in _MISSING_CODES or status == 404
+
+
+def convert_error(exc: Exception, what: str) -> VidxError:
+    """One of ``STORE_ERRORS`` as what the caller should do about operation ``what`` (which names
+    the operation and object; messages carry codes, never the store's text, which can hold keys).
+    Missing objects are the caller's to check first (``is_missing``). Most specific first:
+
+    - ``InvalidObjectState``, ``NotImplemented``: ``PermanentError``, whatever the status.
+    - refused access (``_ACCESS_CODES``, 401, 403, no credentials at all): ``AccessRefused``, logged.
+    - throttling, restarts (``_TRANSIENT_CODES``), 408, 412, 429, 5xx, an answer without an error
+      code (a bare HEAD 400 is how AWS refuses an expired token): ``TransientError``.
+    - any other answer (400 ``InvalidArgument``, 416, ...): ``PermanentError``.
+    - a request the client won't build (``ParamValidationError``): ``PermanentError``.
+    - connection errors, timeouts, dropped bodies, local I/O: ``TransientError``.
+    """
+    if isinstance(exc, botocore.exceptions.ClientError):
+        code, status = error_code(exc)
+        uncoded = not code or code.isdigit()
+        answered = " ".join(part for part in (f"HTTP {status}" if status else "", "" if uncoded else code) if part)
+        answered = answered or "an error without a code"
+        if code in _PERMANENT_CODES:
+            return PermanentError(f"{what}: object store answered {answered}")
+        if code in _ACCESS_CODES or status in _ACCESS_STATUSES:
+            log.warning("%s: object store refused access (%s); retried as transient", what, answered)
+            return AccessRefused(f"{what}: object store refused access ({answered})")
+        if uncoded or code in _TRANSIENT_CODES or status is None or status in _TRANSIENT_STATUSES or status >= 500:
+            return TransientError(f"{what}: object store answered {answered}")
+        return PermanentError(f"{what}: object store answered {answered}")
+    if isinstance(exc, _CREDENTIAL_ERRORS):
+        log.warning("%s: no usable object-store credentials (%s); retried as transient", what, type(exc).__name__)
+        return AccessRefused(f"{what}: no usable object-store credentials ({type(exc).__name__})")
+    if isinstance(exc, botocore.exceptions.ParamValidationError):
+        return PermanentError(f"{what}: the request is invalid ({type(exc).__name__})")
+    return TransientError(f"{what}: {type(exc).__name__}")
+
+
+async def _within(seconds: float, setting: str, what: str, work: Awaitable[T]) -> T:
+    """``work``, cancelled once it has run ``seconds``.
+
+    Raises:
+        TransientError: past the deadline, naming ``what`` and the setting that bounds it.
+    """
+    deadline = asyncio.timeout(seconds)
+    try:
+        async with deadline:
+            return await work
+    except TimeoutError as exc:
+        if not deadline.expired():
+            raise
+        raise TransientError(f"{what}: no answer within {setting} ({seconds:g} s)") from exc
 
 
 class ObjectStore:
@@ -101,7 +215,8 @@ class ObjectStore:
         config = AioConfig(
             connect_timeout=s.connect_timeout_s,
             read_timeout=s.read_timeout_s,
-            retries={"max_attempts": s.max_attempts, "mode": "standard"},
+            # botocore's "max_attempts" counts retries only; the setting counts every attempt.
+            retries={"total_max_attempts": s.max_attempts, "mode": "standard"},
             signature_version="s3v4",
             s3={"addressing_style": "path"},
         )
@@ -126,14 +241,19 @@ class ObjectStore:
         """The object's current state, or ``None`` when it doesn't exist.
 
         Raises:
-            TransientError, PermanentError.
+            TransientError: also past ``head_timeout_s``.
+            PermanentError.
         """
+        what = f"HEAD s3://{bucket}/{key}"
+        return await _within(self._settings.head_timeout_s, "head_timeout_s", what, self._head(bucket, key, what))
+
+    async def _head(self, bucket: str, key: str, what: str) -> ObjectHead | None:
         try:
             resp = await self._client.head_object(Bucket=bucket, Key=key)
-        except Exception as exc:
-            if _is_missing(exc):
+        except STORE_ERRORS as exc:
+            if is_missing(exc):
                 return None
-            raise _convert(exc, f"HEAD s3://{bucket}/{key}") from exc
+            raise convert_error(exc, what) from exc
         return ObjectHead(
             bucket=bucket,
             key=key,
@@ -150,16 +270,21 @@ class ObjectStore:
         Raises:
             LimitExceeded: the object is larger than ``max_bytes``.
             ObjectGone: the object was deleted or replaced since ``head``.
-            TransientError, PermanentError.
+            TransientError: also when the whole download takes longer than ``download_timeout_s``.
+            PermanentError.
         """
         if head.size > max_bytes:
             raise LimitExceeded(f"exceeds max bytes {max_bytes} (object is {head.size} bytes)")
+        what = f"GET s3://{head.bucket}/{head.key}"
+        work = self._download(head, dest, max_bytes, chunk_bytes, what)
+        return await _within(self._settings.download_timeout_s, "download_timeout_s", what, work)
+
+    async def _download(self, head: ObjectHead, dest: Path, max_bytes: int, chunk_bytes: int, what: str) -> int:
         params: dict[str, Any] = {"Bucket": head.bucket, "Key": head.key}
         if head.version_id:
             params["VersionId"] = head.version_id
         elif head.etag:
             params["IfMatch"] = f'"{head.etag}"'
-        what = f"GET s3://{head.bucket}/{head.key}"
         written = 0
         try:
             resp = await self._client.get_object(**params)
@@ -170,52 +295,58 @@ class ObjectStore:
                         if written > max_bytes:
                             raise LimitExceeded(f"exceeds max bytes {max_bytes} (read {written} bytes)")
                         out.write(chunk)
-        except LimitExceeded:
-            raise
-        except Exception as exc:
-            if _is_missing(exc) or (
-                isinstance(exc, botocore.exceptions.ClientError)
-                and str(exc.response.get("Error", {}).get("Code")) == "PreconditionFailed"
+        except STORE_ERRORS as exc:
+            if is_missing(exc) or (
+                isinstance(exc, botocore.exceptions.ClientError) and error_code(exc)[0] == "PreconditionFailed"
             ):
                 raise ObjectGone(f"{what}: the object changed or disappeared while being read") from exc
-            raise _convert(exc, what) from exc
+            raise convert_error(exc, what) from exc
         return written
 
     async def presign_get(self, bucket: str, key: str, ttl_s: int) -> str:
-        """A short-lived GET link for one object."""
+        """A short-lived GET link for one object (signed locally: no request is made)."""
         url: str = await self._client.generate_presigned_url(
             "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=ttl_s
         )
         return url
 
     async def put(self, bucket: str, key: str, body: bytes, content_type: str | None = None) -> None:
+        """Raises: TransientError (also past ``upload_timeout_s``), PermanentError."""
+        what = f"PUT s3://{bucket}/{key}"
         extra = {"ContentType": content_type} if content_type else {}
+        work = self._call(what, self._client.put_object(Bucket=bucket, Key=key, Body=body, **extra))
+        await _within(self._settings.upload_timeout_s, "upload_timeout_s", what, work)
+
+    async def _call(self, what: str, request: Awaitable[T]) -> T:
         try:
-            await self._client.put_object(Bucket=bucket, Key=key, Body=body, **extra)
-        except Exception as exc:
-            raise _convert(exc, f"PUT s3://{bucket}/{key}") from exc
+            return await request
+        except STORE_ERRORS as exc:
+            raise convert_error(exc, what) from exc
 
     async def ensure_bucket(self, bucket: str) -> None:
-        """Create ``bucket`` unless it exists."""
+        """Create ``bucket`` unless it exists (each request bounded by ``head_timeout_s``)."""
+        bound = self._settings.head_timeout_s
+        what = f"HEAD bucket {bucket}"
         try:
-            await self._client.head_bucket(Bucket=bucket)
+            await _within(bound, "head_timeout_s", what, self._client.head_bucket(Bucket=bucket))
             return
-        except botocore.exceptions.ClientError as exc:
-            if not _is_missing(exc):
-                raise _convert(exc, f"HEAD bucket {bucket}") from exc
+        except STORE_ERRORS as exc:
+            if not is_missing(exc):
+                raise convert_error(exc, what) from exc
+        what = f"create bucket {bucket}"
         try:
-            await self._client.create_bucket(Bucket=bucket)
+            await _within(bound, "head_timeout_s", what, self._client.create_bucket(Bucket=bucket))
         except botocore.exceptions.ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code")
-            if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
-                raise _convert(exc, f"create bucket {bucket}") from exc
+            if error_code(exc)[0] not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                raise convert_error(exc, what) from exc
+        except STORE_ERRORS as exc:
+            raise convert_error(exc, what) from exc
 
     async def is_versioned(self, bucket: str) -> bool:
         """Whether ``bucket`` keeps versions (enabled or suspended: versionIds may exist)."""
-        try:
-            resp = await self._client.get_bucket_versioning(Bucket=bucket)
-        except Exception as exc:
-            raise _convert(exc, f"GET versioning of {bucket}") from exc
+        what = f"GET versioning of {bucket}"
+        work = self._call(what, self._client.get_bucket_versioning(Bucket=bucket))
+        resp = await _within(self._settings.head_timeout_s, "head_timeout_s", what, work)
         return resp.get("Status") in ("Enabled", "Suspended")
 
     async def list_current(self, bucket: str, prefix: str = "") -> AsyncIterator[list[ObjectHead]]:
@@ -225,50 +356,66 @@ class ObjectStore:
         markers hide their object), else the ETag.
 
         Raises:
-            TransientError, PermanentError.
+            TransientError: also when one page takes longer than ``list_page_timeout_s``.
+            PermanentError.
         """
         versioned = await self.is_versioned(bucket)
         what = f"LIST s3://{bucket}/{prefix}"
+        operation = "list_object_versions" if versioned else "list_objects_v2"
+        bound = self._settings.list_page_timeout_s
+        paginator = self._client.get_paginator(operation).paginate(Bucket=bucket, Prefix=prefix)
+        async with contextlib.aclosing(paginator.__aiter__()) as pages:
+            while (page := await _within(bound, "list_page_timeout_s", what, self._next_page(pages, what))) is not None:
+                yield _latest_versions(bucket, page) if versioned else _listed_objects(bucket, page)
+
+    async def _next_page(self, pages: Any, what: str) -> dict[str, Any] | None:
         try:
-            if not versioned:
-                async for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-                    yield [
-                        ObjectHead(
-                            bucket=bucket,
-                            key=item["Key"],
-                            size=int(item.get("Size", 0)),
-                            etag=str(item.get("ETag", "")).strip('"'),
-                            version_id=None,
-                            content_type=None,
-                            last_modified=item.get("LastModified"),
-                        )
-                        for item in page.get("Contents", [])
-                    ]
-                return
-            async for page in self._client.get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=prefix):
-                # A key whose latest version is a delete marker has no latest entry in "Versions".
-                yield [
-                    ObjectHead(
-                        bucket=bucket,
-                        key=item["Key"],
-                        size=int(item.get("Size", 0)),
-                        etag=str(item.get("ETag", "")).strip('"'),
-                        version_id=item.get("VersionId") if item.get("VersionId") not in (None, "null") else None,
-                        content_type=None,
-                        last_modified=item.get("LastModified"),
-                    )
-                    for item in page.get("Versions", [])
-                    if item.get("IsLatest")
-                ]
-        except botocore.exceptions.ClientError as exc:
-            raise _convert(exc, what) from exc
+            page: dict[str, Any] = await anext(pages)
+        except StopAsyncIteration:
+            return None
+        except STORE_ERRORS as exc:
+            raise convert_error(exc, what) from exc
+        return page
+
+
+def _listed_objects(bucket: str, page: dict[str, Any]) -> list[ObjectHead]:
+    return [
+        ObjectHead(
+            bucket=bucket,
+            key=item["Key"],
+            size=int(item.get("Size", 0)),
+            etag=str(item.get("ETag", "")).strip('"'),
+            version_id=None,
+            content_type=None,
+            last_modified=item.get("LastModified"),
+        )
+        for item in page.get("Contents", [])
+    ]
+
+
+def _latest_versions(bucket: str, page: dict[str, Any]) -> list[ObjectHead]:
+    # A key whose latest version is a delete marker has no latest entry in "Versions".
+    return [
+        ObjectHead(
+            bucket=bucket,
+            key=item["Key"],
+            size=int(item.get("Size", 0)),
+            etag=str(item.get("ETag", "")).strip('"'),
+            version_id=item.get("VersionId") if item.get("VersionId") not in (None, "null") else None,
+            content_type=None,
+            last_modified=item.get("LastModified"),
+        )
+        for item in page.get("Versions", [])
+        if item.get("IsLatest")
+    ]
 
 
 class BlockingObjectStore:
     """An ``ObjectStore`` for synchronous callers on many threads: one client, kept open on an event
     loop of its own (a daemon thread), so calls don't pay for a new client and connection each time.
 
-    Every call is bounded by the client's connect/read timeouts and retry budget (``S3Settings``).
+    Each call is cancelled at its deadline (``head_timeout_s``, ``download_timeout_s``); a caller
+    waits at most ``cancel_grace_s`` longer, even if the client's loop is stuck.
     """
 
     def __init__(self, settings: S3Settings) -> None:
@@ -278,30 +425,39 @@ class BlockingObjectStore:
         self._store: ObjectStore | None = None
         self._finalizer: weakref.finalize | None = None
 
-    def _run(self, make: Callable[[ObjectStore], Coroutine[Any, Any, T]]) -> T:
+    def _open(self) -> tuple[asyncio.AbstractEventLoop, ObjectStore]:
+        s = self._settings
         with self._lock:
-            if self._loop is None:
+            if self._loop is None or self._store is None:
                 loop = asyncio.new_event_loop()
                 threading.Thread(target=_serve_loop, args=(loop,), name="s3-client", daemon=True).start()
-                store = ObjectStore(self._settings)
+                store = ObjectStore(s)
                 try:
-                    asyncio.run_coroutine_threadsafe(store.__aenter__(), loop).result()
+                    opening = asyncio.run_coroutine_threadsafe(store.__aenter__(), loop)
+                    _wait(opening, "open the S3 client", "client_open_timeout_s", s.client_open_timeout_s)
                 except BaseException:
                     loop.call_soon_threadsafe(loop.stop)
                     raise
                 self._loop, self._store = loop, store
                 # Closed with its owner: an aiohttp session collected open is a leak (and a warning).
-                self._finalizer = weakref.finalize(self, _shut_down, loop, store)
-        assert self._store is not None
-        return asyncio.run_coroutine_threadsafe(make(self._store), self._loop).result()
+                self._finalizer = weakref.finalize(self, _shut_down, loop, store, s.close_timeout_s)
+            return self._loop, self._store
+
+    def _run(self, what: str, setting: str, bound_s: float, make: Callable[[ObjectStore], Coroutine[Any, Any, T]]) -> T:
+        loop, store = self._open()
+        # The call cancels itself at ``bound_s``; the grace only covers a loop too busy to notice.
+        future = asyncio.run_coroutine_threadsafe(make(store), loop)
+        return _wait(future, what, setting, bound_s, self._settings.cancel_grace_s)
 
     def head(self, bucket: str, key: str) -> ObjectHead | None:
         """See ``ObjectStore.head``."""
-        return self._run(lambda store: store.head(bucket, key))
+        s = self._settings
+        return self._run(f"HEAD s3://{bucket}/{key}", "head_timeout_s", s.head_timeout_s, lambda o: o.head(bucket, key))
 
     def download(self, head: ObjectHead, dest: Path, max_bytes: int) -> int:
         """See ``ObjectStore.download``."""
-        return self._run(lambda store: store.download(head, dest, max_bytes))
+        what, bound_s = f"GET s3://{head.bucket}/{head.key}", self._settings.download_timeout_s
+        return self._run(what, "download_timeout_s", bound_s, lambda o: o.download(head, dest, max_bytes))
 
     def close(self) -> None:
         """Close the client and stop its loop (it is reopened on the next call)."""
@@ -311,6 +467,19 @@ class BlockingObjectStore:
             self._loop = self._store = self._finalizer = None
 
 
+def _wait(future: concurrent.futures.Future[T], what: str, setting: str, bound_s: float, grace_s: float = 0.0) -> T:
+    """The result of ``future``, waited for at most ``bound_s + grace_s``; past that it is cancelled.
+
+    Raises:
+        TransientError: naming ``what`` and the setting; or whatever the call raised.
+    """
+    done, _ = concurrent.futures.wait([future], timeout=bound_s + grace_s)
+    if not done:
+        future.cancel()
+        raise TransientError(f"{what}: no answer within {setting} ({bound_s:g} s)")
+    return future.result()
+
+
 def _serve_loop(loop: asyncio.AbstractEventLoop) -> None:
     try:
         loop.run_forever()
@@ -318,8 +487,8 @@ def _serve_loop(loop: asyncio.AbstractEventLoop) -> None:
         loop.close()
 
 
-def _shut_down(loop: asyncio.AbstractEventLoop, store: ObjectStore) -> None:
+def _shut_down(loop: asyncio.AbstractEventLoop, store: ObjectStore, timeout_s: float) -> None:
     if loop.is_running():
         with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(store.__aexit__(None, None, None), loop).result(timeout=10)
+            asyncio.run_coroutine_threadsafe(store.__aexit__(None, None, None), loop).result(timeout=timeout_s)
         loop.call_soon_threadsafe(loop.stop)

@@ -7,17 +7,27 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 from pydantic import SecretStr
 
 from events.jobs import IndexJob
-from pipeline.api import MAX_BODY_BYTES, MULTIPART_OVERHEAD_BYTES, create_app, is_admin_path
-from pipeline.search import MomentOut, SearchResponse, decode_query_image
+from pipeline.api import (
+    IMAGE_SEARCH_PATH,
+    MAX_BODY_BYTES,
+    MULTIPART_OVERHEAD_BYTES,
+    RETRY_AFTER_S,
+    create_app,
+    is_admin_path,
+)
+from pipeline.search import MomentOut, SearchResponse, SearchService, decode_query_image
 from pipeline.settings import LimitSettings, Settings
-from storage.catalog import VideoRecord, VideoStatus
+from pipeline.videostate import QueueingSink, VideoStates
+from storage.catalog import Catalog, VideoRecord, VideoStatus
 from storage.errors import InvalidInput, LimitExceeded, TransientError
+from storage.frames import FrameTable
 from storage.ids import video_id
 
 MOMENT = MomentOut(
@@ -50,55 +60,102 @@ class FakeSearch:
         return SearchResponse(results=[MOMENT], took_ms=2.5)
 
 
-class FakeStore:
+class FakeCatalog:
+    """The catalog's reads and its one compare-and-set write, in memory; with ``fail`` set every
+    call raises it (the store blipping)."""
+
     def __init__(self) -> None:
-        self.videos: dict[str, VideoRecord] = {}
+        self.rows: dict[str, VideoRecord] = {}
+        self.fail: Exception | None = None
 
-    def get_video(self, vid: str) -> VideoRecord | None:
-        return self.videos.get(vid)
+    def _answer(self) -> None:
+        if self.fail is not None:
+            raise self.fail
 
-    def put_video(self, record: VideoRecord) -> None:
-        self.videos[record.video_id] = record
+    def get(self, video_id: str) -> VideoRecord | None:
+        self._answer()
+        return self.rows.get(video_id)
 
-    def insert_video_if_absent(self, record: VideoRecord) -> None:
-        self.videos.setdefault(record.video_id, record)
+    def find(self, *, uri: str | None = None, status: VideoStatus | None = None, limit: int = 100) -> list[VideoRecord]:
+        self._answer()
+        found = [
+            r for r in self.rows.values() if (uri is None or r.uri == uri) and (status is None or r.status is status)
+        ]
+        return sorted(found, key=lambda r: r.updated_at, reverse=True)[:limit]
 
-    def set_status(self, vid: str, status: VideoStatus, error: str | None = None) -> None:
-        self.videos[vid].status, self.videos[vid].error = status, error
+    def counts(self) -> dict[str, int]:
+        self._answer()
+        return {s.value: sum(r.status is s for r in self.rows.values()) for s in VideoStatus}
 
-    def find_videos(self, *, status: VideoStatus | None = None, limit: int = 100) -> list[VideoRecord]:
-        return [v for v in self.videos.values() if status is None or v.status is status][:limit]
+    def write(self, record: VideoRecord, expected_rev: int) -> VideoRecord | None:
+        self._answer()
+        current = self.rows.get(record.video_id)
+        if (current.rev if current else 0) != expected_rev:
+            return None
+        self.rows[record.video_id] = written = record.evolve(rev=expected_rev + 1)
+        return written
+
+
+class FakeFrames:
+    def __init__(self) -> None:
+        self.fail: Exception | None = None
 
     def thumbnail(self, frame_id: str) -> bytes | None:
+        if self.fail is not None:
+            raise self.fail
         return b"\xff\xd8jpeg" if frame_id == "f1" else None
 
-    def count_videos(self) -> dict[str, int]:
-        return {"indexed": len(self.videos)}
+    def search(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        if self.fail is not None:
+            raise self.fail
+        return []
+
+
+class FakeStore:
+    """``IndexStore``'s shape: ``.catalog`` and ``.frames``."""
+
+    def __init__(self) -> None:
+        self.catalog = FakeCatalog()
+        self.frames = FakeFrames()
+
+    def blip(self, error: Exception) -> None:
+        """Every read (and write) fails with ``error`` from now on."""
+        self.catalog.fail = self.frames.fail = error
 
 
 class FakeJobs:
     def __init__(self) -> None:
         self.jobs: list[IndexJob] = []
+        self.fail: Exception | None = None
 
     def submit(self, job: IndexJob) -> str:
+        if self.fail is not None:
+            raise self.fail
         self.jobs.append(job)
         return "task-1"
 
 
+async def router_stats() -> dict[str, Any]:
+    return {"ignored_not_video": 2, "connected": 1}
+
+
 def client(
-    api_keys: list[str] | None = None, admin_key: str | None = None, limits: LimitSettings | None = None
+    api_keys: list[str] | None = None,
+    admin_key: str | None = None,
+    limits: LimitSettings | None = None,
+    *,
+    queueing: bool = False,
 ) -> tuple[TestClient, FakeStore, FakeJobs, FakeSearch]:
+    """The app over stand-ins. ``queueing``: submits go through ``QueueingSink``, as the Api
+    deployment wires it (``pipeline.taskqueue.queueing_sink``); else straight to the task queue."""
     settings = Settings(
         api_keys=[SecretStr(k) for k in api_keys or []],
         admin_key=SecretStr(admin_key) if admin_key else None,
         limits=limits or LimitSettings(),
     )
     store, jobs, search = FakeStore(), FakeJobs(), FakeSearch(settings.limits)
-
-    async def stats() -> dict[str, Any]:
-        return {"ignored_not_video": 2, "connected": 1}
-
-    app = create_app(settings, search, store, jobs, stats)  # type: ignore[arg-type]
+    sink = QueueingSink(jobs, VideoStates(store.catalog)) if queueing else jobs  # type: ignore[arg-type]
+    app = create_app(settings, search, store, sink, router_stats)  # type: ignore[arg-type]
     return TestClient(app, raise_server_exceptions=False), store, jobs, search
 
 
@@ -108,7 +165,31 @@ def test_index_accepts_s3_uris_in_configured_buckets() -> None:
     assert resp.status_code == 202
     assert resp.json() == {"video_id": video_id("videos", "clips/a b.mp4"), "task_id": "task-1", "status": "queued"}
     assert jobs.jobs[0].key == "clips/a b.mp4"
-    assert store.videos[jobs.jobs[0].video_id].status is VideoStatus.QUEUED
+    # The route writes no catalog row of its own: marking queued is the sink's (next test).
+    assert store.catalog.rows == {}
+
+
+def test_index_through_the_queueing_sink_marks_the_video_queued() -> None:
+    http, store, jobs, _ = client(queueing=True)
+    resp = http.post("/v1/index", json={"uri": "s3://videos/clips/a b.mp4"})
+    assert resp.status_code == 202 and [j.key for j in jobs.jobs] == ["clips/a b.mp4"]
+    assert store.catalog.rows[jobs.jobs[0].video_id].status is VideoStatus.QUEUED
+
+
+def test_index_is_accepted_while_the_catalog_blips() -> None:
+    http, store, jobs, _ = client(queueing=True)
+    store.blip(TransientError("index table write failed: connection reset"))
+    resp = http.post("/v1/index", json={"uri": "s3://videos/a.mp4"})
+    assert resp.status_code == 202 and len(jobs.jobs) == 1
+
+
+@pytest.mark.parametrize("queueing", [False, True])
+def test_index_is_503_with_retry_after_when_the_task_queue_refuses(queueing: bool) -> None:
+    http, _, jobs, _ = client(queueing=queueing)
+    jobs.fail = TransientError("task queue did not confirm the job")
+    resp = http.post("/v1/index", json={"uri": "s3://videos/a.mp4"})
+    assert resp.status_code == 503 and resp.headers["Retry-After"] == str(RETRY_AFTER_S)
+    assert resp.json() == {"error": {"code": "unavailable", "message": "task queue did not confirm the job"}}
 
 
 @pytest.mark.parametrize(
@@ -124,14 +205,15 @@ def test_index_rejects_other_uris_with_a_json_error(uri: str) -> None:
 def test_video_lookup_shape_and_404() -> None:
     http, store, _, _ = client()
     vid = video_id("videos", "a.mp4")
-    store.put_video(
+    store.catalog.write(
         VideoRecord(
             video_id=vid,
             uri="s3://videos/a.mp4",
             status=VideoStatus.FAILED,
             error="not a video: no video stream",
             updated_at=datetime(2026, 1, 1, tzinfo=UTC),
-        )
+        ),
+        0,
     )
     body = http.get(f"/v1/videos/{vid}").json()
     assert set(body) == {"video_id", "uri", "status", "error", "frames", "duration_s", "model", "updated_at"}
@@ -174,8 +256,9 @@ def test_errors_are_json_never_tracebacks(error: Exception, status: int) -> None
     search.fail = error
     resp = http.get("/v1/search", params={"q": "x"})
     assert resp.status_code == status
-    assert set(resp.json()) == {"error"}
+    assert set(resp.json()) == {"error"} and set(resp.json()["error"]) == {"code", "message"}
     assert "Traceback" not in resp.text and "/secret/path" not in resp.text
+    assert ("Retry-After" in resp.headers) is (status == 503)
 
 
 def test_missing_query_is_a_json_422() -> None:
@@ -433,3 +516,85 @@ def test_the_rules_hold_under_a_route_prefix(guarded: TestClient) -> None:
     assert http.get("/vidx/v1/videos", headers=bearer(KEY)).status_code == 200
     assert http.get("/vidx/v1/admin/dlq", headers=bearer(KEY)).status_code == 403
     assert http.get("/vidx/v1/admin/dlq", headers=bearer(ADMIN_KEY)).status_code == 200
+
+
+# -- a store that blips -----------------------------------------------------------------------------
+
+
+class BrokenLanceTable:
+    """A Lance table (or connection) whose every call fails as Lance does when its object store drops."""
+
+    def __getattr__(self, name: str) -> Any:
+        def fail(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("lance error: IO: Generic S3 error: connection reset by peer\n  at lance/src/io.rs:1")
+
+        return fail
+
+
+class BrokenLanceDatabase:
+    """``IndexDatabase``'s shape over broken tables: handles open, every read fails."""
+
+    def create(self, name: str, schema: Any) -> BrokenLanceTable:
+        return BrokenLanceTable()
+
+    def open(self, name: str) -> BrokenLanceTable:
+        return BrokenLanceTable()
+
+    def connect(self, consistency: Any) -> BrokenLanceTable:
+        return BrokenLanceTable()
+
+
+class LanceStore:
+    """The real table modules (``read_errors_are_transient`` included) over a broken database."""
+
+    def __init__(self) -> None:
+        db = BrokenLanceDatabase()
+        self.catalog = Catalog(db)  # type: ignore[arg-type]
+        self.frames = FrameTable(db)  # type: ignore[arg-type]
+
+
+class StubEncoder:
+    async def embed_text(self, text: str) -> np.ndarray[Any, np.dtype[np.float32]]:
+        return np.full(4, 0.5, dtype=np.float32)
+
+    async def embed_image(self, rgb: np.ndarray[Any, np.dtype[np.uint8]]) -> np.ndarray[Any, np.dtype[np.float32]]:
+        return np.full(4, 0.5, dtype=np.float32)
+
+
+def blipping_store(kind: str) -> FakeStore | LanceStore:
+    if kind == "lance":
+        return LanceStore()
+    store = FakeStore()
+    store.blip(TransientError("index table read failed: connection reset by peer"))
+    return store
+
+
+READS = [
+    ("GET", f"/v1/videos/{video_id('videos', 'a.mp4')}"),
+    ("GET", "/v1/videos?uri=s3://videos/a.mp4"),
+    ("GET", "/v1/videos"),
+    ("GET", "/v1/videos?status=failed"),
+    ("GET", "/v1/frames/f1/thumbnail"),
+    ("GET", "/metrics"),
+    ("GET", "/v1/search?q=a%20dog"),
+    ("POST", "/v1/search/image"),
+]
+
+
+@pytest.mark.parametrize("kind", ["transient", "lance"])
+@pytest.mark.parametrize(("method", "path"), READS)
+def test_reads_answer_503_with_retry_after_when_the_store_blips(kind: str, method: str, path: str) -> None:
+    settings = Settings()
+    store = blipping_store(kind)
+    # The real search service: its reads of ``frames`` must surface the store's TransientError too.
+    search = SearchService(settings, store, StubEncoder())  # type: ignore[arg-type]
+    app = create_app(settings, search, store, FakeJobs(), router_stats)  # type: ignore[arg-type]
+    http = TestClient(app, raise_server_exceptions=False)
+    files = {"image": ("q.png", png(8, 8), "image/png")} if path == IMAGE_SEARCH_PATH else None
+    resp = http.request(method, path, files=files)
+    assert resp.status_code == 503, resp.text
+    assert resp.headers["Retry-After"] == str(RETRY_AFTER_S)
+    body = resp.json()
+    assert set(body) == {"error"} and body["error"]["code"] == "unavailable"
+    assert body["error"]["message"].startswith("index table read failed: ")
+    assert "Traceback" not in resp.text and "io.rs" not in resp.text  # first line of Lance's message only
