@@ -210,9 +210,11 @@ def create_app(
     jobs: JobSubmitter,
     stats: Callable[[], Awaitable[dict[str, Any]]],
     admin: APIRouter | None = None,
+    check_state: Callable[[], Awaitable[dict[str, Any]]] | None = None,
 ) -> FastAPI:
     """Build the API over its services (plain objects: testable without Ray). ``admin``: the
-    ``/v1/admin`` routes (``pipeline.api_admin``), guarded by the admin key."""
+    ``/v1/admin`` routes (``pipeline.api_admin``), guarded by the admin key; ``check_state``: the
+    scheduled check's last round (``/v1/status``, ``/metrics``)."""
     app = FastAPI(title="vidx", version="1", docs_url="/docs", redoc_url=None)
     keys = BearerKeys(settings.api_keys, settings.admin_key)
     limits = settings.limits
@@ -326,8 +328,39 @@ def create_app(
         router = Gauge("vidx_router_events", "EventRouter counters since start", ["kind"], registry=registry)
         for kind, count in (await stats()).items():
             router.labels(kind=kind).set(count)
+        if check_state is not None:
+            check_metrics(registry, await check_state())
         return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/status")
+    async def status() -> dict[str, Any]:
+        """What the app knows of itself: the scheduled check's last round."""
+        return {"check": await check_state() if check_state is not None else None}
 
     if admin is not None:
         app.include_router(admin)
     return app
+
+
+def check_metrics(registry: CollectorRegistry, state: dict[str, Any]) -> None:
+    """The scheduled check's state as gauges: rounds, and the last round's time and findings."""
+    Gauge("vidx_check_rounds", "Scheduled check rounds this worker ran", registry=registry).set(state.get("rounds", 0))
+    Gauge("vidx_check_leader", "1 while this worker holds the check lease", registry=registry).set(
+        1 if state.get("leader") else 0
+    )
+    last = state.get("last")
+    if not last:
+        return
+    started = datetime.fromisoformat(last["started_at"]).timestamp()
+    Gauge("vidx_check_last_run_timestamp_seconds", "When the last check round started", registry=registry).set(started)
+    found = Gauge(
+        "vidx_check_last_inconsistencies", "Inconsistencies the last round found", ["finding"], registry=registry
+    )
+    for finding, count in last["counts"].items():
+        found.labels(finding=finding).set(count)
+    Gauge("vidx_check_last_in_flight", "Videos queued/indexing within the grace", registry=registry).set(
+        last["in_flight"]
+    )
+    Gauge("vidx_check_last_submitted", "Repairing jobs the last round submitted", registry=registry).set(
+        last["submitted"]
+    )

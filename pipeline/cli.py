@@ -82,12 +82,40 @@ def status(ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json", h
     from infra.dev import stack
 
     with errors():
-        components = stack.status(settings_of(ctx))
+        settings = settings_of(ctx)
+        components = stack.status(settings)
+    check = _check_state(settings) if any(c.name == "app" and c.running for c in components) else None
     if as_json:
-        print_json([c.to_dict() for c in components])
+        print_json(
+            [*(c.to_dict() for c in components), {"name": "check", "detail": _describe_check(check), "state": check}]
+        )
         return
     for c in components:
         typer.echo(f"{c.name:<9} {'running' if c.running else 'stopped':<8} {c.detail}")
+    typer.echo(f"{'check':<9} {_describe_check(check)}")
+
+
+def _check_state(settings: Settings) -> dict[str, Any] | None:
+    """The scheduled check's last round, from the running app (None when it can't be asked)."""
+    try:
+        state: dict[str, Any] | None = ApiClient(settings).request("GET", "/v1/status").get("check")
+    except CliError:
+        return None
+    return state
+
+
+def _describe_check(state: dict[str, Any] | None) -> str:
+    if state is None:
+        return "unknown (the app is not answering)"
+    last = state.get("last")
+    if not last:
+        return f"no round yet ({state.get('rounds', 0)} rounds; every VIDX_CHECK__INTERVAL_S)"
+    kinds = ", ".join(f"{k} {n}" for k, n in last["counts"].items() if n) or "none"
+    error = f"; last error: {state['last_error']}" if state.get("last_error") else ""
+    return (
+        f"last round {last['started_at']}: {last['inconsistencies']} inconsistencies ({kinds}), "
+        f"{last['in_flight']} in flight, {last['submitted']} repairs submitted{error}"
+    )
 
 
 # -- data -----------------------------------------------------------------------------------------------

@@ -260,7 +260,18 @@ class Api:
             return {"connected": 0}
         return stats
 
+    async def _check_state(self) -> dict[str, Any]:
+        try:
+            state: dict[str, Any] = await asyncio.wait_for(
+                self._router.check_state.remote(), self._settings.serve.stats_timeout_s
+            )
+        except Exception:  # the router restarting must not take /metrics down
+            log.warning("scheduled check state unavailable", exc_info=True)
+            return {"rounds": 0, "leader": False, "last": None, "last_error": "the event router did not answer"}
+        return state
+
     def __serve_build_asgi_app__(self) -> Any:
+        from events.parked import ParkedQueue
         from pipeline.api import create_app
         from pipeline.api_admin import admin_router
         from pipeline.deadletters import DeadLetterQueue
@@ -271,10 +282,11 @@ class Api:
         admin = admin_router(
             settings.s3.buckets,
             DeadLetterQueue(settings.amqp.url.get_secret_value(), settings.serve.failed_queue),
+            ParkedQueue(settings.amqp),
             self._sink,
             lambda bucket, prefix, dry_run: reconciler.run(bucket, prefix=prefix, dry_run=dry_run),
         )
-        return create_app(settings, self._search, store, self._sink, self._stats, admin)
+        return create_app(settings, self._search, store, self._sink, self._stats, admin, self._check_state)
 
 
 def _cluster_gpus() -> float:

@@ -598,3 +598,35 @@ def test_reads_answer_503_with_retry_after_when_the_store_blips(kind: str, metho
     assert set(body) == {"error"} and body["error"]["code"] == "unavailable"
     assert body["error"]["message"].startswith("index table read failed: ")
     assert "Traceback" not in resp.text and "io.rs" not in resp.text  # first line of Lance's message only
+
+
+def test_status_and_metrics_show_the_scheduled_checks_last_round() -> None:
+    settings = Settings()
+    store, jobs, search = FakeStore(), FakeJobs(), FakeSearch(settings.limits)
+    state = {
+        "rounds": 4,
+        "leader": True,
+        "last_error": None,
+        "last": {
+            "started_at": "2026-12-01T09:00:00+00:00",
+            "took_s": 0.4,
+            "inconsistencies": 2,
+            "counts": {"missing": 1, "stuck": 1, "stale": 0},
+            "in_flight": 3,
+            "submitted": 2,
+            "listed": 40,
+            "summary": "…",
+        },
+    }
+
+    async def check_state() -> dict[str, Any]:
+        return state
+
+    app = create_app(settings, search, store, jobs, router_stats, None, check_state)  # type: ignore[arg-type]
+    http = TestClient(app, raise_server_exceptions=False)
+    assert http.get("/v1/status").json() == {"check": state}
+    metrics = http.get("/metrics").text
+    assert 'vidx_check_last_inconsistencies{finding="missing"} 1.0' in metrics
+    assert 'vidx_check_last_inconsistencies{finding="stuck"} 1.0' in metrics
+    assert "vidx_check_rounds 4.0" in metrics and "vidx_check_last_in_flight 3.0" in metrics
+    assert "vidx_check_last_run_timestamp_seconds 1.7961156e+09" in metrics

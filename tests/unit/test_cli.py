@@ -6,10 +6,12 @@ import json
 import socket
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+from events.config import AmqpSettings
 from pipeline.cli import app
 
 COMMANDS = ["up", "down", "status", "upload", "search", "videos", "index", "tiny-model", "wait"]
@@ -74,8 +76,9 @@ def test_status_of_stopped_stack(offline: Path) -> None:
     result = CliRunner().invoke(app, ["status", "--json"])
     assert result.exit_code == 0, result.output
     components = json.loads(result.stdout)
-    assert [c["name"] for c in components] == ["rabbitmq", "minio", "ray", "app"]
-    assert all(not c["running"] for c in components)
+    assert [c["name"] for c in components] == ["rabbitmq", "minio", "ray", "app", "check"]
+    assert all(not c["running"] for c in components[:4])
+    assert components[4]["state"] is None and "not answering" in components[4]["detail"]
     assert not offline.exists()  # status only looks
 
 
@@ -83,7 +86,8 @@ def test_status_table(offline: Path) -> None:
     result = CliRunner().invoke(app, ["status"])
     assert result.exit_code == 0
     rows = result.stdout.strip().splitlines()
-    assert len(rows) == 4 and all(" stopped " in row for row in rows)
+    assert len(rows) == 5 and all(" stopped " in row for row in rows[:4])
+    assert rows[4].startswith("check ") and "unknown" in rows[4]
 
 
 def test_down_with_nothing_running(offline: Path) -> None:
@@ -224,3 +228,67 @@ def test_a_refused_key_is_one_line_that_says_what_to_set(offline: Path, monkeypa
     assert result.exit_code == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "(401)" in lines[0] and "VIDX_API_KEY" in lines[0], result.stderr
+
+
+# -- vidx parked list|replay (the sub-app, over a stand-in broker) ---------------------------------------
+
+
+def _parked(args: list[str]) -> Any:
+    from pipeline.cli_admin import parked_app
+    from pipeline.settings import Settings
+
+    return CliRunner().invoke(parked_app, args, obj=Settings())
+
+
+@pytest.fixture
+def parked_broker(offline: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from events.parked import park
+    from tests.unit.test_parked import VIDEO, FakeChannel, patch_broker
+
+    broker = patch_broker(monkeypatch)
+    queue = AmqpSettings().parked_queue
+    park(FakeChannel(broker), queue, b"\xffnot json", "not JSON: Expecting value", 1)
+    park(FakeChannel(broker), queue, VIDEO, "gave up after 5 attempts: task queue unavailable", 5)
+    return broker
+
+
+def test_parked_list_shows_each_event_with_its_reason(parked_broker: Any) -> None:
+    from events.parked import parked_id
+    from tests.unit.test_parked import VIDEO
+
+    result = _parked(["list"])
+    assert result.exit_code == 0, result.output
+    first, second = result.stdout.strip().splitlines()
+    assert first.startswith(parked_id(b"\xffnot json")) and "1 attempts  -  not JSON: Expecting value" in first
+    assert second.startswith(parked_id(VIDEO))
+    assert "5 attempts  s3://videos/clips/a b.mp4  gave up after 5 attempts: task queue unavailable" in second
+    listed = json.loads(_parked(["list", "--json"]).stdout)
+    assert [e["attempts"] for e in listed] == [1, 5] and listed[1]["uris"] == ["s3://videos/clips/a b.mp4"]
+    assert len(parked_broker.queues[AmqpSettings().parked_queue]) == 2  # listing changed nothing
+
+
+def test_parked_replay_puts_the_chosen_events_back_and_names_the_missing(parked_broker: Any) -> None:
+    from events.parked import parked_id
+    from tests.unit.test_parked import VIDEO
+
+    result = _parked(["replay", parked_id(VIDEO), "nope"])
+    assert result.exit_code == 1
+    assert result.stdout.strip().splitlines() == [
+        f"replayed {parked_id(VIDEO)}  s3://videos/clips/a b.mp4",
+        "1 replayed, 1 left in the parked queue",
+    ]
+    assert result.stderr.strip() == "vidx: not found: nope"
+    assert parked_broker.bodies(AmqpSettings().events_queue) == [VIDEO]
+
+
+def test_parked_replay_needs_ids_or_all_not_both(offline: Path) -> None:
+    for args in (["replay"], ["replay", "p1", "--all"]):
+        result = _parked(args)
+        assert result.exit_code == 1
+        assert result.stderr.strip().splitlines() == ["vidx: name parked event ids or pass --all (not both)"]
+
+
+def test_parked_list_without_a_broker_fails_in_one_line(offline: Path) -> None:
+    result = _parked(["list"])
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == ["vidx: parked queue unreachable: AMQPConnectionError"]
