@@ -146,13 +146,12 @@ class S3PageLister:
             store = ObjectStore(self._s3)
             runner.run(store.__aenter__())
             try:
-                listing = store.list_current(bucket, prefix)
+                listing = store.list_current(bucket, prefix, start_after)
                 while True:
                     page = runner.run(_next_page(listing))
                     if page is None:
                         return
-                    # Keys come in order: a resumed round drops what the last round checked.
-                    yield [o for o in page if start_after is None or o.key > start_after]
+                    yield page
             finally:
                 runner.run(store.__aexit__(None, None, None))
 

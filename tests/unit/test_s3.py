@@ -22,15 +22,8 @@ from pydantic import SecretStr, ValidationError
 
 from storage.config import S3Settings
 from storage.errors import PermanentError, TransientError
-from storage.s3 import (
-    AccessRefused,
-    BlockingObjectStore,
-    ObjectGone,
-    ObjectHead,
-    ObjectStore,
-    convert_error,
-    is_missing,
-)
+from storage.s3 import BlockingObjectStore, ObjectHead, ObjectStore
+from storage.s3_errors import AccessRefused, ObjectGone, convert_error, is_missing
 
 ACCESS_KEY = "AKIAROTATEDEXAMPLE01"
 SECRET_KEY = "secret-never-logged-0123456789abcdef"
