@@ -15,7 +15,8 @@ class AmqpSettings(BaseModel):
     routing_key: str = "bucket-events"
     #: Durable queue the EventRouter consumes, bound to the exchange before the first upload.
     events_queue: str = "vidx.bucket-events"
-    #: Where records that can't be decoded are parked, with their raw body.
+    #: Where messages the router gives up on are parked, with their raw body and the reason (header
+    #: ``x-vidx-reason``): undecodable bodies, bodies routing failed on, messages out of attempts.
     parked_queue: str = "vidx.bucket-events.parked"
     #: MinIO notification target id: the ARN is arn:minio:sqs::<id>:amqp.
     minio_target_id: str = "VIDX"
@@ -23,9 +24,23 @@ class AmqpSettings(BaseModel):
     minio_queue_limit: int = Field(default=100_000, gt=0)
     prefetch: int = Field(default=32, ge=1, le=1000)
     reconnect_delay_s: float = Field(default=2.0, gt=0)
-    heartbeat_s: int = 30
+    #: Heartbeat the router asks for (0: none); its pika thread keeps answering while a submit runs.
+    heartbeat_s: int = Field(default=30, ge=0)
     #: How long a connection the broker blocks (resource alarm) may stay blocked before pika drops it.
     blocked_connection_timeout_s: float = Field(default=60.0, gt=0)
+    #: Longest the router's pika thread waits for broker I/O before it settles finished messages.
+    poll_s: float = Field(default=0.5, gt=0, le=5)
+    #: Tries of one message whose submit the task queue refused (transient), before it is parked.
+    max_attempts: int = Field(default=8, ge=1, le=100)
+    #: Pause before the second try of a refused message, doubled for each further try, at most the max.
+    #: The message stays unacknowledged meanwhile and the router goes on with other messages.
+    retry_delay_s: float = Field(default=1.0, gt=0)
+    max_retry_delay_s: float = Field(default=30.0, gt=0)
+    #: Settled messages remembered (by body digest), so a redelivery after a reconnect whose ack was
+    #: lost is acknowledged without submitting its jobs again.
+    redelivery_memory: int = Field(default=1000, ge=1, le=1_000_000)
+    #: On stop, longest wait for submits in progress to finish and be acknowledged.
+    drain_timeout_s: float = Field(default=10.0, ge=0)
 
     @property
     def queue_arn(self) -> str:

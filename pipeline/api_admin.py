@@ -1,5 +1,6 @@
-"""Admin routes under ``/v1/admin`` (the auth middleware lets only the admin key through):
-the dead-letter queue and reconcile, the same operations as ``vidx dlq`` and ``vidx reconcile``."""
+"""Admin routes under ``/v1/admin`` (the auth middleware lets only the admin key through): the
+dead-letter queue, parked events and reconcile, the same operations as ``vidx dlq``, ``vidx parked``
+and ``vidx reconcile``."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, model_validator
 
 from events.jobs import JobSink
+from events.parked import ParkedEvent, ParkedReplayReport
 from pipeline.deadletters import DeadLetter, ReplayReport
 from pipeline.reconcile import ReconcileReport
 from storage.errors import InvalidInput
 
 #: Changes listed per bucket in a reconcile answer (the counts cover all).
 MAX_CHANGES_SHOWN = 100
+#: Most dead letters or parked events one listing returns (module level: FastAPI resolves the
+#: ``Query`` annotations in the module's namespace).
+MAX_LIST = 1000
 
 
 class DeadLetters(Protocol):
@@ -27,6 +32,12 @@ class DeadLetters(Protocol):
         sink: JobSink,
         ids: Collection[str] | None = None,
     ) -> ReplayReport: ...
+
+
+class ParkedEvents(Protocol):
+    def list(self, limit: int | None = None) -> list[ParkedEvent]: ...
+
+    def replay(self, ids: Collection[str] | None = None) -> ParkedReplayReport: ...
 
 
 class ReplayRequest(BaseModel):
@@ -67,15 +78,15 @@ def _report(report: ReconcileReport) -> dict[str, Any]:
 def admin_router(
     buckets: list[str],
     dead_letters: DeadLetters,
+    parked: ParkedEvents,
     jobs: JobSink,
     reconcile: Callable[[str, str, bool], ReconcileReport],
-    max_list: int = 1000,
 ) -> APIRouter:
     """The admin routes over plain services (testable without Ray or a broker)."""
     router = APIRouter(prefix="/v1/admin")
 
     @router.get("/dlq")
-    async def list_dead_letters(limit: Annotated[int, Query(ge=1, le=max_list)] = 100) -> dict[str, Any]:
+    async def list_dead_letters(limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 100) -> dict[str, Any]:
         letters = await asyncio.to_thread(dead_letters.list, limit)
         return {"dead_letters": [letter.summary() for letter in letters]}
 
@@ -84,6 +95,22 @@ def admin_router(
         ids = None if body.all else body.ids
         report = await asyncio.to_thread(dead_letters.replay, jobs, ids)
         replayed = [letter.id for letter in report.replayed]
+        return {
+            "replayed": replayed,
+            "not_found": sorted(set(body.ids) - set(replayed)),
+            "remaining": report.remaining,
+        }
+
+    @router.get("/parked")
+    async def list_parked(limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 100) -> dict[str, Any]:
+        events = await asyncio.to_thread(parked.list, limit)
+        return {"parked": [event.summary() for event in events]}
+
+    @router.post("/parked/replay")
+    async def replay_parked(body: ReplayRequest) -> dict[str, Any]:
+        ids = None if body.all else body.ids
+        report = await asyncio.to_thread(parked.replay, ids)
+        replayed = [event.id for event in report.replayed]
         return {
             "replayed": replayed,
             "not_found": sorted(set(body.ids) - set(replayed)),

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from pipeline.cli_admin import dlq_app, reconcile
+from pipeline.cli_admin import dlq_app, parked_app, reconcile
 from pipeline.cli_check import check
 from pipeline.cli_common import (
     WAIT_LIST_LIMIT,
@@ -341,6 +341,7 @@ def demo(ctx: typer.Context) -> None:
 app.command()(reconcile)
 app.command()(check)
 app.add_typer(dlq_app, name="dlq")
+app.add_typer(parked_app, name="parked")
 
 
 def main() -> None:

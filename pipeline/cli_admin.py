@@ -1,4 +1,5 @@
-"""Operator commands of the ``vidx`` CLI: ``vidx reconcile`` and ``vidx dlq list|replay``.
+"""Operator commands of the ``vidx`` CLI: ``vidx reconcile``, ``vidx dlq list|replay`` and
+``vidx parked list|replay``.
 
 They talk to the services directly (object store, catalog, broker) rather than through the API, so
 they work while the app is down — which is when they are needed most.
@@ -10,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from events.parked import ParkedQueue
 from pipeline.cli_common import errors, print_json, settings_of
 from pipeline.deadletters import DeadLetterQueue
 from pipeline.settings import Settings
@@ -17,6 +19,9 @@ from storage.errors import InvalidInput
 
 dlq_app = typer.Typer(
     help="The dead-letter queue: jobs that failed for good.", no_args_is_help=True, rich_markup_mode=None
+)
+parked_app = typer.Typer(
+    help="Parked bucket events: messages the event router gave up on.", no_args_is_help=True, rich_markup_mode=None
 )
 
 
@@ -96,6 +101,46 @@ def dlq_replay(
     for letter in report.replayed:
         typer.echo(f"replayed {letter.id}  {letter.uri}")
     typer.echo(f"{len(report.replayed)} replayed, {report.remaining} left in the dead-letter queue")
+    if missing:
+        typer.echo(f"vidx: not found: {', '.join(missing)}", err=True)
+        raise typer.Exit(1)
+
+
+@parked_app.command("list")
+def parked_list(
+    ctx: typer.Context,
+    limit: Annotated[int, typer.Option(help="List at most this many.", min=1)] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Parked events: id, when, attempts, objects, reason. The queue is left as it was."""
+    with errors():
+        events = ParkedQueue(settings_of(ctx).amqp).list(limit)
+    if as_json:
+        print_json([event.summary() for event in events])
+        return
+    if not events:
+        typer.echo("no parked events")
+    for event in events:
+        when = event.parked_at.strftime("%Y-%m-%d %H:%M:%S") if event.parked_at else "-"
+        attempts = event.attempts if event.attempts is not None else "?"
+        typer.echo(f"{event.id}  {when}  {attempts} attempts  {' '.join(event.uris) or '-'}  {event.reason}")
+
+
+@parked_app.command("replay")
+def parked_replay(
+    ctx: typer.Context,
+    ids: Annotated[list[str] | None, typer.Argument(help="Parked event ids (from 'vidx parked list').")] = None,
+    replay_all: Annotated[bool, typer.Option("--all", help="Replay every parked event.")] = False,
+) -> None:
+    """Hand parked events to the router again (after fixing their cause) and remove them from the parked queue."""
+    with errors():
+        if bool(ids) == replay_all:
+            raise InvalidInput("name parked event ids or pass --all (not both)")
+        report = ParkedQueue(settings_of(ctx).amqp).replay(None if replay_all else ids)
+        missing = sorted(set(ids or []) - {event.id for event in report.replayed})
+    for event in report.replayed:
+        typer.echo(f"replayed {event.id}  {' '.join(event.uris) or '-'}")
+    typer.echo(f"{len(report.replayed)} replayed, {report.remaining} left in the parked queue")
     if missing:
         typer.echo(f"vidx: not found: {', '.join(missing)}", err=True)
         raise typer.Exit(1)

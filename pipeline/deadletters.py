@@ -25,6 +25,7 @@ import pika.exceptions
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from events.jobs import IndexJob, JobSink, JobSource
+from events.parked import Taken, browse, close_quietly, connect
 from storage.errors import TransientError
 
 log = logging.getLogger(__name__)
@@ -134,27 +135,17 @@ class DeadLetterQueue:
     def queue(self) -> str:
         return self._queue
 
-    def _connect(self) -> pika.BlockingConnection:
-        try:
-            return pika.BlockingConnection(self._params)
-        except pika.exceptions.AMQPError as exc:
-            # Never str(exc): connection errors may carry the parameters.
-            raise TransientError(f"dead-letter queue unreachable: {type(exc).__name__}") from exc
-
-    def _declare(self, channel: Any) -> int:
-        """Declare the queue (as Celery, i.e. Ray's adapter, does: durable, classic); its length."""
-        return int(channel.queue_declare(queue=self._queue, durable=True).method.message_count)
-
     def publish(self, letter: DeadLetter) -> None:
         """Store ``letter`` durably; returns once the broker confirmed it.
 
         Raises:
             TransientError: the broker did not take it.
         """
-        connection = self._connect()
+        connection = connect(self._params, "dead-letter queue")
         try:
             channel = connection.channel()
-            self._declare(channel)
+            # Declared as Celery (i.e. Ray's adapter) declares it: durable, classic.
+            channel.queue_declare(queue=self._queue, durable=True)
             channel.confirm_delivery()
             channel.basic_publish(
                 exchange="",
@@ -168,27 +159,21 @@ class DeadLetterQueue:
         except pika.exceptions.AMQPError as exc:
             raise TransientError(f"dead letter not stored: {type(exc).__name__}") from exc
         finally:
-            _close(connection)
+            close_quietly(connection)
 
-    def _take(self, channel: Any, limit: int) -> list[tuple[int, DeadLetter]]:
-        """Up to ``limit`` messages, unacknowledged; unreadable ones come back as MALFORMED letters."""
-        taken: list[tuple[int, DeadLetter]] = []
-        while len(taken) < limit:
-            method, properties, body = channel.basic_get(queue=self._queue, auto_ack=False)
-            if method is None:
-                break
-            try:
-                letter = decode_dead_letter(body, properties.headers)
-            except ValueError as exc:
-                letter = DeadLetter(
-                    id=f"raw-{method.delivery_tag}",
-                    kind=FailureKind.MALFORMED,
-                    reason=str(exc),
-                    failed_at=None,
-                    raw_job=body[:2000].decode("utf-8", "replace"),
-                )
-            taken.append((method.delivery_tag, letter))
-        return taken
+    @staticmethod
+    def _letter(message: Taken) -> DeadLetter:
+        """A taken message as a letter; an unreadable one comes back as a MALFORMED letter."""
+        try:
+            return decode_dead_letter(message.body, message.headers)
+        except ValueError as exc:
+            return DeadLetter(
+                id=f"raw-{message.tag}",
+                kind=FailureKind.MALFORMED,
+                reason=str(exc),
+                failed_at=None,
+                raw_job=message.body[:2000].decode("utf-8", "replace"),
+            )
 
     def list(self, limit: int | None = None) -> list[DeadLetter]:
         """The dead letters, oldest first, one per id (a job dead-lettered twice, e.g. after a crash
@@ -197,18 +182,11 @@ class DeadLetterQueue:
         Raises:
             TransientError: the broker is unreachable.
         """
-        connection = self._connect()
-        try:
-            channel = connection.channel()
-            self._declare(channel)
-            taken = self._take(channel, min(limit or self._max_list, self._max_list))
-            channel.basic_nack(delivery_tag=0, multiple=True, requeue=True)
-        except pika.exceptions.AMQPError as exc:
-            raise TransientError(f"dead-letter queue unreadable: {type(exc).__name__}") from exc
-        finally:
-            _close(connection)
+        limit = min(limit or self._max_list, self._max_list)
+        with browse(self._params, self._queue, limit, "dead-letter queue") as session:
+            letters = [self._letter(message) for message in session.taken]
         by_id: dict[str, DeadLetter] = {}
-        for _tag, letter in taken:
+        for letter in letters:
             by_id.pop(letter.id, None)
             by_id[letter.id] = letter
         return list(by_id.values())
@@ -228,34 +206,18 @@ class DeadLetterQueue:
         """
         wanted = set(ids) if ids is not None else None
         replayed: dict[str, DeadLetter] = {}
-        connection = self._connect()
-        try:
-            channel = connection.channel()
-            waiting = self._declare(channel)
-            taken = self._take(channel, self._max_list)
+        with browse(self._params, self._queue, self._max_list, "dead-letter queue") as session:
             acked = 0
-            for tag, letter in taken:
+            for message in session.taken:
+                letter = self._letter(message)
                 if (wanted is not None and letter.id not in wanted) or letter.job is None:
                     continue
                 if letter.id not in replayed:
                     job = letter.job.model_copy(update={"source": JobSource.REPLAY, "submitted_at": datetime.now(UTC)})
                     sink.submit(job)
                     replayed[letter.id] = letter
-                channel.basic_ack(delivery_tag=tag)
+                session.ack(message.tag)
                 acked += 1
-            channel.basic_nack(delivery_tag=0, multiple=True, requeue=True)
-            remaining = max(0, waiting - acked)
-        except pika.exceptions.AMQPError as exc:
-            raise TransientError(f"dead-letter queue unreadable: {type(exc).__name__}") from exc
-        finally:
-            _close(connection)
+            remaining = max(0, session.waiting - acked)
         log.info("replayed %d dead letters, %d remain", len(replayed), remaining)
         return ReplayReport(replayed=list(replayed.values()), remaining=remaining)
-
-
-def _close(connection: pika.BlockingConnection) -> None:
-    try:
-        if connection.is_open:
-            connection.close()
-    except pika.exceptions.AMQPError:
-        log.debug("dead-letter connection already gone")

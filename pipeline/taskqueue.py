@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import amqp.exceptions
 import kombu.exceptions
 from ray.serve.schema import CeleryAdapterConfig, TaskProcessorConfig
 from ray.serve.task_consumer import instantiate_adapter_from_config
@@ -78,9 +79,14 @@ class CeleryJobSink:
         """Raises:
         TransientError: the broker didn't confirm the job.
         """
+        # Never str(exc): connection errors may carry the broker URL, credentials included.
         try:
             result = self._adapter.enqueue_task_sync(INDEX_TASK, args=[job.model_dump(mode="json")])
-        except (kombu.exceptions.OperationalError, kombu.exceptions.KombuError, OSError) as exc:
+        except amqp.exceptions.MessageNacked as exc:  # confirm_publish: the broker refused the job
+            raise TransientError("task queue refused the job (broker nack)") from exc
+        except TimeoutError as exc:  # socket.timeout: no confirm in time
+            raise TransientError(f"task queue did not confirm the job in time: {type(exc).__name__}") from exc
+        except (kombu.exceptions.KombuError, amqp.exceptions.AMQPError, OSError) as exc:
             raise TransientError(f"task queue unavailable: {type(exc).__name__}") from exc
         return str(result.id)
 

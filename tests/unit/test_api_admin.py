@@ -1,14 +1,15 @@
-"""The /v1/admin routes: dead letters and reconcile, behind the admin key (stand-in services)."""
+"""The /v1/admin routes: dead letters, parked events and reconcile, behind the admin key (stand-in services)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
 
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from events.jobs import IndexJob, JobOp, JobSink, JobSource
+from events.parked import ParkedEvent, ParkedReplayReport
 from pipeline.api import create_app
 from pipeline.api_admin import admin_router
 from pipeline.deadletters import DeadLetter, FailureKind, ReplayReport
@@ -32,9 +33,7 @@ class FakeLetters:
     def list(self, limit: int | None = None) -> list[DeadLetter]:
         return self.letters[:limit]
 
-    def replay(
-        self, sink: JobSink, ids: Collection[str] | None = None, on_queued: Callable[[IndexJob], None] | None = None
-    ) -> ReplayReport:
+    def replay(self, sink: JobSink, ids: Collection[str] | None = None) -> ReplayReport:
         chosen = [d for d in self.letters if ids is None or d.id in ids]
         for letter in chosen:
             assert letter.job is not None
@@ -44,7 +43,34 @@ class FakeLetters:
         return ReplayReport(replayed=chosen, remaining=len(self.letters))
 
 
-def admin_client() -> tuple[TestClient, FakeLetters, FakeJobs, list[tuple[str, str, bool]]]:
+class FakeParked:
+    def __init__(self) -> None:
+        self.events = [
+            ParkedEvent(id="p1", reason="not JSON: Expecting value", attempts=1, parked_at=None, body=b"\xff"),
+            ParkedEvent(
+                id="p2",
+                reason="gave up after 5 attempts: task queue unavailable",
+                attempts=5,
+                parked_at=None,
+                body=b"{}",
+                uris=("s3://videos/a.mp4",),
+            ),
+        ]
+        self.replayed: list[ParkedEvent] = []
+
+    def list(self, limit: int | None = None) -> list[ParkedEvent]:
+        return self.events[:limit]
+
+    def replay(self, ids: Collection[str] | None = None) -> ParkedReplayReport:
+        chosen = [e for e in self.events if ids is None or e.id in ids]
+        self.replayed.extend(chosen)
+        self.events = [e for e in self.events if e not in chosen]
+        return ParkedReplayReport(replayed=chosen, remaining=len(self.events))
+
+
+def admin_client(
+    parked: FakeParked | None = None,
+) -> tuple[TestClient, FakeLetters, FakeJobs, list[tuple[str, str, bool]]]:
     settings = Settings(api_keys=[SecretStr(API_KEY)], admin_key=SecretStr(ADMIN_KEY))
     store, jobs, letters = FakeStore(), FakeJobs(), FakeLetters()
     calls: list[tuple[str, str, bool]] = []
@@ -58,7 +84,7 @@ def admin_client() -> tuple[TestClient, FakeLetters, FakeJobs, list[tuple[str, s
     async def stats() -> dict[str, Any]:
         return {}
 
-    admin = admin_router(settings.s3.buckets, letters, jobs, lambda job: None, reconcile)
+    admin = admin_router(settings.s3.buckets, letters, parked or FakeParked(), jobs, reconcile)
     app = create_app(settings, FakeSearch(settings.limits), store, jobs, stats, admin)  # type: ignore[arg-type]
     return TestClient(app, raise_server_exceptions=False), letters, jobs, calls
 
@@ -67,13 +93,24 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+ADMIN_ROUTES = [
+    ("GET", "/v1/admin/dlq"),
+    ("POST", "/v1/admin/dlq/replay"),
+    ("GET", "/v1/admin/parked"),
+    ("POST", "/v1/admin/parked/replay"),
+    ("POST", "/v1/admin/reconcile"),
+]
+
+
 def test_admin_routes_need_the_admin_key() -> None:
-    http, letters, _, _ = admin_client()
-    for method, path in [("GET", "/v1/admin/dlq"), ("POST", "/v1/admin/dlq/replay"), ("POST", "/v1/admin/reconcile")]:
+    parked = FakeParked()
+    http, letters, _, _ = admin_client(parked)
+    for method, path in ADMIN_ROUTES:
         assert http.request(method, path).status_code == 401
         assert http.request(method, path, headers=bearer("wrong-key-0123456789")).status_code == 401
         assert http.request(method, path, headers=bearer(API_KEY), json={"all": True}).status_code == 403
     assert len(letters.letters) == 2 and letters.replayed == []
+    assert len(parked.events) == 2 and parked.replayed == []
 
 
 def test_dead_letters_are_listed_and_replayed() -> None:
@@ -82,10 +119,39 @@ def test_dead_letters_are_listed_and_replayed() -> None:
     assert [d["id"] for d in body["dead_letters"]] == ["t1", "t2"]
     assert set(body["dead_letters"][0]) == {"id", "uri", "kind", "reason", "attempts", "failed_at"}
     assert body["dead_letters"][0]["uri"] == "s3://videos/a.mp4"
+    assert len(http.get("/v1/admin/dlq?limit=1", headers=bearer(ADMIN_KEY)).json()["dead_letters"]) == 1
+    assert http.get("/v1/admin/dlq?limit=1001", headers=bearer(ADMIN_KEY)).status_code == 422
     resp = http.post("/v1/admin/dlq/replay", headers=bearer(ADMIN_KEY), json={"ids": ["t2", "nope"]})
     assert resp.json() == {"replayed": ["t2"], "not_found": ["nope"], "remaining": 1}
     assert jobs.jobs == [JOB]
     bad = http.post("/v1/admin/dlq/replay", headers=bearer(ADMIN_KEY), json={"ids": ["t1"], "all": True})
+    assert bad.status_code == 422 and "error" in bad.json()
+
+
+def test_parked_events_are_listed_and_replayed() -> None:
+    parked = FakeParked()
+    http, _, _, _ = admin_client(parked)
+    body = http.get("/v1/admin/parked", headers=bearer(ADMIN_KEY)).json()
+    assert [e["id"] for e in body["parked"]] == ["p1", "p2"]
+    assert body["parked"][1] == {
+        "id": "p2",
+        "uris": ["s3://videos/a.mp4"],
+        "reason": "gave up after 5 attempts: task queue unavailable",
+        "attempts": 5,
+        "parked_at": None,
+        "size_bytes": 2,
+    }
+    assert [e["id"] for e in http.get("/v1/admin/parked?limit=1", headers=bearer(ADMIN_KEY)).json()["parked"]] == ["p1"]
+    assert http.get("/v1/admin/parked?limit=0", headers=bearer(ADMIN_KEY)).status_code == 422
+    resp = http.post("/v1/admin/parked/replay", headers=bearer(ADMIN_KEY), json={"ids": ["p2", "nope"]})
+    assert resp.json() == {"replayed": ["p2"], "not_found": ["nope"], "remaining": 1}
+    assert [e.id for e in parked.replayed] == ["p2"]
+    assert http.post("/v1/admin/parked/replay", headers=bearer(ADMIN_KEY), json={"all": True}).json() == {
+        "replayed": ["p1"],
+        "not_found": [],
+        "remaining": 0,
+    }
+    bad = http.post("/v1/admin/parked/replay", headers=bearer(ADMIN_KEY), json={})
     assert bad.status_code == 422 and "error" in bad.json()
 
 
@@ -104,16 +170,17 @@ def test_admin_routes_are_off_without_an_admin_key() -> None:
     # No keys at all (an open API, e.g. compose without keys) or user keys only: admin stays shut.
     for keys in ([], [SecretStr(API_KEY)]):
         settings = Settings(api_keys=keys)
-        letters = FakeLetters()
+        letters, parked = FakeLetters(), FakeParked()
 
         async def stats() -> dict[str, Any]:
             return {}
 
-        admin = admin_router(settings.s3.buckets, letters, FakeJobs(), lambda job: None, lambda *a: None)  # type: ignore[arg-type,return-value]
+        admin = admin_router(settings.s3.buckets, letters, parked, FakeJobs(), lambda *a: None)  # type: ignore[arg-type]
         app = create_app(settings, FakeSearch(settings.limits), FakeStore(), FakeJobs(), stats, admin)  # type: ignore[arg-type]
         http = TestClient(app, raise_server_exceptions=False)
         headers = bearer(API_KEY) if keys else {}
-        resp = http.post("/v1/admin/dlq/replay", headers=headers, json={"all": True})
-        assert resp.status_code == 403 and "VIDX_ADMIN_KEY" in resp.json()["error"]["message"]
-        assert letters.replayed == []
+        for path in ("/v1/admin/dlq/replay", "/v1/admin/parked/replay"):
+            resp = http.post(path, headers=headers, json={"all": True})
+            assert resp.status_code == 403 and "VIDX_ADMIN_KEY" in resp.json()["error"]["message"]
+        assert letters.replayed == [] and parked.replayed == []
         assert http.get("/healthz").status_code == 200

@@ -1,4 +1,5 @@
-"""Dead letters are read back whichever way they reached the queue."""
+"""Dead letters are read back whichever way they reached the queue; listing them changes nothing and
+a replay removes only what it resubmitted."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import json
 import pytest
 
 from events.jobs import IndexJob, JobOp, JobSource
-from pipeline.deadletters import DeadLetter, FailureKind, decode_dead_letter
+from pipeline.deadletters import DeadLetter, DeadLetterQueue, FailureKind, decode_dead_letter
+from storage.errors import TransientError
+from tests.unit.test_parked import FakeBroker, patch_broker
 
 JOB = IndexJob(op=JobOp.INDEX, bucket="videos", key="dir/clip 1.mp4", source=JobSource.EVENT, hint_version="e1")
 
@@ -38,3 +41,62 @@ def test_a_task_with_an_unreadable_job_keeps_the_raw_text() -> None:
 def test_anything_else_is_an_error_naming_the_problem(body: bytes) -> None:
     with pytest.raises(ValueError):
         decode_dead_letter(body, {})
+
+
+# -- the queue, over the browse helper it shares with the parked queue (stand-in broker) ------------------
+
+
+class ListSink:
+    def __init__(self, fail: bool = False) -> None:
+        self.jobs: list[IndexJob] = []
+        self.fail = fail
+
+    def submit(self, job: IndexJob) -> str:
+        if self.fail:
+            raise TransientError("broker down")
+        self.jobs.append(job)
+        return f"task-{len(self.jobs)}"
+
+
+@pytest.fixture
+def broker(monkeypatch: pytest.MonkeyPatch) -> FakeBroker:
+    return patch_broker(monkeypatch)
+
+
+def put_letters(broker: FakeBroker, *letters: DeadLetter) -> None:
+    for letter in letters:
+        broker.queues.setdefault("failed", []).append(({}, letter.model_dump_json().encode()))
+
+
+LETTERS = [
+    DeadLetter(id="t1", kind=FailureKind.PERMANENT, reason="not a video", attempts=1, job=JOB),
+    DeadLetter(id="t2", kind=FailureKind.EXHAUSTED, reason="gave up", attempts=4, job=JOB),
+]
+
+
+def test_listing_dead_letters_leaves_the_queue_as_it_was(broker: FakeBroker) -> None:
+    put_letters(broker, *LETTERS)
+    broker.queues["failed"].append(({}, b"garbage"))
+    letters = DeadLetterQueue("amqp://guest:guest@broker/", "failed").list()
+    assert [(d.id, d.kind) for d in letters] == [
+        ("t1", FailureKind.PERMANENT),
+        ("t2", FailureKind.EXHAUSTED),
+        ("raw-3", FailureKind.MALFORMED),
+    ]
+    assert len(broker.queues["failed"]) == 3
+
+
+def test_replay_acks_only_the_letters_whose_jobs_were_confirmed(broker: FakeBroker) -> None:
+    put_letters(broker, *LETTERS)
+    sink = ListSink()
+    report = DeadLetterQueue("amqp://guest:guest@broker/", "failed").replay(sink, ["t2"])
+    assert [d.id for d in report.replayed] == ["t2"] and report.remaining == 1
+    assert [j.source for j in sink.jobs] == [JobSource.REPLAY]
+    assert [DeadLetter.model_validate_json(b).id for b in broker.bodies("failed")] == ["t1"]
+
+
+def test_a_refused_replay_keeps_every_letter(broker: FakeBroker) -> None:
+    put_letters(broker, *LETTERS)
+    with pytest.raises(TransientError):
+        DeadLetterQueue("amqp://guest:guest@broker/", "failed").replay(ListSink(fail=True))
+    assert len(broker.queues["failed"]) == 2
