@@ -3,7 +3,8 @@
 Three ways to get one RGB frame a second, scaled to the encoder's input size, out of the same files:
 
 - vidx: ``pipeline.decode.sample_frames`` (strategy ``auto``: only the GOPs and frames that hold a
-  sample are decoded, unsampled non-reference frames skipped, swscale scaling, decoder threads);
+  sample are decoded, unsampled non-reference frames skipped, swscale scaling, decoder threads), in
+  its worker process (CPU time: this process's and the worker's for the decode);
 - ffmpeg: ``ffmpeg -threads N -i x -vf fps=1,scale=W:H -f rawvideo -pix_fmt rgb24 -`` (what a user
   would otherwise feed a batch script with);
 - PyAV full decode then pick: every frame decoded (decoder threads), the sampled ones converted.
@@ -11,8 +12,14 @@ Three ways to get one RGB frame a second, scaled to the encoder's input size, ou
 The videos (camera-like texture panning under grain, x264 ``superfast``: CABAC, deblocking, three
 B-frames; a keyframe every 2 s; 30 fps) are generated once and kept in the temp directory.
 
-``python -m bench.decode [--full] [--profile]``; ``--profile`` runs only vidx's path on 1080p (for
-``py-spy record -- python -m bench.decode --profile``) and writes no results.
+The cost of decoding in a worker process (the watchdog that abandons a decode at ``max_decode_s``)
+is measured on the same inputs: each video decoded in a warm worker and in-process, alternately,
+best of ``ISOLATION_ROUNDS``; plus a short clip (where a fixed cost weighs most) and the start of a
+fresh worker, which a video pays only after a worker was killed.
+
+``python -m bench.decode [--full] [--profile] [--isolation]``; ``--profile`` runs only vidx's path on
+1080p, in-process (for ``py-spy record -- python -m bench.decode --profile``); ``--isolation`` only
+the worker's cost. Neither writes results.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import partial
 from pathlib import Path
@@ -34,8 +41,9 @@ import av
 
 from bench.common import have_command, save_section
 from infra.dev.samples import write_textured_video
-from pipeline.decode import DecodeStats, sample_frames, scaled_size
+from pipeline.decode import WORKER_ENTRY, DecodeStats, probe, sample_frames, scaled_size
 from pipeline.decode_settings import DecodeLimits, DecodeStrategy
+from pipeline.decode_worker import Worker
 
 EVERY_S = 1.0
 FPS = 30
@@ -44,6 +52,10 @@ MAX_SIDE = 384  # SamplingSettings.decode_max_side's default
 #: (name, size, seconds, seconds with --full)
 CASES = [("1080p", (1920, 1080), 20.0, 120.0), ("360p", (640, 360), 40.0, 300.0)]
 CACHE = Path(tempfile.gettempdir()) / "vidx-bench-decode"
+#: Runs of each isolation measurement (in-process and in a worker, alternately); the best one counts.
+ISOLATION_ROUNDS = 5
+#: The short clip of the isolation measurement: (size, seconds).
+SHORT_CLIP = ((640, 360), 2.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +99,72 @@ def video(name: str, size: tuple[int, int], seconds: float) -> Path:
     return path
 
 
-def vidx(path: Path, strategy: DecodeStrategy = DecodeStrategy.AUTO, stats: DecodeStats | None = None) -> int:
+def vidx(
+    path: Path,
+    strategy: DecodeStrategy = DecodeStrategy.AUTO,
+    stats: DecodeStats | None = None,
+    *,
+    isolated: bool = True,
+) -> int:
     limits = DecodeLimits(max_frames=1_000_000)
-    return sum(1 for _ in sample_frames(path, EVERY_S, limits, MAX_SIDE, strategy=strategy, stats=stats))
+    frames = sample_frames(path, EVERY_S, limits, MAX_SIDE, strategy=strategy, stats=stats, isolated=isolated)
+    return sum(1 for _ in frames)
+
+
+def measure_vidx(path: Path, strategy: DecodeStrategy = DecodeStrategy.AUTO, *, isolated: bool = True) -> Run:
+    """``measure`` of one vidx decode; a worker's CPU time is added to this process's."""
+    stats = DecodeStats()
+    run = measure(partial(vidx, path, strategy, stats, isolated=isolated))
+    return replace(run, cpu_s=run.cpu_s + stats.worker_cpu_s)
+
+
+def isolation_cost(paths: dict[str, Path]) -> dict[str, Any]:
+    """Wall and CPU seconds per video decoded in a warm worker and in this process, on the same files
+    (best of ``ISOLATION_ROUNDS`` each, alternating), and the start of a fresh worker."""
+    starts = []
+    for _ in range(ISOLATION_ROUNDS):
+        started = time.perf_counter()
+        # An interpreter importing PyAV and numpy, until it says it is ready.
+        Worker(WORKER_ENTRY, start_timeout_s=120).close()
+        starts.append(time.perf_counter() - started)
+    found: dict[str, Any] = {"worker_start_s": round(min(starts), 3)}
+    # The pool's worker warm before anything is timed.
+    probe(paths["short"], DecodeLimits())
+    for name, path in paths.items():
+        runs: dict[str, list[Run]] = {"worker": [], "in_process": []}
+        for _ in range(ISOLATION_ROUNDS):
+            runs["worker"].append(measure_vidx(path))
+            runs["in_process"].append(measure_vidx(path, isolated=False))
+        worker = min(runs["worker"], key=lambda r: r.wall_s)
+        here = min(runs["in_process"], key=lambda r: r.wall_s)
+        found[name] = {
+            "worker_wall_s": round(worker.wall_s, 4),
+            "in_process_wall_s": round(here.wall_s, 4),
+            "overhead_wall_s": round(worker.wall_s - here.wall_s, 4),
+            "overhead_wall_pct": round(100 * (worker.wall_s / here.wall_s - 1), 1),
+            "worker_cpu_s": round(worker.cpu_s, 4),
+            "in_process_cpu_s": round(here.cpu_s, 4),
+            "overhead_cpu_pct": round(100 * (worker.cpu_s / here.cpu_s - 1), 1),
+            "frames": worker.frames,
+        }
+    return found
+
+
+def print_isolation(found: dict[str, Any]) -> None:
+    print(f"  a fresh decode worker starts in {found['worker_start_s']:.2f} s (paid again after a kill)", flush=True)
+    for name, row in found.items():
+        if isinstance(row, dict):
+            print(
+                f"  {name:6s} worker {row['worker_wall_s']:7.3f} s  in-process {row['in_process_wall_s']:7.3f} s  "
+                f"overhead {row['overhead_wall_s'] * 1000:+7.1f} ms ({row['overhead_wall_pct']:+.1f}% wall, "
+                f"{row['overhead_cpu_pct']:+.1f}% CPU), {row['frames']} frames",
+                flush=True,
+            )
+
+
+def short_clip() -> Path:
+    size, seconds = SHORT_CLIP
+    return video(f"{size[1]}p-short", size, seconds)
 
 
 def ffmpeg(path: Path, out_size: tuple[int, int], threads: int) -> int:
@@ -120,12 +195,16 @@ def pyav_full(path: Path, out_size: tuple[int, int]) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.decode", description=__doc__)
     parser.add_argument("--full", action="store_true", help="longer inputs")
-    parser.add_argument("--profile", action="store_true", help="only vidx's path on 1080p, no results")
+    parser.add_argument("--profile", action="store_true", help="only vidx's path on 1080p, in-process, no results")
+    parser.add_argument("--isolation", action="store_true", help="only the cost of the decode worker, no results")
     args = parser.parse_args()
     if args.profile:
         name, size, seconds, _ = CASES[0]
         for _ in range(3):
-            vidx(video(name, size, seconds))
+            vidx(video(name, size, seconds), isolated=False)
+        return
+    if args.isolation:
+        print_isolation(isolation_cost({"short": short_clip(), **{c[0]: video(*c[:3]) for c in CASES}}))
         return
     cores = os.cpu_count() or 1
     metrics: dict[str, Any] = {}
@@ -142,17 +221,23 @@ def main() -> None:
         "0 = FFmpeg's choice); each figure is one run.",
         "keyframes (approximate strategy, one sample a GOP, here half the samples) is shown for what a "
         "keyframe-only decode would cost; it is not the product's default.",
+        f"isolation: the same videos (and a {SHORT_CLIP[1]:g} s {SHORT_CLIP[0][1]}p clip) decoded in a warm worker "
+        f"process and in-process, best of {ISOLATION_ROUNDS} each; worker_start_s is what a fresh worker costs "
+        "(after one was killed for overrunning max_decode_s).",
     ]
+    paths: dict[str, Path] = {"short": short_clip()}
     for name, size, seconds, full_seconds in CASES:
         video_s = full_seconds if args.full else seconds
         path = video(name, size, video_s)
         out_size = scaled_size(*size, MAX_SIDE)
+        paths[name] = path
         stats = DecodeStats()
+        vidx_run = measure(partial(vidx, path, stats=stats))
         runs = {
-            "vidx": measure(partial(vidx, path, stats=stats)),
+            "vidx": replace(vidx_run, cpu_s=vidx_run.cpu_s + stats.worker_cpu_s),
             "ffmpeg": measure(partial(ffmpeg, path, out_size, cores), resource.RUSAGE_CHILDREN),
             "pyav_full": measure(partial(pyav_full, path, out_size)),
-            "vidx_keyframes": measure(partial(vidx, path, DecodeStrategy.KEYFRAMES)),
+            "vidx_keyframes": measure_vidx(path, DecodeStrategy.KEYFRAMES),
         }
         section: dict[str, Any] = {key: run.row(video_s) for key, run in runs.items()}
         section["video_s"] = video_s
@@ -175,6 +260,8 @@ def main() -> None:
             f"vs PyAV full decode: x{section['cpu_ratio_vs_pyav_full']} CPU",
             flush=True,
         )
+    metrics["isolation"] = isolation_cost(paths)
+    print_isolation(metrics["isolation"])
     metrics["decode_vs_ffmpeg_ratio"] = metrics["1080p"]["cpu_ratio_vs_ffmpeg"]
     metrics["decode_x_realtime_per_core"] = metrics["1080p"]["vidx"]["x_realtime_per_core"]
     save_section("decode", metrics, notes)

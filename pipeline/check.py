@@ -126,13 +126,9 @@ class PageLister(Protocol):
 class CatalogReader(Protocol):
     def scan(self, uri_from: str, uri_to: str, *, include_from: bool) -> Iterator[VideoRecord]: ...
 
-    def scan_all(self) -> Iterator[VideoRecord]: ...
-
 
 class FrameReader(Protocol):
-    def summaries_of(self, video_ids: Iterable[str]) -> dict[str, FrameSummary]: ...
-
-    def summaries(self) -> Iterator[tuple[str, FrameSummary]]: ...
+    def summaries_in(self, uri_from: str, uri_to: str, *, include_from: bool) -> dict[str, FrameSummary]: ...
 
 
 class S3PageLister:
@@ -211,8 +207,7 @@ class Checker:
         resume_after: tuple[str, str] | None = None,
     ) -> CheckReport:
         """Check ``s3://bucket/prefix…`` of each bucket; with ``max_objects``, stop after about that
-        many objects and say where to resume (``report.resume_after``). A full run (no bound, no
-        resume point) also finds frames of videos that have no catalog row at all.
+        many objects and say where to resume (``report.resume_after``).
 
         Raises:
             TransientError: the object store, a table or the task queue is unavailable; repairs
@@ -223,7 +218,6 @@ class Checker:
         report = CheckReport(repair=repair)
         now = datetime.now(UTC)
         budget = max_objects
-        checked: set[str] = set()
         names = list(buckets)
         skipping = resume_after is not None
         for bucket in names:
@@ -235,14 +229,12 @@ class Checker:
             else:
                 start_after = None
             report.buckets.append(bucket)
-            stopped = self._bucket(report, bucket, prefix, start_after, now, repair, budget, checked)
+            stopped = self._bucket(report, bucket, prefix, start_after, now, repair, budget)
             if stopped is not None:
                 report.resume_after = (bucket, stopped)
                 break
             if budget is not None:
                 budget = max(0, budget - report.listed)
-        if max_objects is None and resume_after is None:
-            self._orphan_rows(report, checked, repair, [s3_uri(b, prefix) for b in names])
         report.took_s = (datetime.now(UTC) - report.started_at).total_seconds()
         log.info("check %s", report.summary())
         return report
@@ -256,7 +248,6 @@ class Checker:
         now: datetime,
         repair: bool,
         budget: int | None,
-        checked: set[str],
     ) -> str | None:
         """Check one bucket from ``start_after``; the last key checked when the budget ran out."""
         if start_after is None:
@@ -270,33 +261,43 @@ class Checker:
             report.listed += len(page)
             seen_here += len(page)
             upper = s3_uri(bucket, page[-1].key)
-            rows = {r.video_id: r for r in self._catalog.scan(lower, upper, include_from=include_lower)}
-            ids = {video_id(bucket, o.key) for o in page} | set(rows)
-            summaries = self._frames.summaries_of(ids)
-            for obj in page:
-                vid = video_id(bucket, obj.key)
-                checked.add(vid)
-                self._one(
-                    report, s3_uri(bucket, obj.key), vid, obj, rows.pop(vid, None), summaries.get(vid), now, repair
-                )
-            for record in rows.values():  # cataloged in this key range, not in the bucket
-                checked.add(record.video_id)
-                self._one(
-                    report, record.uri, record.video_id, None, record, summaries.get(record.video_id), now, repair
-                )
+            self._range(report, bucket, page, lower, upper, include_lower, now, repair)
             lower, include_lower = upper, False
             if budget is not None and seen_here >= budget:
                 return page[-1].key
-        tail = [
-            r
-            for r in self._catalog.scan(lower, _prefix_end(bucket, prefix), include_from=include_lower)
-            if r.uri.startswith(s3_uri(bucket, prefix))
-        ]
-        summaries = self._frames.summaries_of(r.video_id for r in tail)
-        for record in tail:
-            checked.add(record.video_id)
-            self._one(report, record.uri, record.video_id, None, record, summaries.get(record.video_id), now, repair)
+        self._range(report, bucket, [], lower, _prefix_end(bucket, prefix), include_lower, now, repair, tail=prefix)
         return None
+
+    def _range(
+        self,
+        report: CheckReport,
+        bucket: str,
+        objects: list[ObjectHead],
+        lower: str,
+        upper: str,
+        include_lower: bool,
+        now: datetime,
+        repair: bool,
+        tail: str | None = None,
+    ) -> None:
+        """Judge every video of one key range: its objects (one listing page), its catalog rows and
+        its frame rows, each read for that range only. ``tail``: the range past the last page, up to
+        the prefix's end (exclusive in effect: no URI under the prefix equals it)."""
+        rows = {r.video_id: r for r in self._catalog.scan(lower, upper, include_from=include_lower)}
+        frames = self._frames.summaries_in(lower, upper, include_from=include_lower)
+        if tail is not None:
+            under = s3_uri(bucket, tail)
+            rows = {v: r for v, r in rows.items() if r.uri.startswith(under)}
+            frames = {v: f for v, f in frames.items() if f.uri.startswith(under)}
+        for obj in objects:
+            vid = video_id(bucket, obj.key)
+            self._one(
+                report, s3_uri(bucket, obj.key), vid, obj, rows.pop(vid, None), frames.pop(vid, None), now, repair
+            )
+        for record in rows.values():  # cataloged in this key range, not in the bucket
+            self._one(report, record.uri, record.video_id, None, record, frames.pop(record.video_id, None), now, repair)
+        for vid, summary in frames.items():  # rows in this key range, neither object nor catalog row
+            self._one(report, summary.uri, vid, None, None, summary, now, repair)
 
     def _one(
         self,
@@ -373,22 +374,6 @@ class Checker:
         if fresh:
             return "in_flight"
         return Finding.STALE, f"{record.status.value} at version {record.version or '-'}, object at {obj.version}"
-
-    def _orphan_rows(self, report: CheckReport, checked: set[str], repair: bool, under: list[str]) -> None:
-        """Rows under the checked buckets and prefix that no listing or catalog range covered: rows of
-        a video with no catalog row at all."""
-        known = {r.video_id for r in self._catalog.scan_all()}
-        for vid, summary in self._frames.summaries():
-            if vid in checked or not any(summary.uri.startswith(u) for u in under):
-                continue
-            if vid in known:
-                continue  # cataloged under another key range: its own listing judges it
-            report.videos += 1
-            report.add(Inconsistency(Finding.ORPHAN_ROWS, summary.uri, vid, f"{summary.rows} rows, no catalog row"))
-            if repair and self._sink is not None and summary.uri:
-                bucket, key = _split_uri(summary.uri)
-                self._sink.submit(IndexJob(op=JobOp.INDEX, bucket=bucket, key=key, source=JobSource.RECONCILE))
-                report.submitted += 1
 
 
 def build_checker(settings: Settings, store: IndexStore, sink: JobSink | None) -> Checker:

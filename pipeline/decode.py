@@ -1,341 +1,103 @@
-"""Decode a video with PyAV and sample one frame every ``every_s`` seconds by presentation time.
+"""The decode stage: probe a video and sample one frame every ``every_s`` seconds of its timeline.
 
-Only sampled frames are converted to RGB, and the conversion scales them down in swscale
-(decoder side) rather than in Python; frames carrying a display matrix (phone videos) are turned
-upright. PyAV/FFmpeg exceptions are converted here into ``NotAVideo``, ``CorruptVideo`` and
-``LimitExceeded``; each limit violation names the limit and the value that broke it.
+The decoding itself is ``pipeline.sampling`` (PyAV); here it runs in a worker process
+(``pipeline.decode_worker``) that is killed, and the decode abandoned, when it overruns
+``max_decode_s``: FFmpeg can't be stopped from another thread in the middle of a call. A decoder
+that crashes on its input fails that video (``CorruptVideo``), not the consumer.
 """
 
 from __future__ import annotations
 
-import logging
+import atexit
+import resource
+import signal
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from fractions import Fraction
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
-import av
-import av.error
 import numpy as np
-from numpy.typing import NDArray
 
 from pipeline.decode_settings import DecodeLimits, DecodeStrategy
-from storage.errors import CorruptVideo, LimitExceeded, NotAVideo
+from pipeline.decode_worker import (
+    DONE,
+    ERROR,
+    Message,
+    Overrun,
+    RemoteError,
+    StartFailed,
+    WorkerDied,
+    WorkerPool,
+    serve,
+)
+from pipeline.sampling import DecodeStats, SampledFrame, VideoInfo, hms, probe_file, sample_file, scaled_size, span
+from storage.errors import CorruptVideo, LimitExceeded, NotAVideo, TransientError
 
-log = logging.getLogger(__name__)
+__all__ = [
+    "ABANDON_GRACE_S",
+    "WORKER_ENTRY",
+    "DecodeLimits",
+    "DecodeStats",
+    "DecodeStrategy",
+    "SampledFrame",
+    "VideoInfo",
+    "hms",
+    "probe",
+    "sample_frames",
+    "scaled_size",
+    "serve_worker",
+    "span",
+]
 
+_INFO, _FRAME, _STATS = b"I", b"F", b"S"
 
-@dataclass(frozen=True, slots=True)
-class VideoInfo:
-    duration_s: float | None
-    width: int
-    height: int
-    codec: str
-    fps: float | None
+#: Idle workers kept per process (each is an interpreter with PyAV and numpy loaded: tens of MB).
+_MAX_IDLE_WORKERS = 8
+#: A worker is replaced after this many requests (bounds what a long-lived decoder process accumulates).
+_REQUESTS_PER_WORKER = 500
+#: Longest wait for a new worker to be ready (an interpreter importing PyAV); not counted as decode time.
+_WORKER_START_TIMEOUT_S = 120.0
+#: A decode that overruns ``max_decode_s`` while it progresses is stopped by its worker, which names the
+#: frame it reached; one that is stuck (inside an FFmpeg call) is killed this much later than the limit.
+ABANDON_GRACE_S = 1.0
+#: How a decoder that crashed on its input ends (a worker ended from outside gets SIGKILL or SIGTERM).
+_CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT"})
 
+#: What a worker process runs.
+WORKER_ENTRY = "from pipeline.decode import serve_worker; serve_worker()"
 
-@dataclass(frozen=True, slots=True)
-class SampledFrame:
-    """One sampled frame: its index in the sample sequence, its presentation time, RGB pixels."""
+_WORKERS = WorkerPool(
+    WORKER_ENTRY,
+    max_idle=_MAX_IDLE_WORKERS,
+    start_timeout_s=_WORKER_START_TIMEOUT_S,
+    requests_per_worker=_REQUESTS_PER_WORKER,
+)
+atexit.register(_WORKERS.close)
 
-    index: int
-    ts_s: float
-    rgb: NDArray[np.uint8]
-
-
-#: Bytes read from the start of a file that FFmpeg can't open, to tell text from damaged media.
-_SNIFF_BYTES = 4096
-
-#: Demuxers that read one still image (FFmpeg probes content, not the name: a PNG named .mp4).
-_STILL_IMAGE_SUFFIX = "_pipe"
-
-
-def hms(ts_s: float) -> str:
-    total = max(0, int(ts_s))
-    return f"{total // 3600:02d}:{total % 3600 // 60:02d}:{total % 60:02d}"
-
-
-def span(seconds: float) -> str:
-    """A duration for people: ``4h``, ``5h02m``, ``2m30s``, ``3s``, ``2.5s``."""
-    if seconds < 60:
-        return f"{round(seconds, 1):g}s"
-    total = int(seconds)
-    hours, minutes, secs = total // 3600, total % 3600 // 60, total % 60
-    if hours:
-        return f"{hours}h{minutes:02d}m" if minutes else f"{hours}h"
-    return f"{minutes}m{secs:02d}s" if secs else f"{minutes}m"
-
-
-def _looks_like_text(path: Path) -> bool:
-    with path.open("rb") as f:
-        head = f.read(_SNIFF_BYTES)
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError:
-        # A multi-byte character cut at the sniff boundary is still text.
-        try:
-            text = head[:-3].decode("utf-8")
-        except UnicodeDecodeError:
-            return False
-    return bool(text) and all(c.isprintable() or c in "\t\n\r\f" for c in text)
-
-
-def _check_pixels(width: int, height: int, limits: DecodeLimits) -> None:
-    if width * height > limits.max_pixels:
-        raise LimitExceeded(f"frame {width}x{height} exceeds max pixels per frame {limits.max_pixels}")
+#: What a worker raises on purpose, raised again here as itself.
+_REMOTE_ERRORS: dict[str, type[Exception]] = {
+    cls.__name__: cls for cls in (NotAVideo, CorruptVideo, LimitExceeded, ValueError)
+}
 
 
-def scaled_size(width: int, height: int, max_side: int) -> tuple[int, int]:
-    """The size a ``width`` x ``height`` frame is scaled to: longer side at most ``max_side``, even sides."""
-    scale = min(1.0, max_side / max(width, height))
-    # Even dimensions keep swscale's chroma handling exact.
-    return max(2, int(width * scale) // 2 * 2), max(2, int(height * scale) // 2 * 2)
-
-
-def _open(path: Path) -> av.container.InputContainer:
-    # FFmpeg reports an empty file as "Invalid data found when processing input"; say what it is.
-    if path.is_file() and path.stat().st_size == 0:
-        raise CorruptVideo("empty file (0 bytes)")
-    try:
-        container = av.open(str(path), mode="r", metadata_errors="ignore")
-    except av.error.InvalidDataError as exc:
-        if path.is_file() and _looks_like_text(path):
-            raise NotAVideo("a text file") from exc
-        raise CorruptVideo(f"unreadable container: {exc.strerror or exc}") from exc
-    except av.error.FFmpegError as exc:
-        raise CorruptVideo(f"can't open: {exc.strerror or exc}") from exc
-    format_name = container.format.name
-    if format_name.endswith(_STILL_IMAGE_SUFFIX):
-        container.close()
-        raise NotAVideo(f"a still image ({format_name.removesuffix(_STILL_IMAGE_SUFFIX)})")
-    # FFmpeg's probes guess some audio or subtitle format for many texts.
-    if not container.streams.video and _looks_like_text(path):
-        container.close()
-        raise NotAVideo("a text file")
-    return container
-
-
-def _info(container: av.container.InputContainer, limits: DecodeLimits) -> tuple[VideoInfo, av.VideoStream]:
-    if not container.streams.video:
-        if container.streams.audio:
-            raise NotAVideo(f"audio only ({container.streams.audio[0].codec_context.name})")
-        raise NotAVideo("no video stream")
-    stream = container.streams.video[0]
-    ctx = stream.codec_context
-    width, height = int(ctx.width or 0), int(ctx.height or 0)
-    if width <= 0 or height <= 0:
-        raise NotAVideo("the video stream has no picture size")
-    duration_s: float | None = None
-    if stream.duration is not None and stream.time_base is not None:
-        duration_s = float(stream.duration * stream.time_base)
-    elif container.duration is not None:
-        duration_s = container.duration / av.time_base
-    fps = float(stream.average_rate) if stream.average_rate else None
-    # The codec, not the decoder that FFmpeg picked for it (AV1 decodes with libdav1d).
-    codec = ctx.codec.canonical_name if ctx.codec else ctx.name
-    info = VideoInfo(duration_s=duration_s, width=width, height=height, codec=codec, fps=fps)
-    # From the stream parameters, before a single frame is decoded.
-    _check_pixels(width, height, limits)
-    if duration_s is not None and duration_s > limits.max_duration_s:
-        raise LimitExceeded(f"exceeds max duration {span(limits.max_duration_s)} (video is {span(duration_s)})")
-    return info, stream
-
-
-def _upright_rgb(frame: av.VideoFrame, width: int, height: int) -> NDArray[np.uint8]:
-    # rgb24 is uint8 already (no copy); asarray narrows to_ndarray's union type for mypy.
-    rgb = np.asarray(frame.to_ndarray(format="rgb24", width=width, height=height), dtype=np.uint8)
-    # ``rotation`` is the counter-clockwise turn (a multiple of 90 for every real camera) that
-    # displays the frame upright, as np.rot90 turns.
-    quarter_turns = round(frame.rotation / 90) % 4
-    if quarter_turns:
-        rgb = np.ascontiguousarray(np.rot90(rgb, k=quarter_turns))
-    return rgb
-
-
-def probe(path: Path, limits: DecodeLimits) -> VideoInfo:
-    """Read a video's stream facts without decoding it.
+def probe(path: Path, limits: DecodeLimits, *, isolated: bool = True) -> VideoInfo:
+    """Read a video's stream facts without decoding it (``duration_s`` on the player's timeline).
+    ``isolated``: in a worker process, bounded by ``limits.max_decode_s``; else in this thread.
 
     Raises:
         NotAVideo, CorruptVideo, LimitExceeded.
+        TransientError: no worker could be started, or it was ended from outside.
     """
-    with _open(path) as container:
-        return _info(container, limits)[0]
-
-
-@dataclass(slots=True)
-class DecodeStats:
-    """What one ``sample_frames`` call did, filled in as it runs (benchmarks, tests, logs)."""
-
-    packets: int = 0
-    #: Frames the decoder produced (sampled or not); skipped frames aren't counted.
-    frames_decoded: int = 0
-    #: GOPs decoded after a plan (only up to their last sample) and GOPs skipped whole.
-    gops_planned: int = 0
-    gops_skipped: int = 0
-    #: The packets didn't allow a plan from some point on, and decoding went on sequentially.
-    fell_back: bool = False
-
-
-#: Codecs whose decoders skip non-reference frames exactly (``skip_frame = NONREF``).
-_NONREF_SKIP_CODECS = frozenset({"h264", "hevc"})
-
-#: A frame at 3.9999 s is the frame for t = 4: pts rounding.
-_TS_TOLERANCE_S = 1e-3
-
-
-class _Sampler:
-    """The state of one ``sample_frames`` call: targets, limits, time, and the frames picked."""
-
-    def __init__(
-        self, every_s: float, limits: DecodeLimits, time_base: Fraction, out_size: tuple[int, int], stats: DecodeStats
-    ) -> None:
-        self.stats = stats
-        self.every_s = every_s
-        self.limits = limits
-        self.time_base = time_base
-        self.out_w, self.out_h = out_size
-        self.started = time.monotonic()
-        # Time the consumer spends between frames (embedding, thumbnails) is not decode time.
-        self.paused_s = 0.0
-        self.next_target = 0.0
-        self.index = 0
-        self.last_ts = 0.0
-        self.first_pts: int | None = None
-        #: Planned pts of frames to yield; frames up to ``planned_until`` not in it are dropped.
-        self.wanted: set[int] = set()
-        self.planned_until: int | None = None
-
-    def ts(self, pts: int) -> float:
-        # Streams may start at a non-zero pts (MPEG-TS); times are relative to the first frame.
-        assert self.first_pts is not None
-        return float((pts - self.first_pts) * self.time_base)
-
-    def check_time(self, ts: float) -> None:
-        decode_s = time.monotonic() - self.started - self.paused_s
-        if decode_s > self.limits.max_decode_s:
-            raise LimitExceeded(
-                f"exceeds max decode time {span(self.limits.max_decode_s)} ({span(decode_s)} to reach {hms(ts)})"
-            )
-
-    def take(self, ts: float) -> bool:
-        """Whether the frame at ``ts`` is the next sample; if so, move the target past it."""
-        if ts + _TS_TOLERANCE_S < self.next_target:
-            return False
-        while self.next_target <= ts + _TS_TOLERANCE_S:
-            self.next_target += self.every_s
-        return True
-
-    def frames(self, decoded: list[av.VideoFrame]) -> Iterator[SampledFrame]:
-        """Check each decoded frame against the limits and yield the sampled ones."""
-        self.stats.frames_decoded += len(decoded)
-        for frame in decoded:
-            if frame.pts is None:
-                continue
-            if self.first_pts is None:
-                self.first_pts = frame.pts
-            ts = self.ts(frame.pts)
-            self.last_ts = ts
-            if ts > self.limits.max_duration_s:
-                raise LimitExceeded(f"exceeds max duration {span(self.limits.max_duration_s)} (a frame at {span(ts)})")
-            self.check_time(ts)
-            # A stream may change its picture size mid-way (a bomb behind a small first frame).
-            _check_pixels(frame.width, frame.height, self.limits)
-            if self.planned_until is not None and frame.pts <= self.planned_until:
-                if frame.pts not in self.wanted:
-                    continue
-                self.wanted.discard(frame.pts)
-            elif not self.take(ts):
-                continue
-            if self.index >= self.limits.max_frames:
-                raise LimitExceeded(f"exceeds max frames per video {self.limits.max_frames} (at {hms(ts)})")
-            rgb = _upright_rgb(frame, self.out_w, self.out_h)
-            handed_over = time.monotonic()
-            yield SampledFrame(index=self.index, ts_s=round(ts, 3), rgb=rgb)
-            self.paused_s += time.monotonic() - handed_over
-            self.index += 1
-
-    def plan(self, gop: list[av.Packet]) -> int:
-        """Pick the samples among a closed GOP's frames by their packets' pts (as ``take`` would on the
-        decoded frames) and return how many of its packets, in decode order, must be decoded."""
-        pts = [int(p.pts) for p in gop if p.pts is not None]
-        if self.first_pts is None:
-            self.first_pts = min(pts)
-        self.planned_until = max(pts)
-        picked = {p for p in sorted(pts) if self.take(self.ts(p))}
-        self.wanted |= picked
-        if self.ts(max(pts)) > self.limits.max_duration_s:
-            # Decoded whole, the GOP raises at its first frame over the limit, as a full decode would.
-            self.wanted |= {p for p in pts if self.ts(p) > self.limits.max_duration_s}
-            return len(gop)
-        return 1 + max((i for i, p in enumerate(gop) if p.pts in picked), default=-1)
-
-
-def _gops(packets: Iterator[av.Packet]) -> Iterator[list[av.Packet]]:
-    """Group demuxed packets into GOPs, each starting at a keyframe (the first may not)."""
-    gop: list[av.Packet] = []
-    for packet in packets:
-        # The demuxer ends a stream with an empty packet.
-        if packet.size == 0:
-            continue
-        if packet.is_keyframe and gop:
-            yield gop
-            gop = []
-        gop.append(packet)
-    if gop:
-        yield gop
-
-
-def _plannable(gop: list[av.Packet], following: list[av.Packet] | None) -> bool:
-    """A GOP can be planned from its packets when every packet has a pts, it starts at a keyframe, and
-    no frame of the next GOP is presented before that GOP's keyframe (no open GOP: the next GOP's
-    leading frames would refer to frames of this one that a plan skips)."""
-    if not gop[0].is_keyframe or any(p.pts is None for p in gop):
-        return False
-    key_pts = gop[0].pts
-    assert key_pts is not None
-    if min(int(p.pts) for p in gop if p.pts is not None) < key_pts:
-        return False
-    if following is None:
-        return True
-    next_key = following[0].pts
-    if next_key is None or any(p.pts is None for p in following):
-        return False
-    # An open next GOP: its leading frames (presented before its keyframe) refer back into this one.
-    if min(int(p.pts) for p in following if p.pts is not None) < next_key:
-        return False
-    return max(int(p.pts) for p in gop if p.pts is not None) < next_key
-
-
-def _decode_sampled(
-    ctx: av.VideoCodecContext, packets: Iterator[av.Packet], sampler: _Sampler
-) -> Iterator[SampledFrame]:
-    skip_nonref = ctx.name in _NONREF_SKIP_CODECS
-    gops = _gops(packets)
-    planning = True
-    current = next(gops, None)
-    while current is not None:
-        following = next(gops, None)
-        planning = planning and _plannable(current, following)
-        sampler.stats.packets += len(current)
-        if planning:
-            needed = sampler.plan(current)
-            sampler.stats.gops_planned += needed > 0
-            sampler.stats.gops_skipped += needed == 0
-            if needed == 0:
-                sampler.check_time(sampler.last_ts)
-            for packet in current[:needed]:
-                # Frames no one refers to are decoded only when sampled.
-                ctx.skip_frame = "NONREF" if skip_nonref and packet.pts not in sampler.wanted else "DEFAULT"
-                yield from sampler.frames(ctx.decode(packet))
-        else:
-            sampler.stats.fell_back = True
-            ctx.skip_frame = "DEFAULT"
-            for packet in current:
-                yield from sampler.frames(ctx.decode(packet))
-        current = following
-    ctx.skip_frame = "DEFAULT"
-    yield from sampler.frames(ctx.decode(None))
+    if not isolated:
+        return probe_file(path, limits)
+    info: VideoInfo | None = None
+    for message in _in_worker(_request("probe", path, limits), limits.max_decode_s, lambda: "reading the header"):
+        if message.kind == _INFO:
+            info = VideoInfo(**message.header)
+    if info is None:
+        raise TransientError("the decode worker answered a probe without the stream facts")
+    return info
 
 
 def sample_frames(
@@ -347,41 +109,131 @@ def sample_frames(
     strategy: DecodeStrategy = DecodeStrategy.AUTO,
     threads: int = 0,
     stats: DecodeStats | None = None,
+    isolated: bool = True,
 ) -> Iterator[SampledFrame]:
     """Yield one frame per ``every_s`` seconds: for each target time t = 0, every_s, 2·every_s, …
-    the first frame presented at or after t (a frame that covers several targets is yielded once).
+    of the player's timeline, the first frame presented at or after t (a frame that covers several
+    targets is yielded once). A video stream that starts late on the timeline (after the audio, or
+    late on an MPEG-TS clock) yields its first frame at its own time, for every target up to it.
 
     ``strategy`` picks how (see ``DecodeStrategy``; all but ``keyframes`` yield the same frames);
     ``threads`` is the decoder's thread count (0: FFmpeg's choice, one per core and one more);
-    ``stats``, when given, is filled in with what the decode did.
+    ``stats``, when given, is filled in with what the decode did. ``isolated`` (the default) decodes
+    in a worker process; the time it takes (not the time the caller holds a frame) is checked at
+    every frame against ``limits.max_decode_s``, and a worker still stuck a moment past the limit is
+    killed. With ``False`` the decode runs in this thread (profiling): its time is only checked at
+    frames, and a decode stuck inside FFmpeg can't be abandoned.
 
     Raises:
         NotAVideo: no video stream.
-        CorruptVideo: the container can't be read, or no frame could be decoded.
+        CorruptVideo: the container can't be read, no frame could be decoded, or the decoder crashed.
         LimitExceeded: duration, pixels, frame count or decode time over its limit.
+        TransientError: no worker could be started, or it was ended from outside.
 
     Frames whose stream carries a display matrix are rotated upright (a portrait phone video yields
     portrait frames), after scaling, so ``max_side`` bounds the longer side either way.
     """
     if every_s <= 0:
         raise ValueError("every_s must be positive")
-    with _open(path) as container:
-        info, stream = _info(container, limits)
-        stream.thread_type = "AUTO"
-        if threads:
-            stream.codec_context.thread_count = threads
-        out_size = scaled_size(info.width, info.height, max_side)
-        sampler = _Sampler(every_s, limits, stream.time_base or Fraction(1, 1), out_size, stats or DecodeStats())
-        try:
-            if strategy in (DecodeStrategy.AUTO, DecodeStrategy.SAMPLED):
-                yield from _decode_sampled(stream.codec_context, container.demux(stream), sampler)
-            else:
-                if strategy is DecodeStrategy.KEYFRAMES:
-                    stream.codec_context.skip_frame = "NONKEY"
-                for packet in container.demux(stream):
-                    sampler.stats.packets += packet.size > 0
-                    yield from sampler.frames(stream.codec_context.decode(packet))
-        except av.error.FFmpegError as exc:
-            raise CorruptVideo(f"at {hms(sampler.last_ts)}: {exc.strerror or exc}") from exc
-        if sampler.index == 0:
-            raise CorruptVideo("no frame could be decoded")
+    stats = stats if stats is not None else DecodeStats()
+    if not isolated:
+        yield from sample_file(path, every_s, limits, max_side, strategy, threads, stats)
+        return
+    request = _request(
+        "sample",
+        path,
+        limits,
+        every_s=every_s,
+        max_side=max_side,
+        strategy=DecodeStrategy(strategy).value,
+        threads=threads,
+    )
+    last_ts: float | None = None
+
+    def where() -> str:
+        return "before the first frame" if last_ts is None else f"after the frame at {hms(last_ts)}"
+
+    for message in _in_worker(request, limits.max_decode_s, where):
+        if message.kind == _FRAME:
+            header = message.header
+            # The payload is a fresh bytearray: the array owns writable memory, no copy.
+            rgb = np.frombuffer(message.payload, dtype=np.uint8).reshape(header["shape"])
+            last_ts = header["ts_s"]
+            yield SampledFrame(index=header["index"], ts_s=header["ts_s"], rgb=rgb)
+        elif message.kind == _STATS:
+            for name, value in message.header.items():
+                setattr(stats, name, value)
+
+
+def _request(op: str, path: Path, limits: DecodeLimits, **fields: Any) -> dict[str, Any]:
+    decode_limits = {name: getattr(limits, name) for name in DecodeLimits.model_fields}
+    return {"op": op, "path": str(Path(path).absolute()), "limits": decode_limits, **fields}
+
+
+def _in_worker(request: dict[str, Any], max_decode_s: float, where: Callable[[], str]) -> Iterator[Message]:
+    """Run ``request`` in a worker and yield its messages up to DONE. Waiting for them counts against
+    ``max_decode_s`` (and a grace); a worker that overruns is killed. ``where`` says how far it got."""
+    left_s = max_decode_s + ABANDON_GRACE_S
+    try:
+        with _WORKERS.lease() as worker:
+            worker.request(request)
+            while True:
+                waiting = time.monotonic()
+                message = worker.receive(left_s)
+                left_s -= time.monotonic() - waiting
+                if message.kind == DONE:
+                    return
+                if message.kind == ERROR:
+                    raise _remote_error(message.header)
+                yield message
+    except Overrun as exc:
+        raise LimitExceeded(f"exceeds max decode time {span(max_decode_s)} (stuck {where()}; abandoned)") from exc
+    except WorkerDied as exc:
+        if exc.signal_name in _CRASH_SIGNALS:
+            raise CorruptVideo(f"the decoder crashed ({exc.signal_name}) {where()}") from exc
+        raise TransientError(f"the decode worker ended ({exc}) {where()}") from exc
+    except StartFailed as exc:
+        raise TransientError(f"no decode worker: {exc}") from exc
+
+
+def _remote_error(header: dict[str, Any]) -> Exception:
+    cls = _REMOTE_ERRORS.get(header["type"])
+    error = cls(header["message"]) if cls else RuntimeError(f"decode worker: {header['type']}: {header['message']}")
+    if "cause" in header:
+        error.__cause__ = RemoteError(header["cause"]["type"], header["cause"]["message"])
+    return error
+
+
+# The worker's side.
+
+
+def serve_worker() -> None:
+    """The loop of a decode worker process: run the requests of ``probe``/``sample_frames`` here."""
+    # A worker is ended by its parent (input closed, or killed); Ctrl-C on a terminal is the parent's.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    serve(_handle)
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _handle(request: dict[str, Any], reply: Callable[[Message], None]) -> None:
+    limits = DecodeLimits.model_validate(request["limits"])
+    path = Path(request["path"])
+    if request["op"] == "probe":
+        reply(Message(_INFO, asdict(probe_file(path, limits))))
+        return
+    stats = DecodeStats()
+    started = _cpu_s()
+    strategy = DecodeStrategy(request["strategy"])
+    frames = sample_file(path, request["every_s"], limits, request["max_side"], strategy, request["threads"], stats)
+    try:
+        for frame in frames:
+            pixels = np.ascontiguousarray(frame.rgb)
+            header = {"index": frame.index, "ts_s": frame.ts_s, "shape": list(pixels.shape)}
+            reply(Message(_FRAME, header, pixels.data.cast("B")))
+    finally:
+        stats.worker_cpu_s = _cpu_s() - started
+        reply(Message(_STATS, asdict(stats)))

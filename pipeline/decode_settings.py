@@ -17,7 +17,8 @@ class DecodeLimits(BaseModel):
     max_pixels: int = Field(default=7680 * 4320, gt=0)
     #: Most sampled frames per video (rows written), not decoded frames.
     max_frames: int = Field(default=20_000, gt=0)
-    #: Longest wall time spent decoding one video (time the consumer holds a frame is not counted).
+    #: Longest wall time spent decoding one video (time the consumer holds a frame is not counted);
+    #: a decode that overruns it, even inside one FFmpeg call, is abandoned (its worker process killed).
     max_decode_s: float = Field(default=1800.0, gt=0)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 
@@ -29,13 +29,22 @@ class Moment:
     frame_id: str
 
 
-def merge_moments(hits: Iterable[FrameHit], every_s: float, k: int, keep_fraction: float = 0.5) -> list[Moment]:
+def merge_moments(
+    hits: Iterable[FrameHit],
+    every_s: float,
+    k: int,
+    keep_fraction: float = 0.5,
+    durations_s: Mapping[str, float] | None = None,
+) -> list[Moment]:
     """Group hits per video, keep each video's frames within ``keep_fraction`` of the way from the
     candidates' lowest score to that video's best, merge runs whose neighbours are at most ``1.5 × every_s`` apart, and
     return the ``k`` best moments by their best frame's score (ties: earlier video id, earlier time).
 
-    A moment spans its frames' sampling intervals: ``end_s`` is the last frame's time plus ``every_s``.
+    A moment spans its frames' sampling intervals: ``end_s`` is the last frame's time plus ``every_s``,
+    but never past the video's duration where ``durations_s`` (by video id) knows it; a moment never
+    ends before its last frame either (a duration shorter than the frames' own times is wrong).
     """
+    durations_s = durations_s or {}
     gap_s = 1.5 * every_s
     hits = list(hits)
     if not hits:
@@ -56,20 +65,23 @@ def merge_moments(hits: Iterable[FrameHit], every_s: float, k: int, keep_fractio
             if hit.ts_s - run[-1].ts_s <= gap_s:
                 run.append(hit)
             else:
-                moments.append(_moment(run, every_s))
+                moments.append(_moment(run, every_s, durations_s.get(run[0].video_id)))
                 run = [hit]
-        moments.append(_moment(run, every_s))
+        moments.append(_moment(run, every_s, durations_s.get(run[0].video_id)))
     moments.sort(key=lambda m: (-m.score, m.video_id, m.start_s))
     return moments[:k]
 
 
-def _moment(run: list[FrameHit], every_s: float) -> Moment:
+def _moment(run: list[FrameHit], every_s: float, duration_s: float | None) -> Moment:
     best = max(run, key=lambda h: h.score)
+    end_s = round(run[-1].ts_s + every_s, 3)
+    if duration_s is not None:
+        end_s = max(run[-1].ts_s, min(end_s, duration_s))
     return Moment(
         video_id=best.video_id,
         uri=best.uri,
         start_s=run[0].ts_s,
-        end_s=round(run[-1].ts_s + every_s, 3),
+        end_s=end_s,
         ts_s=best.ts_s,
         score=best.score,
         frame_id=best.frame_id,

@@ -9,7 +9,7 @@ from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 from pydantic import BaseModel
 
 from pipeline.moments import FrameHit, merge_moments
@@ -49,7 +49,8 @@ class SearchResponse(BaseModel):
 
 
 def decode_query_image(data: bytes, max_bytes: int, max_pixels: int) -> NDArray[np.uint8]:
-    """Decode a query image to RGB; its size is checked from the header before any pixel is decoded.
+    """Decode a query image to upright RGB (turned by its EXIF orientation, as viewers show it: phone
+    photos are stored sideways); its size is checked from the header before any pixel is decoded.
 
     Raises:
         LimitExceeded: over the byte or pixel limit (a small file can declare a huge picture).
@@ -62,7 +63,8 @@ def decode_query_image(data: bytes, max_bytes: int, max_pixels: int) -> NDArray[
         # Image.open reads only the header: the pixel count is known before decoding.
         if image.width * image.height > max_pixels:
             raise LimitExceeded(f"image exceeds max pixels {max_pixels} ({image.width}x{image.height})")
-        rgb = np.asarray(image.convert("RGB"), dtype=np.uint8)
+        upright = ImageOps.exif_transpose(image)
+        rgb = np.asarray(upright.convert("RGB"), dtype=np.uint8)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise LimitExceeded(f"image exceeds max pixels {max_pixels}") from exc
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
@@ -133,7 +135,9 @@ class SearchService:
             )
             for r in rows
         ]
-        moments = merge_moments(hits, self._settings.sampling.every_s, k)
+        records = await asyncio.to_thread(self._store.catalog.get_many, {h.video_id for h in hits}) if hits else {}
+        durations_s = {vid: r.duration_s for vid, r in records.items() if r.duration_s is not None}
+        moments = merge_moments(hits, self._settings.sampling.every_s, k, durations_s=durations_s)
         results: list[MomentOut] = []
         signer = await self._link_signer()
         for m in moments:

@@ -9,7 +9,7 @@ draws them.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -196,3 +196,13 @@ class Catalog:
     def optimize(self, keep_versions_s: float) -> None:
         """Compact the table and drop its versions older than ``keep_versions_s``."""
         self._videos().optimize(cleanup_older_than=timedelta(seconds=keep_versions_s))
+
+    @read_errors_are_transient
+    def get_many(self, video_ids: Iterable[str]) -> dict[str, VideoRecord]:
+        """The rows of those of ``video_ids`` that have one, by id (one filtered query)."""
+        ids = sorted(set(video_ids))
+        if not ids:
+            return {}
+        where = f"video_id IN ({', '.join(sql_quote(i) for i in ids)})"
+        rows = self._videos().search().where(where).limit(len(ids)).to_list()
+        return {record.video_id: record for record in map(VideoRecord.from_row, rows)}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -159,19 +159,19 @@ class FrameTable:
         return found
 
     @read_errors_are_transient
-    def summaries_of(self, video_ids: Iterable[str], batch_ids: int = 1000) -> dict[str, FrameSummary]:
-        """The summaries of ``video_ids`` that have rows (a few filtered scans, ``batch_ids`` ids each)."""
+    def summaries_in(self, uri_from: str, uri_to: str, *, include_from: bool) -> dict[str, FrameSummary]:
+        """The summaries of the videos whose rows' ``uri`` lies in (``uri_from``, ``uri_to``] (``[``
+        with ``include_from``): one filtered scan of four small columns, memory bounded by the range."""
         table = self.table()
-        ids = sorted(set(video_ids))
         found: dict[str, FrameSummary] = {}
-        if table is None or not ids:
+        if table is None:
             return found
+        lower = ">=" if include_from else ">"
+        where = f"uri {lower} {sql_quote(uri_from)} AND uri <= {sql_quote(uri_to)}"
         seen: dict[str, set[str]] = {}
-        for start in range(0, len(ids), batch_ids):
-            where = f"video_id IN ({', '.join(sql_quote(i) for i in ids[start : start + batch_ids])})"
-            query = table.search().where(where).select(["video_id", "frame_id", "fingerprint", "uri"]).limit(None)
-            for batch in query.to_batches():
-                _add_batch(found, seen, batch)
+        query = table.search().where(where).select(["video_id", "frame_id", "fingerprint", "uri"]).limit(None)
+        for batch in query.to_batches():
+            _add_batch(found, seen, batch)
         return found
 
     def summaries(self, batch_rows: int = 65_536) -> Iterator[tuple[str, FrameSummary]]:

@@ -123,7 +123,7 @@ def test_rows_of_a_deleted_video_and_rows_without_a_catalog_row_are_found(store:
     store.frames.replace(VideoFrames(vid, s3_uri(BUCKET, "stray.mp4"), "e1", fp, MODEL, rows("stray.mp4", 2)))
     report = checker(store, listing, sink).run([BUCKET], repair=True)
     assert report.counts[Finding.ROWS_MISMATCH] == 1 and report.counts[Finding.ORPHAN_ROWS] == 1
-    assert sorted((j.op.value, j.key) for j in sink.jobs) == [("delete", "gone.mp4"), ("index", "stray.mp4")]
+    assert sorted((j.op.value, j.key) for j in sink.jobs) == [("delete", "gone.mp4"), ("delete", "stray.mp4")]
 
 
 def test_a_row_whose_object_is_gone_is_orphaned(store: IndexStore) -> None:

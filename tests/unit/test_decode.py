@@ -29,8 +29,10 @@ from tests.media import (
     expected_sample_count,
     frame_at,
     mae,
+    mp4_edit_lists,
     write_audio_only,
     write_corrupt_mp4,
+    write_late_video,
     write_no_streams_mp4,
     write_pixel_bomb,
     write_still_image,
@@ -99,7 +101,8 @@ def test_samples_one_frame_per_interval_by_presentation_time(
 
     assert len(frames) == math.ceil(SECONDS / every_s) == expected_sample_count(SECONDS, fps, every_s)
     assert [f.index for f in frames] == list(range(len(frames)))
-    # Times are relative to the first frame, also in MPEG-TS, whose clock starts well above zero.
+    # Time 0 is the container's start, which is the first frame of these video-only files: also in
+    # MPEG-TS/PS, whose clocks start above zero.
     assert frames[0].ts_s == 0.0
     for k, frame in enumerate(frames):
         target = k * every_s
@@ -300,6 +303,82 @@ def test_probe_of_a_streamed_file_has_no_duration(tmp_path: Path) -> None:
     assert [f.ts_s for f in sample(path)] == [0.0, 1.0]
 
 
+# Times on the player's timeline: counted from the container's start, not from the first video frame.
+
+
+@pytest.mark.parametrize("suffix", [".mp4", ".mov", ".mkv"])
+def test_video_that_starts_after_its_audio_is_timed_from_the_container_start(tmp_path: Path, suffix: str) -> None:
+    # Sound from 0 s, pictures from 1.5 s: a player shows the first picture at 1.5 s.
+    path = write_late_video(tmp_path / f"late{suffix}", video_start_s=1.5, seed=21)
+
+    for strategy in (DecodeStrategy.AUTO, DecodeStrategy.SEQUENTIAL):
+        frames = sample(path, 1.0, strategy=strategy)
+
+        # Targets 0 and 1 s both get the first picture; then the one shown at 2, 3 and 4 s.
+        assert [f.ts_s for f in frames] == [1.5, 2.0, 3.0, 4.0]
+        for frame in frames:
+            # Drawn for the second the player shows it in.
+            assert_shows_second(frame, math.floor(frame.ts_s), seed=21, seconds=5)
+
+
+def test_late_video_in_mp4_is_timed_by_its_edit_list(tmp_path: Path) -> None:
+    path = write_late_video(tmp_path / "late.mp4", video_start_s=2.25, seed=22)
+
+    # The movie timeline players follow: the sound from its start, the video after an empty edit.
+    edits = mp4_edit_lists(path)
+    assert [media is None for _, media in edits["soun"]] == [False]
+    assert edits["vide"][0] == (2.25, None)
+    assert sample(path)[0].ts_s == 2.25
+
+
+@pytest.mark.parametrize(
+    ("clock_s", "video_start_s", "expected_ts"),
+    [
+        # What ffmpeg's own muxer writes: the clock starts at 1.4 s.
+        (1.4, 0.0, [0.0, 1.0, 2.0]),
+        (1.4, 1.5, [1.5, 2.0, 3.0, 4.0]),
+        # Any clock (a recording off a broadcast), and a start between frames.
+        (1000.0, 2.25, [2.25, 3.05, 4.05, 5.05]),
+        # The 33-bit 90 kHz clock wraps to 0 two seconds into the file.
+        (2**33 / 90_000 - 2.0, 1.5, [1.5, 2.0, 3.0, 4.0]),
+    ],
+    ids=["ffmpeg-clock", "video-late", "any-clock", "clock-wraps"],
+)
+def test_mpeg_ts_is_timed_from_its_earliest_stream(
+    tmp_path: Path, clock_s: float, video_start_s: float, expected_ts: list[float]
+) -> None:
+    # Players of MPEG-TS (hls.js over MSE: its initPTS) start the timeline at the first timestamp
+    # of the audio and video streams; here the audio's, stamped at exactly ``clock_s``.
+    path = write_late_video(tmp_path / "late.ts", video_start_s=video_start_s, clock_s=clock_s, seed=23)
+
+    for strategy in (DecodeStrategy.AUTO, DecodeStrategy.SEQUENTIAL):
+        frames = sample(path, 1.0, strategy=strategy)
+
+        assert [f.ts_s for f in frames] == expected_ts
+        for frame in frames:
+            assert_shows_second(frame, math.floor(frame.ts_s), seed=23, seconds=6)
+
+
+@pytest.mark.parametrize("suffix", [".mp4", ".mkv", ".ts"])
+def test_duration_is_measured_on_the_timeline(tmp_path: Path, suffix: str) -> None:
+    # One second of sound, then 3 s of pictures from 1.5 s: the video ends at 4.5 s.
+    clock_s = 1.4 if suffix == ".ts" else 0.0
+    path = write_late_video(tmp_path / f"late{suffix}", video_start_s=1.5, audio_s=1.0, clock_s=clock_s)
+
+    info = probe(path, DecodeLimits())
+    frames = sample(path, 0.5)
+
+    assert info.duration_s == pytest.approx(4.5, abs=0.05)
+    assert frames[-1].ts_s <= info.duration_s
+
+
+def test_sampling_targets_are_on_the_timeline(tmp_path: Path) -> None:
+    # A frame every 0.1 s from 1.5 s: at 0.4 s sampling, the frames for 1.6, 2.0, 2.4, ... (not 1.9, 2.3).
+    path = write_late_video(tmp_path / "late.mp4", video_start_s=1.5, video_s=1.5)
+
+    assert [f.ts_s for f in sample(path, 0.4)] == [1.5, 1.6, 2.0, 2.4, 2.8]
+
+
 # Inputs that aren't (whole) videos.
 
 
@@ -456,9 +535,11 @@ def test_max_frames_counts_samples_not_decoded_frames(video: VideoFactory) -> No
     assert len(sample(video(fps=10), 1.0, DecodeLimits(max_frames=3))) == 3
 
 
-def test_max_decode_time(video: VideoFactory) -> None:
+@pytest.mark.parametrize("isolated", [True, False], ids=["in-a-worker", "in-this-thread"])
+def test_max_decode_time(video: VideoFactory, isolated: bool) -> None:
+    # Checked at each frame: the frame it reached is named (a stuck worker is killed: test_decode_worker).
     with pytest.raises(LimitExceeded, match=r"^exceeds max decode time 0s \([0-9.]+s to reach 00:00:00\)$"):
-        sample(video(), limits=DecodeLimits(max_decode_s=1e-9))
+        sample(video(), limits=DecodeLimits(max_decode_s=1e-9), isolated=isolated)
 
 
 @pytest.mark.parametrize(

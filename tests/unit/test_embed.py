@@ -14,8 +14,10 @@ from PIL import Image
 
 from infra.dev.tinymodel import HIDDEN_SIZE, build_tiny_siglip
 from pipeline.embed import SiglipEncoder
+from pipeline.search import decode_query_image
 from pipeline.settings import ModelSettings
 from storage.errors import InvalidInput, ModelUnavailable
+from tests.media import ORIENTATIONS, oriented_image
 
 
 def _settings(model_dir: Path, **overrides: object) -> ModelSettings:
@@ -95,6 +97,17 @@ def test_array_and_pil_give_the_same_vector(encoder: SiglipEncoder) -> None:
     from_array = encoder.embed_images([array])
     from_pil = encoder.embed_images([Image.fromarray(array)])
     np.testing.assert_array_equal(from_array, from_pil)
+
+
+@pytest.mark.parametrize("orientation", [3, 6, 8])
+def test_an_exif_rotated_query_image_embeds_as_the_upright_one(encoder: SiglipEncoder, orientation: int) -> None:
+    # A photo stored sideways by a phone, decoded the way an image query is (pipeline/search.py).
+    upright = np.ascontiguousarray(np.concatenate(_block_images(2, seed=4), axis=1))
+    query = decode_query_image(oriented_image(upright, orientation, "PNG"), 1 << 20, 1 << 20)
+
+    np.testing.assert_array_equal(encoder.embed_images([query]), encoder.embed_images([upright]))
+    stored = np.ascontiguousarray(ORIENTATIONS[orientation](upright))
+    assert not np.allclose(encoder.embed_images([stored]), encoder.embed_images([upright]), atol=1e-3)
 
 
 def test_rejects_non_rgb_arrays(encoder: SiglipEncoder) -> None:

@@ -135,3 +135,47 @@ def test_weak_frames_do_not_stretch_a_moment() -> None:
     moments = merge_moments(hits, every_s=1.0, k=10)
     # Then the best moment spans just the well-matching seconds
     assert (moments[0].start_s, moments[0].end_s, moments[0].ts_s) == (4.0, 6.0, 4.0)
+
+
+# Moments end within their video.
+
+
+def test_end_never_passes_the_video_duration() -> None:
+    hits = [hit(8.0, 0.5), hit(9.0, 0.4)]
+
+    (moment,) = merge_moments(hits, every_s=1.0, k=10, keep_fraction=1.0, durations_s={"va": 9.4})
+
+    assert (moment.start_s, moment.end_s, moment.ts_s) == (8.0, 9.4, 8.0)
+
+
+def test_a_duration_clamps_only_its_own_video() -> None:
+    hits = [hit(9.0, 0.5, "va"), hit(9.0, 0.4, "vb"), hit(2.0, 0.3, "va")]
+
+    moments = merge_moments(hits, every_s=1.0, k=10, keep_fraction=1.0, durations_s={"va": 9.5})
+
+    assert spans(moments) == [("va", 9.0, 9.5), ("vb", 9.0, 10.0), ("va", 2.0, 3.0)]
+
+
+def test_a_moment_never_ends_before_its_last_frame() -> None:
+    # A recorded duration shorter than the frames' own times is wrong; the frames are what was seen.
+    (moment,) = merge_moments(
+        [hit(8.0, 0.5), hit(9.0, 0.4)], every_s=1.0, k=10, keep_fraction=1.0, durations_s={"va": 8.5}
+    )
+
+    assert (moment.start_s, moment.end_s) == (8.0, 9.0)
+
+
+def test_ends_are_within_the_durations_for_any_hits() -> None:
+    rng = random.Random(9)
+    durations = {f"v{i}": rng.uniform(1.0, 30.0) for i in range(5)}
+    hits = [
+        hit(round(rng.uniform(0.0, duration), 3), rng.random(), video)
+        for video, duration in durations.items()
+        for _ in range(20)
+    ]
+
+    for every_s in (0.5, 1.0, 2.0):
+        moments = merge_moments(hits, every_s=every_s, k=100, keep_fraction=rng.random(), durations_s=durations)
+
+        assert moments
+        assert all(m.start_s <= m.ts_s <= m.end_s <= durations[m.video_id] for m in moments)
