@@ -13,8 +13,8 @@ from pydantic import BaseModel, model_validator
 
 from events.jobs import JobSink
 from events.parked import ParkedEvent, ParkedReplayReport
+from pipeline.check import CheckReport
 from pipeline.deadletters import DeadLetter, ReplayReport
-from pipeline.reconcile import ReconcileReport
 from storage.errors import InvalidInput
 
 #: Changes listed per bucket in a reconcile answer (the counts cover all).
@@ -58,21 +58,10 @@ class ReconcileRequest(BaseModel):
     dry_run: bool = False
 
 
-def _report(report: ReconcileReport) -> dict[str, Any]:
-    return {
-        "bucket": report.bucket,
-        "dry_run": report.dry_run,
-        "listed": report.listed,
-        "in_sync": report.in_sync,
-        **{drift.value: n for drift, n in report.counts.items()},
-        "failed": report.failed,
-        "in_flight": report.in_flight,
-        "ignored": report.ignored,
-        "submitted": report.submitted,
-        "changes": [
-            {"drift": c.drift.value, "uri": c.uri, "detail": c.detail} for c in report.changes[:MAX_CHANGES_SHOWN]
-        ],
-    }
+def _report(report: CheckReport) -> dict[str, Any]:
+    data = report.as_json()
+    data["found"] = data["found"][:MAX_CHANGES_SHOWN]
+    return {"bucket": report.buckets[0] if report.buckets else None, "dry_run": not report.repair, **data}
 
 
 def admin_router(
@@ -80,7 +69,7 @@ def admin_router(
     dead_letters: DeadLetters,
     parked: ParkedEvents,
     jobs: JobSink,
-    reconcile: Callable[[str, str, bool], ReconcileReport],
+    reconcile: Callable[[str, str, bool], CheckReport],
 ) -> APIRouter:
     """The admin routes over plain services (testable without Ray or a broker)."""
     router = APIRouter(prefix="/v1/admin")

@@ -40,10 +40,11 @@ def reconcile(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="One line per change.")] = False,
 ) -> None:
     """Compare buckets with the index and queue the jobs that repair drift: objects never indexed,
-    indexed at an old version, and index entries whose object is gone."""
+    indexed at an old version, index entries whose object is gone, rows that disagree with the
+    catalog (``vidx check --repair``, one summary per bucket)."""
     with errors():
-        from pipeline.reconcile import build_reconciler
-        from pipeline.taskqueue import CeleryJobSink
+        from pipeline.check import build_checker
+        from pipeline.taskqueue import queueing_sink
         from storage.tables import IndexStore
 
         settings = settings_of(ctx)
@@ -51,12 +52,13 @@ def reconcile(
         foreign = [b for b in buckets if b not in settings.s3.buckets]
         if foreign:
             raise InvalidInput(f"not a configured bucket: {', '.join(foreign)} (VIDX_S3__BUCKETS)")
-        reconciler = build_reconciler(settings, IndexStore(settings.s3), None if dry_run else CeleryJobSink(settings))
+        store = IndexStore(settings.s3)
+        checker = build_checker(settings, store, None if dry_run else queueing_sink(settings, store))
         for name in buckets:
-            report = reconciler.run(name, prefix=prefix, dry_run=dry_run)
+            report = checker.run([name], prefix=prefix, repair=not dry_run)
             if verbose:
-                for change in report.changes:
-                    typer.echo(f"{change.drift.value:<8} {change.uri}  ({change.detail})")
+                for item in report.found:
+                    typer.echo(f"{item.finding.value:<16} {item.uri or item.video_id}  ({item.detail})")
             typer.echo(report.summary())
 
 

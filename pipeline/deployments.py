@@ -274,17 +274,17 @@ class Api:
         from events.parked import ParkedQueue
         from pipeline.api import create_app
         from pipeline.api_admin import admin_router
+        from pipeline.check import build_checker
         from pipeline.deadletters import DeadLetterQueue
-        from pipeline.reconcile import build_reconciler
 
         settings, store = self._settings, self._store
-        reconciler = build_reconciler(settings, store, self._sink)
+        checker = build_checker(settings, store, self._sink)
         admin = admin_router(
             settings.s3.buckets,
             DeadLetterQueue(settings.amqp.url.get_secret_value(), settings.serve.failed_queue),
             ParkedQueue(settings.amqp),
             self._sink,
-            lambda bucket, prefix, dry_run: reconciler.run(bucket, prefix=prefix, dry_run=dry_run),
+            lambda bucket, prefix, dry_run: checker.run([bucket], prefix=prefix, repair=not dry_run),
         )
         return create_app(settings, self._search, store, self._sink, self._stats, admin, self._check_state)
 

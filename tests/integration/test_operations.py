@@ -163,10 +163,10 @@ def test_reconcile_repairs_a_bucket_after_ten_percent_of_events_were_lost(
 
     # When reconcile runs: first dry, then for real
     dry = cli("reconcile", "--dry-run", "--verbose")
-    assert f"missing {missing}, stale 0, orphaned {orphaned}" in dry, dry
+    assert f"{missing + orphaned} inconsistencies (missing {missing}, orphaned {orphaned})" in dry, dry
     assert take_tasks(stack) == []
     real = cli("reconcile")
-    assert f"submitted {missing + orphaned} jobs" in real, real
+    assert f"submitted {missing + orphaned} repairing jobs" in real, real
     for task_id, job in take_tasks(stack):
         assert job.source is JobSource.RECONCILE
         handler(stack).handle(job.model_dump(mode="json"), TaskContext(task_id, 0))
@@ -185,7 +185,7 @@ def test_reconcile_repairs_a_bucket_after_ten_percent_of_events_were_lost(
         assert record is None or record.status is VideoStatus.DELETED, (key, record)
         assert stack.store.frames.count(vid) == 0
     again = cli("reconcile")
-    assert "in sync 10, missing 0, stale 0, orphaned 0" in again and "submitted 0 jobs" in again, again
+    assert "0 inconsistencies (none); in sync 10" in again and "submitted 0 repairing jobs" in again, again
     lost = f"{loss.seen} events, {len(loss.lost)} lost ({len(lost_creates)} creates, {len(lost_deletes)} deletes)"
     report_lines(
         request.config,

@@ -12,8 +12,8 @@ from events.jobs import IndexJob, JobOp, JobSink, JobSource
 from events.parked import ParkedEvent, ParkedReplayReport
 from pipeline.api import create_app
 from pipeline.api_admin import admin_router
+from pipeline.check import CheckReport, Finding, Inconsistency
 from pipeline.deadletters import DeadLetter, FailureKind, ReplayReport
-from pipeline.reconcile import Change, Drift, ReconcileReport
 from pipeline.settings import Settings
 from tests.unit.test_api import FakeJobs, FakeSearch, FakeStore
 
@@ -75,10 +75,10 @@ def admin_client(
     store, jobs, letters = FakeStore(), FakeJobs(), FakeLetters()
     calls: list[tuple[str, str, bool]] = []
 
-    def reconcile(bucket: str, prefix: str, dry_run: bool) -> ReconcileReport:
+    def reconcile(bucket: str, prefix: str, dry_run: bool) -> CheckReport:
         calls.append((bucket, prefix, dry_run))
-        report = ReconcileReport(bucket=bucket, dry_run=dry_run, listed=3, in_sync=2)
-        report.add(Change(Drift.MISSING, f"s3://{bucket}/b.mp4", "not in the index"))
+        report = CheckReport(repair=not dry_run, buckets=[bucket], listed=3, in_sync=2)
+        report.add(Inconsistency(Finding.MISSING, f"s3://{bucket}/b.mp4", "v1", "in the bucket, not in the catalog"))
         return report
 
     async def stats() -> dict[str, Any]:
@@ -160,8 +160,16 @@ def test_reconcile_runs_per_configured_bucket_and_rejects_others() -> None:
     resp = http.post("/v1/admin/reconcile", headers=bearer(ADMIN_KEY), json={"dry_run": True, "prefix": "cams/"})
     [report] = resp.json()["reports"]
     assert calls == [("videos", "cams/", True)]
-    assert (report["missing"], report["in_sync"], report["submitted"]) == (1, 2, 0)
-    assert report["changes"] == [{"drift": "missing", "uri": "s3://videos/b.mp4", "detail": "not in the index"}]
+    assert (report["counts"]["missing"], report["in_sync"], report["submitted"]) == (1, 2, 0)
+    assert (report["bucket"], report["dry_run"], report["inconsistencies"]) == ("videos", True, 1)
+    assert report["found"] == [
+        {
+            "finding": "missing",
+            "uri": "s3://videos/b.mp4",
+            "video_id": "v1",
+            "detail": "in the bucket, not in the catalog",
+        }
+    ]
     other = http.post("/v1/admin/reconcile", headers=bearer(ADMIN_KEY), json={"bucket": "other"})
     assert other.status_code == 400 and calls == [("videos", "cams/", True)]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -10,10 +12,10 @@ import numpy as np
 import pytest
 
 from events.jobs import IndexJob, JobOp
-from pipeline.check import Checker, Finding
+from pipeline.check import MAX_REPORTED, Checker, Finding
 from pipeline.settings import Settings
 from storage.catalog import VideoRecord, VideoStatus
-from storage.frames import FrameRow, VideoFrames
+from storage.frames import FrameRow, FrameSummary, VideoFrames
 from storage.ids import fingerprint, s3_uri, video_id
 from storage.s3 import ObjectHead
 from storage.tables import IndexStore
@@ -201,3 +203,105 @@ def test_the_report_as_json_has_counts_by_kind_and_in_flight(store: IndexStore) 
     assert data["inconsistencies"] == 1 and data["counts"]["missing"] == 1 and data["in_flight"] == 0
     assert data["found"][0]["uri"] == "s3://videos/a.mp4" and isinstance(data["took_s"], float)
     assert timedelta(seconds=data["took_s"]) < timedelta(seconds=60)
+
+
+def test_unicode_keys_order_like_s3(store: IndexStore) -> None:
+    # S3 lists in UTF-8 byte order: "z" < "é" < "日"; catalog and frames ranges follow the same order.
+    listing = Listing()
+    for key in ["z.mp4", "é.mp4", "日本.mp4", "a b+c%20.mp4"]:
+        listing.put(key)
+        index(store, key)
+    report = checker(store, listing).run([BUCKET])
+    assert report.in_sync == 4 and report.inconsistencies == 0
+
+
+def test_a_sink_is_needed_to_repair(store: IndexStore) -> None:
+    with pytest.raises(ValueError, match="sink"):
+        checker(store, Listing()).run([BUCKET], repair=True)
+
+
+class LazyBucket:
+    """n objects generated on demand, one listing page at a time; the even ones are cataloged (and
+    have rows), the odd ones missing. Catalog and frames answer key ranges by bisection."""
+
+    def __init__(self, n: int, page_size: int = 1000) -> None:
+        self.n = n
+        self.page_size = page_size
+
+    @staticmethod
+    def key(i: int) -> str:
+        return f"k{i:07d}.mp4"
+
+    def pages(self, bucket: str, prefix: str, start_after: str | None) -> Iterator[list[ObjectHead]]:
+        for start in range(0, self.n, self.page_size):
+            yield [
+                ObjectHead(BUCKET, self.key(i), 10, "e1", None, None, OLD)
+                for i in range(start, min(self.n, start + self.page_size))
+            ]
+
+    def _range(self, uri_from: str, uri_to: str, include_from: bool) -> range:
+        def index_of(uri: str) -> int:
+            key = uri.removeprefix(f"s3://{BUCKET}/")
+            if not key.startswith("k"):
+                return 0 if key < "k" else self.n
+            digits = key[1:8]
+            return int(digits) if digits.isdigit() else self.n
+
+        lo = index_of(uri_from) + (0 if include_from else 1)
+        hi = min(self.n, index_of(uri_to) + 1)
+        return range(max(0, lo), hi)
+
+    def scan(self, uri_from: str, uri_to: str, *, include_from: bool) -> Iterator[VideoRecord]:
+        fp = fingerprint("e1", MODEL, 1.0)
+        for i in self._range(uri_from, uri_to, include_from):
+            if i % 2 == 0:
+                key = self.key(i)
+                yield VideoRecord(
+                    video_id(BUCKET, key),
+                    s3_uri(BUCKET, key),
+                    VideoStatus.INDEXED,
+                    version="e1",
+                    frames=1,
+                    fingerprint=fp,
+                )
+
+    def summaries_in(self, uri_from: str, uri_to: str, *, include_from: bool) -> dict[str, FrameSummary]:
+        fp = fingerprint("e1", MODEL, 1.0)
+        found = {}
+        for i in self._range(uri_from, uri_to, include_from):
+            if i % 2 == 0:
+                key = self.key(i)
+                found[video_id(BUCKET, key)] = FrameSummary(
+                    rows=1, fingerprints=Counter({fp: 1}), uri=s3_uri(BUCKET, key)
+                )
+        return found
+
+
+def _peak_bytes(n: int) -> int:
+    bucket = LazyBucket(n)
+    check = Checker(
+        model_id=MODEL,
+        every_s=1.0,
+        extensions=[".mp4"],
+        catalog=bucket,
+        frames=bucket,
+        lister=bucket,
+        sink=None,
+        in_flight_grace_s=60,
+        new_object_grace_s=60,
+    )
+    tracemalloc.start()
+    try:
+        report = check.run([BUCKET])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert report.listed == n and report.in_sync == n // 2 and report.counts[Finding.MISSING] == n // 2
+    assert len(report.found) == MAX_REPORTED
+    return peak
+
+
+def test_memory_stays_bounded_at_100k_objects() -> None:
+    small, large = _peak_bytes(10_000), _peak_bytes(100_000)
+    # Ten times the objects, about the same peak: one page and its key range at a time.
+    assert large < 1.5 * small, (small, large)
