@@ -10,6 +10,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pika
@@ -172,6 +174,39 @@ def restart_rabbitmq(services: Services, down_s: float = 2.0) -> float:
     return time.monotonic() - started
 
 
+#: Finds the broker's Erlang VM inside the container, SIGKILLs it and prints its pid.
+_KILL_BEAM = 'pid=$(pgrep -x beam.smp) && [ "$(echo "$pid" | wc -w)" = 1 ] && kill -9 "$pid" && echo "$pid"'
+
+
+def _beam_pid(services: Services) -> str:
+    result = services.rabbit.exec(["pgrep", "-x", "beam.smp"])
+    return result.output.decode().strip() if result.exit_code == 0 else ""
+
+
+def kill_rabbitmq(services: Services) -> float:
+    """SIGKILL the broker: ``kill -9`` of its Erlang VM (``beam.smp``) inside the container, with no
+    shutdown of any kind (nothing flushed, no connection closed by the broker). The image's supervisor
+    (infra/images/rabbitmq/supervise.sh) starts the broker again in the same container, so it comes
+    back at the same address and recovers its durable queues and persistent messages from disk.
+    Waits until it takes connections again and returns the seconds clients could not connect.
+
+    Raises:
+        RuntimeError: no single broker process to kill, or it did not come back in time.
+    """
+    started = time.monotonic()
+    result = services.rabbit.exec(["sh", "-c", _KILL_BEAM])
+    if result.exit_code != 0:
+        raise RuntimeError(f"could not SIGKILL beam.smp: {result.output[-500:]!r}")
+    killed = result.output.decode().strip()
+
+    def back() -> bool:
+        pid = _beam_pid(services)
+        return bool(pid) and pid != killed and _amqp_ready(services.amqp_url)
+
+    _wait("RabbitMQ after SIGKILL", back, services.rabbit)
+    return time.monotonic() - started
+
+
 def restart_minio(services: Services, stop_timeout_s: int = 10) -> float:
     """Restart the MinIO container (SIGTERM, then SIGKILL after ``stop_timeout_s``) and wait until it is
     live. Host port mappings survive a podman restart; only MinIO's own container address changes, and
@@ -198,3 +233,46 @@ def queue_counts(services: Services, queue: str) -> tuple[int, int]:
         return 0, 0
     body = resp.json()
     return int(body.get("messages_ready") or 0), int(body.get("messages_unacknowledged") or 0)
+
+
+# -- the management API ------------------------------------------------------------------------------
+def _management(services: Services, method: str, path: str) -> httpx.Response:
+    return httpx.request(method, f"{services.management_url}{path}", auth=("guest", "guest"), timeout=5)
+
+
+def queue_info(services: Services, queue: str) -> dict[str, Any]:
+    """The management API's view of ``queue`` (``messages_unacknowledged``, ``message_stats``...); {}
+    if it is unknown or the broker does not answer. Figures refresh every second (rabbitmq.conf)."""
+    try:
+        resp = _management(services, "GET", f"/api/queues/%2F/{quote(queue, safe='')}")
+    except httpx.HTTPError:
+        return {}
+    body: dict[str, Any] = resp.json() if resp.status_code == 200 else {}
+    return body
+
+
+def redeliveries(info: dict[str, Any]) -> int:
+    """Deliveries of ``queue_info``'s queue that the broker flagged as redelivered, so far."""
+    return int((info.get("message_stats") or {}).get("redeliver") or 0)
+
+
+def consumer_connections(services: Services, queue: str) -> list[str]:
+    """Names of the connections with a consumer on ``queue`` (the consumers of that queue)."""
+    try:
+        resp = _management(services, "GET", "/api/consumers/%2F")
+    except httpx.HTTPError:
+        return []
+    if resp.status_code != 200:
+        return []
+    names = {
+        str(c["channel_details"]["connection_name"])
+        for c in resp.json()
+        if (c.get("queue") or {}).get("name") == queue and c.get("channel_details")
+    }
+    return sorted(names)
+
+
+def close_connection(services: Services, name: str) -> bool:
+    """Have the broker close connection ``name`` (as an operator would); False if it was already gone."""
+    resp = _management(services, "DELETE", f"/api/connections/{quote(name, safe='')}")
+    return resp.status_code in (200, 204)

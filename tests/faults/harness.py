@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import random
 import signal
@@ -17,7 +18,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -43,7 +44,8 @@ BUSY_TIMEOUT_S = 30.0
 OP_ATTEMPTS = 20
 #: Longest wait for fault threads and side jobs after the stream.
 JOIN_TIMEOUT_S = 180.0
-#: Queues must stay empty and the check pass for this long (the management API refreshes every 5 s).
+#: Queues must stay empty and the check pass for this long (longer than the management API takes to
+#: refresh its figures: 1 s in our image, 5 s in a default broker).
 SETTLE_S = 6.0
 #: How often a slow convergence notes what is still missing.
 PROGRESS_EVERY_S = 30.0
@@ -83,6 +85,25 @@ class AppHost:
             raise_on_missing_output=False,
         )
         return sorted(int(a.pid) for a in actors if a.pid)
+
+    def replica_pid(self, holder: str, deployment: str = "IndexConsumer") -> int | None:
+        """Process id of the live replica of ``deployment`` that a catalog row's ``holder`` names
+        (``ray:<namespace>:<actor name>``, pipeline/holders.py); None if it names none."""
+        import ray
+        from ray.util.state import list_actors
+
+        kind, _, rest = holder.partition(":")
+        _namespace, _, name = rest.partition(":")
+        if kind != "ray" or not name:
+            return None
+        actors = list_actors(
+            address=ray.get_runtime_context().gcs_address,
+            filters=[("name", "=", name), ("state", "=", "ALIVE")],
+            raise_on_missing_output=False,
+        )
+        want = f"ServeReplica:{self.app_name}:{deployment}"
+        pids = [int(a.pid) for a in actors if a.pid and a.class_name == want]
+        return pids[0] if pids else None
 
     def kill_replica(self, deployment: str) -> str:
         """SIGKILL one replica of ``deployment`` and wait until Serve has started its successor."""
@@ -132,9 +153,13 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def start_app(services: Services, prefix: str, model_dir: Path, state_dir: Path) -> Iterator[AppHost]:
+def start_app(
+    services: Services, prefix: str, model_dir: Path, state_dir: Path, env: Mapping[str, str] | None = None
+) -> Iterator[AppHost]:
     """Run the vidx Serve app (tiny model) on a fresh local Ray instance against ``services``, with
-    buckets and queues of its own (``prefix``). Environment changes are undone on exit."""
+    buckets and queues of its own (``prefix``) and any further VIDX_* settings in ``env``. The
+    settings stay in ``os.environ`` while the app runs (so ``vidx`` commands run in this process see
+    them); environment changes are undone on exit."""
     import ray
     from ray import serve
 
@@ -146,6 +171,7 @@ def start_app(services: Services, prefix: str, model_dir: Path, state_dir: Path)
         "VIDX_MODEL__ID": str(model_dir),
         "VIDX_STATE_DIR": str(state_dir),
         "VIDX_SERVE__PORT": str(_free_port()),
+        **(env or {}),
     }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -390,6 +416,81 @@ class SameVideoRace:
             thread.join(max(0.1, deadline - time.monotonic()))
 
 
+@dataclass(frozen=True)
+class Kill:
+    """One SIGKILL of the consumer holding a video: whom, when (seconds after the watch began), the
+    crashes its claim recorded, and how long until ``holder_alive`` (pipeline/holders.py), asked
+    from this process, said the holder was gone (None: it never did within the bound)."""
+
+    holder: str
+    pid: int
+    at_s: float
+    crashes: int
+    judged_dead_s: float | None
+
+
+class KillEveryStart:
+    """A consumer that dies on one video every time: a thread that, whenever ``video_id``'s catalog
+    row says ``indexing`` with a holder naming a live IndexConsumer replica, SIGKILLs that replica's
+    process (each holder once). At most ``max_kills`` kills, for at most ``timeout_s``."""
+
+    def __init__(self, host: AppHost, video_id: str, max_kills: int, timeout_s: float, poll_s: float = 0.1) -> None:
+        from storage.tables import IndexStore
+
+        self._host = host
+        self._catalog = IndexStore(host.settings.s3).catalog
+        self._video_id = video_id
+        self._max_kills = max_kills
+        self._timeout_s = timeout_s
+        self._poll_s = poll_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="kill-every-start", daemon=True)
+        self.kills: list[Kill] = []
+        self.errors: list[str] = []
+
+    def __enter__(self) -> KillEveryStart:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(JOIN_TIMEOUT_S)
+        if self._thread.is_alive():
+            self.errors.append(f"the watcher did not stop within {JOIN_TIMEOUT_S:.0f}s")
+
+    def _watch(self) -> None:
+        from pipeline.holders import holder_alive
+        from storage.catalog import VideoStatus
+
+        started = time.monotonic()
+        deadline = started + self._timeout_s
+        killed: set[str] = set()
+        while not self._stop.is_set() and time.monotonic() < deadline and len(self.kills) < self._max_kills:
+            try:
+                record = self._catalog.get(self._video_id)
+                holder = record.holder if record is not None else None
+                if record is None or record.status is not VideoStatus.INDEXING or holder is None or holder in killed:
+                    time.sleep(self._poll_s)
+                    continue
+                pid = self._host.replica_pid(holder)
+                if pid is None:  # a holder that is gone already (or not a replica): not ours to kill
+                    time.sleep(self._poll_s)
+                    continue
+                os.kill(pid, signal.SIGKILL)
+                at_s = time.monotonic() - started
+                killed.add(holder)
+                dead_s: float | None = None
+                while time.monotonic() < min(deadline, started + at_s + REPLICA_BACK_TIMEOUT_S):
+                    if not holder_alive(holder):
+                        dead_s = time.monotonic() - started - at_s
+                        break
+                    time.sleep(0.05)
+                self.kills.append(Kill(holder, pid, at_s, record.crashes, dead_s))
+            except Exception as exc:  # reported by the test; the watch goes on until its bounds
+                self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+                time.sleep(self._poll_s)
+
+
 # -- the check ---------------------------------------------------------------------------------------
 class Tables:
     """Reads the index tables whole (the test tables hold a few thousand rows at most)."""
@@ -527,3 +628,60 @@ def converge(host: AppHost, plan: StreamPlan, log: StreamLog, timeout_s: float) 
         time.sleep(2.0)
         summary = check(host, plan, log, tables)
     return summary, time.monotonic() - started
+
+
+@dataclass(frozen=True)
+class CheckRun:
+    """What ``vidx check --json`` reported (pipeline/check.py ``CheckReport.as_json``) and its exit status."""
+
+    exit_code: int
+    report: dict[str, Any]
+
+    @property
+    def inconsistencies(self) -> int:
+        return int(self.report["inconsistencies"])
+
+    @property
+    def in_flight(self) -> int:
+        """Videos ``queued``/``indexing``: within the grace (``in_flight``) or past it (``stuck``)."""
+        return int(self.report["in_flight"]) + int(self.report["counts"].get("stuck", 0))
+
+    @property
+    def found(self) -> list[str]:
+        return [f"{f['finding']} {f['uri'] or f['video_id']} ({f['detail']})" for f in self.report["found"]]
+
+    def line(self, name: str) -> str:
+        r = self.report
+        kinds = ", ".join(f"{k} {n}" for k, n in r["counts"].items() if n)
+        return (
+            f"check {name}: {self.inconsistencies} inconsistencies{f' ({kinds})' if kinds else ''}, "
+            f"{self.in_flight} queued/indexing, {r['videos']} videos (in sync {r['in_sync']}, failed "
+            f"{r['failed']}), {r['listed']} objects (vidx check --json)"
+        )
+
+
+def vidx_check(*, bucket: str | None = None, prefix: str = "", env: Mapping[str, str] | None = None) -> CheckRun:
+    """Run the real CLI, ``vidx check --json --grace 0 [--bucket B] [--prefix P]``, in this process
+    (typer's runner on ``pipeline.cli.app``), with the VIDX_* settings of ``os.environ`` (``start_app``
+    puts the app's there) or of ``env``. Grace 0: a video still queued or indexing is an
+    inconsistency (stuck), not in flight; a video failed at its object's version is not one.
+
+    Raises:
+        AssertionError: the command failed (exit status other than 0 or 3) or printed no report.
+    """
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+    from pipeline.cli_check import FOUND_EXIT
+
+    args = ["check", "--json", "--grace", "0", "--prefix", prefix]
+    if bucket is not None:
+        args += ["--bucket", bucket]
+    result = CliRunner().invoke(app, args, env=dict(env) if env is not None else None)
+    if result.exit_code not in (0, FOUND_EXIT):
+        raise AssertionError(f"vidx {' '.join(args)} exited {result.exit_code}: {result.output[-2000:]}")
+    try:
+        report = json.loads(result.stdout)
+    except ValueError as exc:
+        raise AssertionError(f"vidx {' '.join(args)} printed no JSON report: {result.stdout[-2000:]!r}") from exc
+    return CheckRun(result.exit_code, report)

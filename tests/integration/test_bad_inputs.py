@@ -36,6 +36,7 @@ from storage.errors import PermanentError, TransientError
 from storage.frames import FRAMES
 from storage.s3 import ObjectHead
 from storage.tables import IndexStore
+from tests.faults.harness import vidx_check
 from tests.harness import WAIT_S, QueueSink, report_lines
 from tests.media import (
     MATRIX_FORMATS,
@@ -416,10 +417,18 @@ def test_bad_input_matrix(stack: Stack, tmp_path: Path, report: list[str]) -> No
         f"bad-input matrix: {len(cases)} cases, indexed {statuses['indexed']}, failed {statuses['failed']}, "
         f"deleted {statuses['deleted']}, lost {lost}, duplicated {duplicated}"
     )
+    # The real `vidx check --json` over the matrix's bucket (its own prefix): nothing inconsistent,
+    # nothing left queued/indexing; the failed cases are failed at their object's version, not findings.
+    env = {**stack.services.env(stack.bucket.removesuffix("-videos")), "VIDX_MODEL__ID": stack.settings.model.id}
+    check = vidx_check(bucket=stack.bucket, env=env)
+    report.append(check.line("bad-input matrix"))
+    report.extend(f"  {item}" for item in check.found[:10])
     for line in report:
         print(line)
     assert not problems, "\n".join(problems)
     assert (lost, duplicated) == (0, 0)
+    assert check.inconsistencies == 0 and check.in_flight == 0, check.found
+    assert check.report["failed"] == statuses["failed"]
     # The deleted object: its create job found it gone, its delete job found nothing left to do
     assert [r.outcome for r in gone.results if isinstance(r, JobResult)] == [Outcome.DELETED, Outcome.UNCHANGED]
     assert [j.op for j in gone.jobs] == [JobOp.INDEX, JobOp.DELETE]

@@ -1,20 +1,25 @@
 """Faults injected while a stream of uploads, overwrites and deletes runs against the real Ray Serve
-app: RabbitMQ restarted, MinIO restarted, the consumer SIGKILLed mid-video, the encoder killed, the
-event router restarted, two consumers indexing one video at once. After the stream drains, every
-object in the bucket is indexed exactly once at its current version and every deleted one is gone.
+app: RabbitMQ restarted, RabbitMQ SIGKILLed, MinIO restarted, the consumer SIGKILLed mid-video, the
+encoder killed, the event router restarted, two consumers indexing one video at once. After the
+stream drains, every object in the bucket is indexed exactly once at its current version and every
+deleted one is gone.
 
-Each scenario prints ``fault <name>: uploads U, deletes D, indexed I, lost L, duplicated X``.
+Each scenario prints ``fault <name>: uploads U, deletes D, indexed I, lost L, duplicated X``, then
+what the real ``vidx check --json`` says of the stream's prefix once it converged:
+``check <name>: 0 inconsistencies, 0 queued/indexing, N videos ...``.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from tests.faults.harness import (
+    BUSY_TIMEOUT_S,
     JOIN_TIMEOUT_S,
     AppHost,
     Fault,
@@ -28,10 +33,11 @@ from tests.faults.harness import (
     restart_router,
     run_stream,
     start_app,
+    vidx_check,
 )
 from tests.faults.stream import run_long_stream
 from tests.harness import report_lines
-from tests.services import Services, restart_minio, restart_rabbitmq, unique_prefix
+from tests.services import Services, kill_rabbitmq, queue_counts, restart_minio, restart_rabbitmq, unique_prefix
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
 
@@ -69,21 +75,49 @@ def scenario(
         race.join(JOIN_TIMEOUT_S)
         log.notes.append(f"side indexers: {dict(race.outcomes)}")
     summary, converge_s = converge(host, plan, log, CONVERGE_TIMEOUT_S)
+    # The invariant checker, as an operator runs it, over this stream's keys: nothing left over.
+    check = vidx_check(prefix=plan.prefix)
     report(
         request,
         summary.line(plan.name),
         f"  stream {log.stream_s:.1f}s, converged {converge_s:.1f}s later, {log.failed_ops} ops refused",
         *(f"  {note}" for note in log.notes),
+        check.line(plan.name),
+        *(f"  {item}" for item in check.found[:10]),
     )
     assert not log.errors, log.errors
     assert summary.lost == 0 and summary.duplicated == 0, summary.problems
     assert log.failed_ops == 0
+    assert check.inconsistencies == 0 and check.in_flight == 0, check.found
     return summary
 
 
 def test_rabbitmq_restart(request: pytest.FixtureRequest, host: AppHost, variants: list[Variant]) -> None:
     plan = StreamPlan("rabbitmq-restart", OPS, seed=11, rate_per_s=RATE_PER_S)
     fault = Fault(8, "rabbitmq restart", lambda: f"down {restart_rabbitmq(host.services, down_s=3.0):.1f}s")
+    scenario(request, host, variants, plan, [fault])
+
+
+def sigkill_rabbitmq(host: AppHost) -> str:
+    """kill -9 of the broker's Erlang VM (no clean shutdown: it recovers from disk, at the same address)
+    while a consumer holds an unacknowledged task (waits at most ``BUSY_TIMEOUT_S`` for one, then kills
+    anyway); says what the management API last counted on the queues."""
+    services, index_queue = host.services, host.settings.serve.index_queue
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while queue_counts(services, index_queue)[1] == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    tasks = queue_counts(services, index_queue)
+    events = queue_counts(services, host.settings.amqp.events_queue)
+    down_s = kill_rabbitmq(services)
+    return (
+        f"beam.smp SIGKILLed with tasks {tasks[0]} ready + {tasks[1]} unacked, events {events[0]} ready + "
+        f"{events[1]} unacked, down {down_s:.1f}s"
+    )
+
+
+def test_rabbitmq_sigkill(request: pytest.FixtureRequest, host: AppHost, variants: list[Variant]) -> None:
+    plan = StreamPlan("rabbitmq-sigkill", OPS, seed=17, rate_per_s=RATE_PER_S)
+    fault = Fault(8, "rabbitmq SIGKILL", lambda: sigkill_rabbitmq(host))
     scenario(request, host, variants, plan, [fault])
 
 
