@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from events.jobs import IndexJob, JobOp, JobSink, JobSource
 from storage.catalog import IN_FLIGHT, VideoRecord, VideoStatus
 from storage.config import S3Settings
+from storage.errors import TransientError
 from storage.frames import FrameSummary
 from storage.ids import fingerprint, s3_uri, video_id
 from storage.s3 import ObjectHead, ObjectStore
@@ -126,6 +127,8 @@ class PageLister(Protocol):
 class CatalogReader(Protocol):
     def scan(self, uri_from: str, uri_to: str, *, include_from: bool) -> Iterator[VideoRecord]: ...
 
+    def in_flight_since(self, before: datetime) -> list[VideoRecord]: ...
+
 
 class FrameReader(Protocol):
     def summaries_in(self, uri_from: str, uri_to: str, *, include_from: bool) -> dict[str, FrameSummary]: ...
@@ -215,6 +218,39 @@ class Checker:
         """
         if repair and self._sink is None:
             raise ValueError("a job sink is needed to repair")
+        try:
+            return self._run(list(buckets), prefix, repair, max_objects, resume_after)
+        except (RuntimeError, OSError) as exc:  # a table read failed mid-stream (scans are generators)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            raise TransientError(f"check: index table read failed: {first}") from exc
+
+    def stuck(self, *, repair: bool) -> CheckReport:
+        """Rows queued/indexing past the grace, found by one catalog query rather than by walking the
+        buckets (the scheduled check runs this every round, so no row waits for the walk to reach it).
+
+        Raises:
+            TransientError: the catalog or the task queue is unavailable.
+        """
+        report = CheckReport(repair=repair)
+        for record in self._catalog.in_flight_since(datetime.now(UTC) - self._stuck_after):
+            report.videos += 1
+            report.add(
+                Inconsistency(Finding.STUCK, record.uri, record.video_id, f"{record.status.value} past the grace")
+            )
+            if repair and self._sink is not None:
+                bucket, key = _split_uri(record.uri)
+                self._sink.submit(IndexJob(op=JobOp.INDEX, bucket=bucket, key=key, source=JobSource.RECONCILE))
+                report.submitted += 1
+        return report
+
+    def _run(
+        self,
+        buckets: list[str],
+        prefix: str,
+        repair: bool,
+        max_objects: int | None,
+        resume_after: tuple[str, str] | None,
+    ) -> CheckReport:
         report = CheckReport(repair=repair)
         now = datetime.now(UTC)
         budget = max_objects

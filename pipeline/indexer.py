@@ -166,6 +166,13 @@ def thumbnail_jpeg(rgb: NDArray[np.uint8], max_side: int) -> bytes:
     return out.getvalue()
 
 
+@dataclass(slots=True)
+class _Dirty:
+    """Whether this job changed the video's rows since it last settled the row."""
+
+    rows_changed: bool = False
+
+
 class _Lost(Exception):
     """Another writer changed the video's row (or the object) under this round: go around again."""
 
@@ -217,15 +224,21 @@ class Indexer:
         started = time.monotonic()
         clock = StageClock()
         attempt = Attempt(task_id, self._holder) if task_id is not None else None
-        for _ in range(MAX_CONVERGE_ROUNDS):
-            try:
-                result = self._round(job, attempt, clock)
-            except _Lost as lost:
-                log.info("%s: %s; looking again", job.uri, lost)
-                continue
-            break
-        else:
-            raise TransientError(f"{job.uri} kept changing under the job ({MAX_CONVERGE_ROUNDS} rounds)")
+        dirty = _Dirty()
+        try:
+            for _ in range(MAX_CONVERGE_ROUNDS):
+                try:
+                    result = self._round(job, attempt, clock, dirty)
+                except _Lost as lost:
+                    log.info("%s: %s; looking again", job.uri, lost)
+                    continue
+                break
+            else:
+                raise TransientError(f"{job.uri} kept changing under the job ({MAX_CONVERGE_ROUNDS} rounds)")
+        except Exception:
+            if dirty.rows_changed:
+                self._unsettle(job)
+            raise
         log.info(
             "job %s %s -> %s (%d frames) in %.2fs: %s",
             job.op.value,
@@ -249,8 +262,20 @@ class Indexer:
                 return
         raise TransientError(f"could not record the failure of {job.uri}: the row kept changing")
 
+    def _unsettle(self, job: IndexJob) -> None:
+        """This job changed the video's rows and is leaving before it settled the row: the row may
+        now disagree with the rows, and a settled row is trusted by nobody but is left alone by a
+        failure record. Put it back in flight (best effort), so a retry of this task, or the scheduled
+        check once the grace has passed, redoes the video; if even this write fails, the check's walk
+        finds the rows' mismatch."""
+        try:
+            seen = self._states.read(job.video_id)
+            self._states.unsettle(job, seen)
+        except TransientError as exc:
+            log.warning("%s: could not mark the row unsettled (%s); the scheduled check will find it", job.uri, exc)
+
     # -- one round: read, HEAD, act ---------------------------------------------------------------
-    def _round(self, job: IndexJob, attempt: Attempt | None, clock: StageClock) -> JobResult:
+    def _round(self, job: IndexJob, attempt: Attempt | None, clock: StageClock, dirty: _Dirty) -> JobResult:
         self._hooks("read", job)
         with clock.stage("catalog"):
             seen = self._states.read(job.video_id)
@@ -258,17 +283,18 @@ class Indexer:
         with clock.stage("head"):
             head = self._objects.head(job.bucket, job.key)
         if head is None:
-            return self._remove(job, seen, clock)
+            return self._remove(job, seen, clock, dirty)
         if job.op is JobOp.DELETE:
             log.info("delete event for %s but the object exists: indexing it", job.uri)
-        return self._index(job, seen, head, attempt, clock)
+        return self._index(job, seen, head, attempt, clock, dirty)
 
-    def _remove(self, job: IndexJob, seen: VideoRecord | None, clock: StageClock) -> JobResult:
+    def _remove(self, job: IndexJob, seen: VideoRecord | None, clock: StageClock, dirty: _Dirty) -> JobResult:
         with clock.stage("catalog"):
             rows = self._store.frames.count(job.video_id)
         if rows == 0 and (seen is None or seen.status is VideoStatus.DELETED):
             return JobResult(job.video_id, Outcome.UNCHANGED)
         self._hooks("remove", job)
+        dirty.rows_changed = True  # from here on (the write may land even if the call fails)
         with clock.stage("write"):
             self._writer.replace(VideoFrames(job.video_id, job.uri, "", "", "", rows=[]))
         self._hooks("removed", job)
@@ -276,6 +302,7 @@ class Indexer:
             now = self._states.read(job.video_id)
             if self._states.removed(job, now) is None:
                 raise _Lost("the row changed while its rows were removed")
+        dirty.rows_changed = False
         self._hooks("settled", job)
         # An upload may have landed (and its job finished) while the rows were being removed.
         with clock.stage("head"):
@@ -289,7 +316,13 @@ class Indexer:
         return summary.rows == frames and summary.duplicate_ids == 0 and set(summary.fingerprints) <= {fp}
 
     def _index(
-        self, job: IndexJob, seen: VideoRecord | None, head: ObjectHead, attempt: Attempt | None, clock: StageClock
+        self,
+        job: IndexJob,
+        seen: VideoRecord | None,
+        head: ObjectHead,
+        attempt: Attempt | None,
+        clock: StageClock,
+        dirty: _Dirty,
     ) -> JobResult:
         model = self._embedder.model_id
         fp = fingerprint(head.version, model, self._settings.sampling.every_s)
@@ -336,6 +369,7 @@ class Indexer:
             raise _Lost("the object changed while it was embedded")
         self._hooks("write", job)
         # Returns once the commit holding these rows succeeded (possibly shared with other jobs).
+        dirty.rows_changed = True  # from here on (the write may land even if the call fails)
         with clock.stage("write"):
             self._writer.replace(VideoFrames(job.video_id, job.uri, head.version, fp, model, rows))
         self._hooks("written", job)
@@ -354,6 +388,7 @@ class Indexer:
                     is None
                 ):
                     raise _Lost("the row changed while it was finished")
+        dirty.rows_changed = False
         self._hooks("settled", job)
         # The object may have changed between the check above and the commit, and the job for the
         # new version may already have finished: look once more, so the last writer converges.

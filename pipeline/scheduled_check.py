@@ -107,6 +107,11 @@ class ScheduledCheck:
             # The last round ended exactly at the end of the buckets: start over now, not next round.
             report = self._checker.run(self._buckets, repair=self._repair, max_objects=self._objects)
         self._resume = report.resume_after  # None: the next round starts from the first bucket again
+        stuck = self._checker.stuck(repair=self._repair)
+        for item in stuck.found:
+            if item.video_id not in {i.video_id for i in report.found}:
+                report.add(item)
+        report.submitted += stuck.submitted
         with self._lock:
             self._state = CheckState(self._state.rounds + 1, report, None, leader=True)
         if report.inconsistencies:

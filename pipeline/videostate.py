@@ -107,6 +107,17 @@ class VideoStates:
         gone = base.evolve(status=VideoStatus.DELETED, frames=0, fingerprint=None, error=None, duration_s=None)
         return self.catalog.write(gone, seen.rev if seen else 0)
 
+    def unsettle(self, job: IndexJob, seen: VideoRecord | None) -> VideoRecord | None:
+        """any -> indexing, by a job leaving after it changed the rows and before it settled the row:
+        what the row says of the rows can't be trusted, so it goes back in flight (a retry, or the
+        scheduled check past its grace, redoes the video). ``frames``/``fingerprint`` say "unknown"
+        (-1 rows) so no reader takes them for the truth."""
+        base = seen or VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.INDEXING)
+        gone = base.evolve(
+            status=VideoStatus.INDEXING, frames=-1, fingerprint=None, error="a job left its rows unsettled"
+        )
+        return self.catalog.write(gone, seen.rev if seen else 0)
+
     def fail(self, job: IndexJob, seen: VideoRecord | None, reason: str, version: str | None) -> VideoRecord | None:
         """queued | indexing | failed | (anything at ``version``) -> failed(reason). A settled outcome
         (indexed, deleted) of another or an unknown version is left alone: another job settled the

@@ -34,11 +34,19 @@ from storage.ids import fingerprint, video_id
 from storage.tables import IndexStore
 from storage.writer import GroupedFrameWriter
 
-#: Longest pause injected at a step boundary, and how often one is injected.
+#: Pauses injected at step boundaries (and between bucket operations): one with probability
+#: ``PAUSE_P``, of up to ``MAX_PAUSE_S`` — or, one time in ``1 / LONG_PAUSE_P``, of up to
+#: ``LONG_PAUSE_S``, long enough for another job's whole commit to land inside it (short pauses
+#: alone almost never open the windows the races need: they let every job see the final state).
 MAX_PAUSE_S = 0.03
+LONG_PAUSE_S = 0.3
+LONG_PAUSE_P = 0.1
 PAUSE_P = 0.5
 #: Times a job that keeps failing transiently is tried before the schedule counts it as lost.
 MAX_TRIES = 6
+#: Share of failed attempts whose task is given up (retries spent: dead-lettered) instead of retried;
+#: those schedules end with a repair pass of the checker, as the scheduled check would run.
+GIVE_UP_P = 0.15
 #: Bound on one schedule's wall time (every thread is joined within it).
 SCHEDULE_TIMEOUT_S = 120.0
 
@@ -105,6 +113,8 @@ class Outcome:
     keys: int
     jobs: int
     violations: list[str]
+    #: Some task was given up (dead-lettered) and the checker's repair pass ran.
+    repaired: bool = False
 
 
 def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome:
@@ -119,6 +129,7 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
     threads: list[threading.Thread] = []
     retries: list[tuple[IndexJob, str, str | None]] = []
     lost: list[str] = []
+    given_up: list[IndexJob] = []
     jobs = 0
     deadline = time.monotonic() + SCHEDULE_TIMEOUT_S
 
@@ -134,8 +145,7 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
         holder = holder or f"proc:sched:{uuid.uuid4().hex[:8]}"
 
         def hooks(step: str, _job: IndexJob) -> None:
-            if job_rng.random() < PAUSE_P:
-                time.sleep(job_rng.uniform(0, MAX_PAUSE_S))
+            pause(job_rng)
             if step == abort_at:
                 raise Abort(step)
 
@@ -158,7 +168,11 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
                 with lock:
                     if died:
                         dead.add(holder)
-                    retries.append((job, task_id, None if died else holder))
+                        retries.append((job, task_id, None))
+                    elif job_rng.random() < GIVE_UP_P:
+                        given_up.append(job)  # its retries are spent: a dead letter, no further run
+                    else:
+                        retries.append((job, task_id, holder))
             except TransientError as exc:
                 with lock:
                     retries.append((job, task_id, holder))
@@ -182,7 +196,7 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
         launch(job, task_id, abort_at)
         if rng.random() < 0.3:
             launch(job, task_id, None)  # redelivered while the first delivery still runs
-        time.sleep(rng.uniform(0, MAX_PAUSE_S))
+        pause(rng)
     _join(threads, deadline)
     lost.clear()
     # At least once: every attempt that failed or died runs again until it completes (bounded).
@@ -194,9 +208,57 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
         for job, task_id, holder in batch:
             launch(job, task_id, None, holder)
         _join(threads, deadline)
+    if given_up:
+        # Dead letters leave drift behind: the scheduled check's repair pass must heal it.
+        sink = _ListSink()
+        repairer = _checker(w, sink)
+        repairer.run([w.bucket], prefix=prefix, repair=True)
+        repairer.stuck(repair=True)
+        for _ in range(MAX_TRIES):
+            batch = [(job, uuid.uuid4().hex, None) for job in sink.jobs] + list(retries)
+            sink.jobs.clear()
+            retries.clear()
+            if not batch:
+                break
+            threads.clear()
+            for job, task_id, holder in batch:
+                launch(job, task_id, None, holder)
+            _join(threads, deadline)
     violations = [f"a job still failed after {MAX_TRIES} tries: {j.uri}" for j, _, _ in retries]
     violations += _violations(w, prefix, names)
-    return Outcome(seed, keys, jobs, violations)
+    return Outcome(seed, keys, jobs, violations, repaired=bool(given_up))
+
+
+class _ListSink:
+    def __init__(self) -> None:
+        self.jobs: list[IndexJob] = []
+
+    def submit(self, job: IndexJob) -> str:
+        if not any(j.key == job.key for j in self.jobs):
+            self.jobs.append(job)
+        return "repair"
+
+
+def _checker(w: World, sink: _ListSink | None) -> Checker:
+    settings = w.settings
+    store = w.stores[0]
+    return Checker(
+        model_id=ColourEmbedder.model_id,
+        every_s=settings.sampling.every_s,
+        extensions=settings.videos.extensions,
+        catalog=store.catalog,
+        frames=store.frames,
+        lister=S3PageLister(settings.s3),
+        sink=sink,
+        in_flight_grace_s=0,
+        new_object_grace_s=0,
+    )
+
+
+def pause(rng: random.Random) -> None:
+    """Maybe sleep, as the module's pause constants say."""
+    if rng.random() < PAUSE_P:
+        time.sleep(rng.uniform(0, LONG_PAUSE_S if rng.random() < LONG_PAUSE_P else MAX_PAUSE_S))
 
 
 def _join(threads: list[threading.Thread], deadline: float) -> None:
@@ -209,18 +271,7 @@ def _join(threads: list[threading.Thread], deadline: float) -> None:
 def _violations(w: World, prefix: str, names: list[str]) -> list[str]:
     settings = w.settings
     store = w.stores[0]
-    checker = Checker(
-        model_id=ColourEmbedder.model_id,
-        every_s=settings.sampling.every_s,
-        extensions=settings.videos.extensions,
-        catalog=store.catalog,
-        frames=store.frames,
-        lister=S3PageLister(settings.s3),
-        sink=None,
-        in_flight_grace_s=0,
-        new_object_grace_s=0,
-    )
-    report = checker.run([w.bucket], prefix=prefix)
+    report = _checker(w, None).run([w.bucket], prefix=prefix)
     found = [f"{i.finding.value} {i.uri}: {i.detail}" for i in report.found]
     if report.in_flight:
         found.append(f"{report.in_flight} videos left queued/indexing with no job alive")

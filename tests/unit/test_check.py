@@ -305,3 +305,12 @@ def test_memory_stays_bounded_at_100k_objects() -> None:
     small, large = _peak_bytes(10_000), _peak_bytes(100_000)
     # Ten times the objects, about the same peak: one page and its key range at a time.
     assert large < 1.5 * small, (small, large)
+
+
+def test_rows_stuck_in_flight_are_found_without_walking_the_buckets(store: IndexStore) -> None:
+    sink = Sink()
+    stuck = VideoRecord(video_id(BUCKET, "deep/x.mp4"), s3_uri(BUCKET, "deep/x.mp4"), VideoStatus.INDEXING)
+    store.catalog.write(stuck, 0)
+    assert checker(store, Listing(), sink).stuck(repair=True).inconsistencies == 0  # within the grace
+    report = checker(store, Listing(), sink, grace_s=0).stuck(repair=True)
+    assert report.counts[Finding.STUCK] == 1 and [j.key for j in sink.jobs] == ["deep/x.mp4"]

@@ -16,7 +16,7 @@ from pipeline.indexer import ConsumerKilled, Indexer, JobResult, Outcome
 from pipeline.settings import Settings
 from pipeline.videostate import VideoStates
 from storage.catalog import VideoRecord, VideoStatus
-from storage.errors import CorruptVideo, LimitExceeded
+from storage.errors import CorruptVideo, LimitExceeded, TransientError
 from storage.frames import VideoFrames
 from storage.s3 import ObjectHead
 from storage.tables import IndexStore
@@ -311,3 +311,29 @@ def test_a_claim_left_by_a_dead_consumer_counts_and_the_last_start_fails_the_vid
     # Another task for the same video starts from zero.
     store.catalog.write(store.catalog.get(vid).evolve(status=VideoStatus.QUEUED), store.catalog.get(vid).rev)  # type: ignore[union-attr]
     assert indexer.run(job("a.mp4"), task_id="t2").outcome is Outcome.INDEXED
+
+
+def test_a_job_leaving_after_it_changed_the_rows_puts_the_row_back_in_flight(
+    parts: tuple[Indexer, IndexStore, MemoryObjects], tmp_path: Path
+) -> None:
+    # A job rewrote the rows, then failed before it settled the row (the store blipped): the row
+    # must not keep saying "indexed" over rows it no longer describes.
+    indexer, store, objects = parts
+    objects.put("a.mp4", write_video(tmp_path / "v1.mp4", seconds=2, seed=1))
+    indexer.run(job("a.mp4"))
+    objects.put("a.mp4", write_video(tmp_path / "v2.mp4", seconds=3, seed=2))
+
+    def blip_after_write(step: str, _job: IndexJob) -> None:
+        if step == "written":
+            raise TransientError("index table read failed: connection reset")
+
+    settings = Settings()
+    failing = Indexer(settings, MeanColour(), store, objects, hooks=blip_after_write)
+    with pytest.raises(TransientError):
+        failing.run(job("a.mp4"))
+    record = store.catalog.get(job("a.mp4").video_id)
+    assert record is not None and record.status is VideoStatus.INDEXING and record.frames == -1
+    # The retry finds the row unsettled, looks at the rows, and settles the video.
+    assert indexer.run(job("a.mp4")).outcome is Outcome.INDEXED
+    record = store.catalog.get(job("a.mp4").video_id)
+    assert record is not None and record.status is VideoStatus.INDEXED and record.frames == 3
