@@ -108,8 +108,9 @@ class ScheduledCheck:
             report = self._checker.run(self._buckets, repair=self._repair, max_objects=self._objects)
         self._resume = report.resume_after  # None: the next round starts from the first bucket again
         stuck = self._checker.stuck(repair=self._repair)
+        walked = {i.video_id for i in report.found}
         for item in stuck.found:
-            if item.video_id not in {i.video_id for i in report.found}:
+            if item.video_id not in walked:
                 report.add(item)
         report.submitted += stuck.submitted
         with self._lock:
