@@ -27,6 +27,7 @@ from pipeline.decode import SampledFrame, probe, sample_frames
 from pipeline.settings import LimitSettings, Settings
 from pipeline.videostate import Attempt, VideoStates
 from storage.catalog import IN_FLIGHT, VideoRecord, VideoStatus
+from storage.catalog_writer import CatalogWrites, PendingWrite
 from storage.config import S3Settings
 from storage.errors import PermanentError, TransientError
 from storage.frames import FrameRow, VideoFrames
@@ -188,18 +189,20 @@ class Indexer:
         objects: ObjectSource | None = None,
         writer: FrameWriter | None = None,
         *,
+        catalog_writes: CatalogWrites | None = None,
         holder: str = "local",
         holder_alive: Callable[[str], bool] = lambda holder: True,
         hooks: StepHook = _no_hook,
     ) -> None:
         """``writer`` replaces a video's frames (a ``GroupedFrameWriter`` shares commits between the
-        jobs of one process); by default the frames table itself, one commit per video. ``holder``
+        jobs of one process); by default the frames table itself, one commit per video;
+        ``catalog_writes`` takes the catalog's writes (by default one commit each). ``holder``
         names this consumer process in the started-marker; ``holder_alive`` tells whether another
         holder's process still runs (a claim it left behind while dead counts as a crash)."""
         self._settings = settings
         self._embedder = embedder
         self._store = store or IndexStore(settings.s3)
-        self._states = VideoStates(self._store.catalog)
+        self._states = VideoStates(self._store.catalog, catalog_writes)
         self._objects = objects or S3ObjectSource(settings.s3, settings.limits)
         self._writer: FrameWriter = writer or self._store.frames
         self._holder = holder
@@ -344,7 +347,7 @@ class Indexer:
                 raise ConsumerKilled(
                     f"the consumer died {crashes} times while indexing this video (killed, out of memory or crashed)"
                 )
-            claimed = self._states.claim(
+            claim = self._states.claim_async(
                 job,
                 seen,
                 version=head.version,
@@ -353,14 +356,20 @@ class Indexer:
                 attempt=attempt,
                 crashes=crashes,
             )
-            if claimed is None:
-                raise _Lost("the row changed before it was claimed")
+        # The claim commits (shared with other jobs' writes) while the object is fetched and embedded;
+        # its outcome is in before any row is written or the failure recorded.
         self._hooks("fetch", job)
         try:
             rows, duration_s = self._embed_object(head, job.video_id, clock)
         except PermanentError as exc:
+            self._claimed(claim, clock, job, best_effort=True)
             self.record_failure(job, exc.reason, version=head.version)
             raise
+        except BaseException:
+            self._claimed(claim, clock, job, best_effort=True)
+            raise
+        if self._claimed(claim, clock, job) is None:
+            raise _Lost("the row changed before it was claimed")
         # Overlapping jobs of one key: only one that saw the current version writes.
         self._hooks("recheck", job)
         with clock.stage("head"):
@@ -397,6 +406,20 @@ class Indexer:
         if after is None or after.version != head.version:
             raise _Lost("the object changed while its rows were written")
         return JobResult(job.video_id, Outcome.INDEXED, frames=len(rows))
+
+    def _claimed(
+        self, claim: PendingWrite, clock: StageClock, job: IndexJob, *, best_effort: bool = False
+    ) -> VideoRecord | None:
+        """The claim's outcome. ``best_effort`` (the job is leaving anyway): a failed claim write is
+        only logged."""
+        with clock.stage("catalog"):
+            try:
+                return self._states.wait(claim)
+            except TransientError as exc:
+                if not best_effort:
+                    raise
+                log.warning("%s: the claim's write failed (%s)", job.uri, exc)
+                return None
 
     def _crashes(self, seen: VideoRecord | None, attempt: Attempt | None) -> int:
         """Times this task's consumer died while holding the video, this start included: a claim of

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from events.jobs import IndexJob, JobSink
 from storage.catalog import IN_FLIGHT, Catalog, VideoRecord, VideoStatus
+from storage.catalog_writer import CatalogWrites, DirectWrites, PendingWrite
 from storage.errors import TransientError
 
 log = logging.getLogger(__name__)
@@ -27,31 +28,71 @@ class Attempt:
     holder: str
 
 
-class VideoStates:
-    """The transitions of ``videos`` rows (see the module docstring)."""
+#: Longest a transition waits for the outcome of its write (a grouped commit, see ``storage.catalog_writer``).
+WRITE_TIMEOUT_S = 60.0
 
-    def __init__(self, catalog: Catalog) -> None:
+
+class VideoStates:
+    """The transitions of ``videos`` rows (see the module docstring). Reads go to ``catalog``;
+    writes to ``writes`` (by default one commit per write; a ``GroupedCatalogWriter`` shares them)."""
+
+    def __init__(
+        self, catalog: Catalog, writes: CatalogWrites | None = None, *, write_timeout_s: float = WRITE_TIMEOUT_S
+    ) -> None:
         self.catalog = catalog
+        self._writes: CatalogWrites = writes or DirectWrites(catalog)
+        self._write_timeout_s = write_timeout_s
+
+    def _write(self, record: VideoRecord, expected_rev: int) -> VideoRecord | None:
+        """Raises:
+        TransientError: the write failed or its outcome did not come in time (it may still land).
+        """
+        return self._writes.submit(record, expected_rev).result(self._write_timeout_s)
+
+    def wait(self, pending: PendingWrite) -> VideoRecord | None:
+        """The outcome of a write started by a ``*_async`` transition (bounded like every write)."""
+        return pending.result(self._write_timeout_s)
 
     def read(self, video_id: str) -> VideoRecord | None:
         return self.catalog.get(video_id)
 
-    def queue(self, job: IndexJob, seen: VideoRecord | None) -> VideoRecord | None:
-        """absent | indexed | failed | deleted -> queued, just before a job is submitted (see
-        ``QueueingSink``). A row already queued or being indexed is returned as it is."""
+    def queue_async(self, job: IndexJob, seen: VideoRecord | None) -> PendingWrite | None:
+        """absent | indexed | failed | deleted -> queued, once a job of the video was submitted,
+        compare-and-set on the row as read *before* that submit (see ``QueueingSink``). A row already
+        queued or being indexed is left as it is (None)."""
         if seen is None:
-            return self.catalog.write(VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.QUEUED), 0)
+            return self._writes.submit(VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.QUEUED), 0)
         if seen.status in IN_FLIGHT:
-            return seen
-        return self.catalog.write(seen.evolve(status=VideoStatus.QUEUED, error=None), seen.rev)
+            return None
+        return self._writes.submit(seen.evolve(status=VideoStatus.QUEUED, error=None), seen.rev)
 
-    def unqueue(self, marked: VideoRecord, before: VideoRecord | None) -> VideoRecord | None:
-        """queued -> what it was, when the submit that ``marked`` it failed (absent: failed, with why)."""
-        if before is None:
-            back = marked.evolve(status=VideoStatus.FAILED, error="its job could not be queued; submit it again")
-        else:
-            back = marked.evolve(status=before.status, error=before.error)
-        return self.catalog.write(back, marked.rev)
+    def claim_async(
+        self,
+        job: IndexJob,
+        seen: VideoRecord | None,
+        *,
+        version: str,
+        model: str,
+        sampling: str,
+        attempt: Attempt | None,
+        crashes: int,
+    ) -> PendingWrite:
+        """any -> indexing ``version``: the started-marker (task, holder, crashes). What ``frames``
+        holds (``frames``, ``fingerprint``) is kept: nothing has been written yet. Returns at once:
+        the caller may fetch and decode meanwhile, but must have the outcome (``wait``) before it
+        writes any rows."""
+        base = seen or VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.INDEXING)
+        claimed = base.evolve(
+            status=VideoStatus.INDEXING,
+            version=version,
+            model=model,
+            sampling=sampling,
+            error=None,
+            task_id=attempt.task_id if attempt else None,
+            holder=attempt.holder if attempt else None,
+            crashes=crashes,
+        )
+        return self._writes.submit(claimed, seen.rev if seen else 0)
 
     def claim(
         self,
@@ -64,20 +105,11 @@ class VideoStates:
         attempt: Attempt | None,
         crashes: int,
     ) -> VideoRecord | None:
-        """any -> indexing ``version``: the started-marker (task, holder, crashes). What ``frames``
-        holds (``frames``, ``fingerprint``) is kept: nothing has been written yet."""
-        base = seen or VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.INDEXING)
-        claimed = base.evolve(
-            status=VideoStatus.INDEXING,
-            version=version,
-            model=model,
-            sampling=sampling,
-            error=None,
-            task_id=attempt.task_id if attempt else None,
-            holder=attempt.holder if attempt else None,
-            crashes=crashes,
+        """``claim_async``, waiting for its outcome."""
+        pending = self.claim_async(
+            job, seen, version=version, model=model, sampling=sampling, attempt=attempt, crashes=crashes
         )
-        return self.catalog.write(claimed, seen.rev if seen else 0)
+        return self.wait(pending)
 
     def finish(
         self, seen: VideoRecord, *, version: str, fingerprint: str, frames: int, duration_s: float | None
@@ -85,7 +117,7 @@ class VideoStates:
         """queued | indexing ``version`` -> indexed, right after this job's rows were committed.
         ``seen`` must have been read after that commit: any job that touched the rows later either
         changed the row already (so this write loses) or will lose its own write to this one."""
-        return self.catalog.write(
+        return self._write(
             seen.evolve(
                 status=VideoStatus.INDEXED,
                 version=version,
@@ -99,13 +131,13 @@ class VideoStates:
 
     def confirm(self, seen: VideoRecord, version: str) -> VideoRecord | None:
         """-> indexed, when ``frames`` already holds exactly the rows of ``version`` (checked by the caller)."""
-        return self.catalog.write(seen.evolve(status=VideoStatus.INDEXED, version=version, error=None), seen.rev)
+        return self._write(seen.evolve(status=VideoStatus.INDEXED, version=version, error=None), seen.rev)
 
     def removed(self, job: IndexJob, seen: VideoRecord | None) -> VideoRecord | None:
         """any -> deleted, right after this job removed the video's rows (``seen`` read after that)."""
         base = seen or VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.DELETED)
         gone = base.evolve(status=VideoStatus.DELETED, frames=0, fingerprint=None, error=None, duration_s=None)
-        return self.catalog.write(gone, seen.rev if seen else 0)
+        return self._write(gone, seen.rev if seen else 0)
 
     def unsettle(self, job: IndexJob, seen: VideoRecord | None) -> VideoRecord | None:
         """any -> indexing, by a job leaving after it changed the rows and before it settled the row:
@@ -116,7 +148,7 @@ class VideoStates:
         gone = base.evolve(
             status=VideoStatus.INDEXING, frames=-1, fingerprint=None, error="a job left its rows unsettled"
         )
-        return self.catalog.write(gone, seen.rev if seen else 0)
+        return self._write(gone, seen.rev if seen else 0)
 
     def fail(self, job: IndexJob, seen: VideoRecord | None, reason: str, version: str | None) -> VideoRecord | None:
         """queued | indexing | failed | (anything at ``version``) -> failed(reason). A settled outcome
@@ -127,16 +159,15 @@ class VideoStates:
             return seen
         base = seen or VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.FAILED)
         failed = base.evolve(status=VideoStatus.FAILED, error=reason, version=version or base.version)
-        return self.catalog.write(failed, seen.rev if seen else 0)
+        return self._write(failed, seen.rev if seen else 0)
 
 
 class QueueingSink:
-    """A ``JobSink`` that marks the video ``queued`` before it submits the job, and puts the row back
-    if the submit fails: ``queued`` is written only while no job of this submit can be running yet,
-    so it never lands over the job's own outcome, and a failed submit leaves nothing behind (if even
-    the rollback fails, the scheduled check finds the row past its grace and submits it again).
-    Bucket events don't go through here: a commit per event would cap the fleet (the router submits
-    straight away and the row says ``indexing`` once a consumer takes it)."""
+    """A ``JobSink`` that marks the video ``queued`` once its job is submitted, without waiting for
+    the mark. The mark is a compare-and-set on the row as read before the submit, so it lands only if
+    nothing (the job above all) changed the row since: it can never write over the job's own outcome,
+    and a failed submit writes nothing. Bucket events don't go through here: the router submits
+    straight away and the row says ``indexing`` once a consumer takes the job."""
 
     def __init__(self, sink: JobSink, states: VideoStates) -> None:
         self._sink = sink
@@ -146,19 +177,11 @@ class QueueingSink:
         """Raises:
         TransientError: the task queue did not take the job.
         """
-        seen: VideoRecord | None = None
-        marked: VideoRecord | None = None
         try:
             seen = self._states.read(job.video_id)
-            marked = self._states.queue(job, seen)
         except TransientError as exc:  # the job matters, the status is a courtesy
-            log.warning("could not mark %s queued: %s", job.uri, exc)
-        try:
+            log.warning("could not read %s before its submit, so it is not marked queued: %s", job.uri, exc)
             return self._sink.submit(job)
-        except Exception:
-            if marked is not None and marked is not seen:
-                try:
-                    self._states.unqueue(marked, seen)
-                except TransientError:
-                    log.warning("could not take %s out of queued; the scheduled check will", job.uri)
-            raise
+        task_id = self._sink.submit(job)
+        self._states.queue_async(job, seen)
+        return task_id

@@ -9,7 +9,7 @@ draws them.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -192,6 +192,59 @@ class Catalog:
             result = merge.when_matched_update_all(where="target.rev + 1 = source.rev").execute(data)
         landed = int(result.num_updated_rows) + int(result.num_inserted_rows) > 0
         return written if landed else None
+
+    @write_errors_are_transient
+    def write_many(self, writes: Sequence[tuple[VideoRecord, int]]) -> list[VideoRecord | None]:
+        """``write`` for several videos in one commit: each lands only if its row still holds its
+        ``expected_rev``, independently of the others. Returns, in order, each row as written or None
+        where another writer got there first. At most one write per video.
+
+        Raises:
+            ValueError: a video appears twice.
+            TransientError: the store did not take the commit (none of the writes landed).
+        """
+        if not writes:
+            return []
+        ids = [record.video_id for record, _ in writes]
+        if len(set(ids)) != len(ids):
+            raise ValueError("write_many takes at most one write per video")
+        now = datetime.now(UTC)
+        written = [record.evolve(rev=expected + 1, updated_at=now) for record, expected in writes]
+        rows = []
+        for record in written:
+            row = asdict(record)
+            row["status"] = record.status.value
+            rows.append(row)
+        data = pa.Table.from_pylist(rows, schema=VIDEOS_SCHEMA)
+        # A write of revision 1 inserts (a row holding revision 0 never exists); any other updates the
+        # row only where it holds the revision before. Rows are never deleted, so a write of a later
+        # revision always finds its row.
+        result = (
+            self._videos()
+            .merge_insert("video_id")
+            .when_matched_update_all(where="target.rev + 1 = source.rev")
+            .when_not_matched_insert_all()
+            .execute(data)
+        )
+        landed = int(result.num_updated_rows) + int(result.num_inserted_rows)
+        if landed == len(written):
+            return list(written)
+        if landed == 0:
+            return [None] * len(written)
+        # Some lost: the table as this commit left it says which (later commits may have moved on).
+        at = self._revisions_at(int(result.version), ids)
+        return [w if at.get(w.video_id) == (w.rev, w.updated_at) else None for w in written]
+
+    def _revisions_at(self, version: int, video_ids: Sequence[str]) -> dict[str, tuple[int, datetime]]:
+        table = self._db.connection.open_table(VIDEOS)
+        table.checkout(version)
+        where = f"video_id IN ({', '.join(sql_quote(i) for i in video_ids)})"
+        rows = table.search().where(where).select(["video_id", "rev", "updated_at"]).limit(len(video_ids)).to_list()
+        return {str(r["video_id"]): (int(r["rev"]), r["updated_at"]) for r in rows}
+
+    def version(self) -> int:
+        """The table's current version (one more per commit: benchmarks count commits with it)."""
+        return int(self._videos().version)
 
     def optimize(self, keep_versions_s: float) -> None:
         """Compact the table and drop its versions older than ``keep_versions_s``."""

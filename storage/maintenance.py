@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from lancedb.index import IvfHnswSq, IvfPq, IvfRq, IvfSq
+from lancedb.index import BTree, IvfHnswSq, IvfPq, IvfRq, IvfSq
 
 from storage.config import IndexSettings
 from storage.tables import IndexStore
@@ -28,6 +28,9 @@ from storage.tables import IndexStore
 log = logging.getLogger(__name__)
 
 LEASE = "maintenance"
+#: Columns looked up by id, per table: a BTREE index each, so a lookup or a merge on the key reads
+#: the index instead of scanning every fragment.
+SCALAR_INDEXES = {"videos": ("video_id",), "frames": ("video_id", "frame_id")}
 #: Name LanceDB gives the index on ``frames.vector``.
 VECTOR_INDEX = "vector_idx"
 
@@ -96,6 +99,24 @@ def create_vector_index(store: IndexStore, settings: IndexSettings) -> None:
     table.create_index("vector", config=config, replace=True, name=VECTOR_INDEX)
 
 
+def ensure_scalar_indexes(store: IndexStore) -> list[str]:
+    """Create the ``SCALAR_INDEXES`` a table lacks (new rows are folded in by ``optimize``); returns
+    the ``table.column`` names created."""
+    created = []
+    for name, columns in SCALAR_INDEXES.items():
+        table = store.db.open(name)
+        if table is None:
+            continue
+        have = {tuple(getattr(i, "columns", ())) for i in table.list_indices()}
+        for column in columns:
+            if (column,) not in have:
+                table.create_index(column, config=BTree(), name=f"{column}_idx")
+                created.append(f"{name}.{column}")
+    if created:
+        log.info("scalar indexes created: %s", ", ".join(created))
+    return created
+
+
 def optimize(store: IndexStore, keep_versions_s: float) -> None:
     """Compact both tables' small fragments, fold new frames into the ANN index and drop versions older
     than ``keep_versions_s``. Concurrent writers keep working (their commits are retried on conflict)."""
@@ -136,6 +157,7 @@ class IndexMaintainer:
         s = self._settings
         if not self._store.leases.acquire(LEASE, self._holder, s.lease_ttl_s, self._clock()):
             return RoundResult(Action.SKIPPED_NOT_LEADER)
+        ensure_scalar_indexes(self._store)
         state = vector_index_state(self._store)
         if state is None:
             return RoundResult(Action.NO_TABLE)

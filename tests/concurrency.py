@@ -32,6 +32,7 @@ from storage.catalog import VideoStatus
 from storage.errors import TransientError
 from storage.ids import fingerprint, video_id
 from storage.tables import IndexStore
+from storage.catalog_writer import GroupedCatalogWriter
 from storage.writer import GroupedFrameWriter
 
 #: Pauses injected at step boundaries (and between bucket operations): one with probability
@@ -49,6 +50,8 @@ MAX_TRIES = 6
 GIVE_UP_P = 0.15
 #: Bound on one schedule's wall time (every thread is joined within it).
 SCHEDULE_TIMEOUT_S = 120.0
+#: The catalog writer's commit interval here: short, so schedules stay quick yet writes of racing jobs share commits.
+CATALOG_INTERVAL_S = 0.05
 
 
 class ColourEmbedder:
@@ -78,16 +81,21 @@ class World:
     stores: list[IndexStore] = field(default_factory=list)
     writers: list[GroupedFrameWriter] = field(default_factory=list)
     objects: ObjectSource | None = None
+    #: The cluster's one catalog writer (the CatalogWriter deployment's plain object).
+    catalog_writer: GroupedCatalogWriter | None = None
 
     def close(self) -> None:
         for writer in self.writers:
             writer.close()
+        if self.catalog_writer is not None:
+            self.catalog_writer.close()
 
 
 @contextmanager
 def world(settings: Settings, minio: object, videos: dict[str, Path]) -> Iterator[World]:
-    """Two "consumer processes" (an index-store connection and a grouped writer each) over the
-    settings' index database, and the sample videos' bytes and sampled-frame counts."""
+    """Two "consumer processes" (an index-store connection and a grouped frame writer each) and one
+    grouped catalog writer of their own (as the CatalogWriter deployment is) over the settings' index
+    database, and the sample videos' bytes and sampled-frame counts."""
     from pipeline.decode import sample_frames
 
     data = {name: path.read_bytes() for name, path in videos.items()}
@@ -101,6 +109,7 @@ def world(settings: Settings, minio: object, videos: dict[str, Path]) -> Iterato
         w.stores.append(store)
         w.writers.append(GroupedFrameWriter(store.frames, max_videos=4, wait_s=0.01, commit_timeout_s=30))
     w.objects = S3ObjectSource(settings.s3, settings.limits)
+    w.catalog_writer = GroupedCatalogWriter(IndexStore(settings.s3).catalog, min_interval_s=CATALOG_INTERVAL_S)
     try:
         yield w
     finally:
@@ -155,6 +164,7 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
             w.stores[n],
             w.objects,
             writer=w.writers[n],
+            catalog_writes=w.catalog_writer,
             holder=holder,
             holder_alive=lambda h: h not in dead,
             hooks=hooks,

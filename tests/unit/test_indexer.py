@@ -90,7 +90,7 @@ def test_queued_row_over_indexed_rows_settles_back_without_work(
     objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=2, seed=1))
     indexer.run(job("a.mp4"))
     states = VideoStates(store.catalog)
-    states.queue(job("a.mp4"), states.read(job("a.mp4").video_id))
+    states.queue_async(job("a.mp4"), states.read(job("a.mp4").video_id))
     assert store.catalog.get(job("a.mp4").video_id).status is VideoStatus.QUEUED  # type: ignore[union-attr]
     assert indexer.run(job("a.mp4")).outcome is Outcome.UNCHANGED
     assert store.catalog.get(job("a.mp4").video_id).status is VideoStatus.INDEXED  # type: ignore[union-attr]

@@ -34,26 +34,47 @@ class Sink:
         return "task-1"
 
 
-def test_queued_is_written_before_the_submit(states: VideoStates) -> None:
+def test_queued_is_marked_once_the_job_is_submitted(states: VideoStates) -> None:
     sink = Sink(states)
     assert QueueingSink(sink, states).submit(JOB) == "task-1"
-    assert sink.seen_status == ["queued"]  # the job can't start before the row says queued
+    assert sink.seen_status == [None]  # nothing is written before the submit
+    record = states.read(JOB.video_id)
+    assert record is not None and record.status is VideoStatus.QUEUED
 
 
-def test_a_failed_submit_puts_the_row_back(states: VideoStates) -> None:
+def test_a_failed_submit_writes_nothing(states: VideoStates) -> None:
     done = VideoRecord(JOB.video_id, JOB.uri, VideoStatus.INDEXED, version="e1", frames=2, fingerprint="fp")
     states.catalog.write(done, 0)
     with pytest.raises(TransientError):
         QueueingSink(Sink(states, fail=True), states).submit(JOB)
     back = states.read(JOB.video_id)
-    assert back is not None and back.status is VideoStatus.INDEXED and back.fingerprint == "fp"
-
-
-def test_a_failed_submit_of_a_new_video_leaves_a_reason_not_queued(states: VideoStates) -> None:
+    assert back is not None and back.status is VideoStatus.INDEXED and back.rev == 1
+    other = IndexJob(op=JobOp.INDEX, bucket="videos", key="new.mp4", source=JobSource.API)
     with pytest.raises(TransientError):
-        QueueingSink(Sink(states, fail=True), states).submit(JOB)
+        QueueingSink(Sink(states, fail=True), states).submit(other)
+    assert states.read(other.video_id) is None
+
+
+class JobRunsBeforeTheMark(Sink):
+    """A submit whose job claims and finishes the video before ``submit`` returns (a fast consumer)."""
+
+    def submit(self, job: IndexJob) -> str:
+        seen = self.states.read(job.video_id)
+        claimed = self.states.claim(job, seen, version="e2", model="m", sampling="s", attempt=None, crashes=0)
+        assert claimed is not None
+        assert self.states.finish(claimed, version="e2", fingerprint="fp2", frames=3, duration_s=1.0) is not None
+        return "task-2"
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new-video", "indexed-video"])
+def test_the_queued_mark_never_lands_over_the_outcome_of_the_job_it_submitted(
+    states: VideoStates, existing: bool
+) -> None:
+    if existing:
+        states.catalog.write(VideoRecord(JOB.video_id, JOB.uri, VideoStatus.INDEXED, version="e1"), 0)
+    assert QueueingSink(JobRunsBeforeTheMark(states), states).submit(JOB) == "task-2"
     record = states.read(JOB.video_id)
-    assert record is not None and record.status is VideoStatus.FAILED and "could not be queued" in (record.error or "")
+    assert record is not None and record.status is VideoStatus.INDEXED and record.fingerprint == "fp2"
 
 
 def test_a_row_being_indexed_is_not_marked_queued(states: VideoStates) -> None:
@@ -72,7 +93,8 @@ def test_every_transition_loses_to_a_write_it_did_not_see(states: VideoStates) -
     assert states.finish(first, version="e1", fingerprint="fp", frames=2, duration_s=1.0) is None
     assert states.removed(JOB, first) is None
     assert states.fail(JOB, first, "boom", "e1") is None
-    assert states.queue(JOB, first.evolve(status=VideoStatus.DELETED)) is None
+    pending = states.queue_async(JOB, first.evolve(status=VideoStatus.DELETED))
+    assert pending is not None and states.wait(pending) is None
     assert states.read(JOB.video_id) == moved
 
 

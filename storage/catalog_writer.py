@@ -1,0 +1,189 @@
+"""Catalog writes as pending results, and a writer that gathers them into shared commits.
+
+Every catalog commit is a manifest write (and its conflict check) on object storage; a video costs
+two transitions (claim, finish), so one commit per transition caps the whole cluster at a few videos
+per second. ``GroupedCatalogWriter`` commits whatever writes are waiting in one ``Catalog.write_many``
+(each still a compare-and-set of its own), at most one commit per ``min_interval_s``: alone, a write
+commits at once; under load the commit rate stays fixed and each commit carries more videos.
+docs/architecture.md says why the state machine's argument holds unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from storage.catalog import Catalog, VideoRecord
+from storage.errors import TransientError
+
+log = logging.getLogger(__name__)
+
+#: Longest wait for the writer thread to drain when the writer is closed.
+CLOSE_TIMEOUT_S = 30.0
+
+
+class PendingWrite(Protocol):
+    """The outcome of one submitted write: the row as written, or None when another writer won."""
+
+    def result(self, timeout_s: float) -> VideoRecord | None: ...
+
+
+class CatalogWrites(Protocol):
+    """Where compare-and-set writes of catalog rows go (``Catalog.write`` semantics)."""
+
+    def submit(self, record: VideoRecord, expected_rev: int) -> PendingWrite: ...
+
+
+class _Done:
+    """A write that already has its outcome."""
+
+    def __init__(self, value: VideoRecord | None = None, error: Exception | None = None) -> None:
+        self._value = value
+        self._error = error
+
+    def result(self, timeout_s: float) -> VideoRecord | None:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class DirectWrites:
+    """One commit per write, made in the caller's thread (tests, the scheduled check, tools)."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+
+    def submit(self, record: VideoRecord, expected_rev: int) -> PendingWrite:
+        try:
+            return _Done(self._catalog.write(record, expected_rev))
+        except TransientError as exc:
+            return _Done(error=exc)
+
+
+class FutureWrite:
+    """A ``PendingWrite`` over a ``concurrent.futures.Future`` (the grouped writer's own)."""
+
+    def __init__(self, future: Future[VideoRecord | None], video_id: str) -> None:
+        self._future = future
+        self._video_id = video_id
+
+    def result(self, timeout_s: float) -> VideoRecord | None:
+        """Raises:
+        TransientError: the commit failed, or its outcome did not come within ``timeout_s`` (the
+            write may still land: callers treat it like any failed write).
+        """
+        try:
+            return self._future.result(timeout=timeout_s)
+        except TimeoutError as exc:
+            raise TransientError(f"no outcome of the catalog write of {self._video_id} within {timeout_s:g}s") from exc
+
+
+@dataclass(eq=False, slots=True)
+class _Pending:
+    record: VideoRecord
+    expected_rev: int
+    future: Future[VideoRecord | None] = field(default_factory=Future)
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogWriterStats:
+    commits: int
+    writes: int
+    lost: int
+    failed_commits: int
+
+
+class GroupedCatalogWriter:
+    """Gathers concurrent catalog writes into grouped commits (see the module docstring)."""
+
+    def __init__(self, catalog: Catalog, *, min_interval_s: float = 1.0, max_writes: int = 512) -> None:
+        if min_interval_s < 0 or max_writes < 1:
+            raise ValueError("min_interval_s must be >= 0 and max_writes >= 1")
+        self._catalog = catalog
+        self._min_interval_s = min_interval_s
+        self._max_writes = max_writes
+        self._queue: deque[_Pending] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._last_commit = float("-inf")
+        self._commits = self._writes = self._lost = self._failed = 0
+        self._thread = threading.Thread(target=self._run, name="catalog-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def stats(self) -> CatalogWriterStats:
+        with self._cond:
+            return CatalogWriterStats(self._commits, self._writes, self._lost, self._failed)
+
+    def submit(self, record: VideoRecord, expected_rev: int) -> PendingWrite:
+        """Queue ``record`` to be written if its row still holds ``expected_rev``; returns at once."""
+        pending = _Pending(record, expected_rev)
+        with self._cond:
+            if self._closed:
+                pending.future.set_exception(TransientError("the catalog writer is closed"))
+            else:
+                self._queue.append(pending)
+                self._cond.notify_all()
+        return FutureWrite(pending.future, record.video_id)
+
+    def close(self) -> None:
+        """Commit what is queued, then stop the writer thread (bounded by ``CLOSE_TIMEOUT_S``)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(CLOSE_TIMEOUT_S)
+
+    # -- the writer thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while (group := self._next_group()) is not None:
+            self._commit(group)
+
+    def _next_group(self) -> list[_Pending] | None:
+        """The next group, in arrival order (one write per video); None once closed and drained."""
+        with self._cond:
+            while not self._queue:
+                if self._closed:
+                    return None
+                self._cond.wait()
+            # The commit rate is capped: writes arriving meanwhile join the next commit.
+            while not self._closed and (left := self._last_commit + self._min_interval_s - time.monotonic()) > 0:
+                self._cond.wait(left)
+            group: list[_Pending] = []
+            ids: set[str] = set()
+            for pending in list(self._queue):
+                if len(group) >= self._max_writes:
+                    break
+                if pending.record.video_id in ids:
+                    continue  # a second write of one video waits for the first one's commit
+                ids.add(pending.record.video_id)
+                group.append(pending)
+            for pending in group:
+                self._queue.remove(pending)
+            return group
+
+    def _commit(self, group: list[_Pending]) -> None:
+        started = time.perf_counter()
+        try:
+            outcomes = self._catalog.write_many([(p.record, p.expected_rev) for p in group])
+        except Exception as exc:  # the writer thread carries on whatever a commit raises
+            log.warning("grouped catalog commit of %d writes failed: %s", len(group), exc)
+            error = exc if isinstance(exc, TransientError) else TransientError(f"catalog commit failed: {exc}")
+            with self._cond:
+                self._failed += 1
+                self._last_commit = time.monotonic()
+            for pending in group:
+                pending.future.set_exception(error)
+            return
+        with self._cond:
+            self._commits += 1
+            self._writes += len(group)
+            self._lost += sum(1 for o in outcomes if o is None)
+            self._last_commit = time.monotonic()
+        log.debug("catalog commit of %d writes in %.3fs", len(group), time.perf_counter() - started)
+        for pending, outcome in zip(group, outcomes, strict=True):
+            pending.future.set_result(outcome)

@@ -1,0 +1,148 @@
+"""storage/catalog.py ``write_many`` and storage/catalog_writer.py: grouped compare-and-set commits over a
+real local catalog."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from storage.catalog import VideoRecord, VideoStatus
+from storage.catalog_writer import DirectWrites, GroupedCatalogWriter
+from storage.config import S3Settings
+from storage.errors import TransientError
+from storage.tables import IndexStore
+
+#: Longest any thread of these tests waits.
+WAIT_S = 30.0
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> IndexStore:
+    return IndexStore(S3Settings(), uri=str(tmp_path / "lance"))
+
+
+def record(video_id: str, status: VideoStatus = VideoStatus.INDEXING, **fields: object) -> VideoRecord:
+    return VideoRecord(video_id=video_id, uri=f"s3://videos/{video_id}.mp4", status=status, **fields)  # type: ignore[arg-type]
+
+
+def test_write_many_lands_every_write_in_one_commit(store: IndexStore) -> None:
+    store.catalog.get("x")  # the table exists
+    before = store.catalog.version()
+    written = store.catalog.write_many([(record(f"v{i}"), 0) for i in range(10)])
+    assert all(w is not None and w.rev == 1 for w in written)
+    assert store.catalog.version() == before + 1
+    assert store.catalog.get("v3") == written[3]
+
+
+def test_write_many_tells_each_loser_apart_from_the_winners(store: IndexStore) -> None:
+    a = store.catalog.write(record("a"), 0)
+    b = store.catalog.write(record("b"), 0)
+    assert a is not None and b is not None
+    moved = store.catalog.write(b.evolve(status=VideoStatus.FAILED), b.rev)  # b moves on: rev 2
+    assert moved is not None
+    outcomes = store.catalog.write_many(
+        [
+            (a.evolve(status=VideoStatus.INDEXED), a.rev),  # lands
+            (b.evolve(status=VideoStatus.INDEXED), b.rev),  # stale: loses
+            (record("c"), 0),  # a new row: lands
+            (record("a2"), 0),
+        ]
+    )
+    assert [o is not None for o in outcomes] == [True, False, True, True]
+    assert store.catalog.get("b") == moved
+    assert store.catalog.get("a") == outcomes[0]
+
+
+def test_write_many_of_an_existing_row_as_new_loses(store: IndexStore) -> None:
+    assert store.catalog.write(record("a"), 0) is not None
+    assert store.catalog.write_many([(record("a", VideoStatus.FAILED), 0), (record("b"), 0)])[0] is None
+    got = store.catalog.get("a")
+    assert got is not None and got.status is VideoStatus.INDEXING
+
+
+def test_write_many_refuses_two_writes_of_one_video(store: IndexStore) -> None:
+    with pytest.raises(ValueError):
+        store.catalog.write_many([(record("a"), 0), (record("a"), 0)])
+
+
+def test_concurrent_submits_share_commits_and_each_learns_its_outcome(store: IndexStore) -> None:
+    """THREADS threads submit at once, each one new row and one stale write; the writer commits at
+    most once per interval, so the writes share a few commits; every thread learns its own outcome."""
+    threads_n = 24
+    store.catalog.get("x")
+    stale = store.catalog.write(record("stale"), 0)
+    assert stale is not None and store.catalog.write(stale.evolve(error="moved"), stale.rev) is not None
+    before = store.catalog.version()
+    writer = GroupedCatalogWriter(store.catalog, min_interval_s=0.2)
+    barrier = threading.Barrier(threads_n)
+    results: list[tuple[VideoRecord | None, VideoRecord | None] | BaseException] = [None] * threads_n  # type: ignore[list-item]
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(WAIT_S)
+            mine = writer.submit(record(f"v{i}"), 0)
+            lost = writer.submit(stale.evolve(frames=i), stale.rev) if i % 6 == 0 else None
+            results[i] = (mine.result(WAIT_S), lost.result(WAIT_S) if lost else None)
+        except BaseException as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(threads_n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S)
+    writer.close()
+    assert not any(t.is_alive() for t in threads)
+    assert all(isinstance(r, tuple) for r in results), results
+    assert all(r[0] is not None and r[0].rev == 1 for r in results if isinstance(r, tuple))
+    assert all(r[1] is None for r in results if isinstance(r, tuple))
+    commits = store.catalog.version() - before
+    assert commits == writer.stats.commits and commits < threads_n // 2, writer.stats
+    assert writer.stats.writes == threads_n + 4 and writer.stats.lost == 4
+
+
+def test_a_lone_write_commits_at_once_and_the_rate_is_capped_after(store: IndexStore) -> None:
+    writer = GroupedCatalogWriter(store.catalog, min_interval_s=0.5)
+    first = writer.submit(record("a"), 0)
+    assert first.result(WAIT_S) is not None
+    burst = [writer.submit(record(f"b{i}"), 0) for i in range(5)]
+    assert all(p.result(WAIT_S) is not None for p in burst)
+    writer.close()
+    assert writer.stats.commits == 2  # the burst waited for the interval and went as one
+
+
+def test_a_second_write_of_one_video_goes_in_the_next_commit(store: IndexStore) -> None:
+    writer = GroupedCatalogWriter(store.catalog, min_interval_s=0.2)
+    writer.submit(record("warm"), 0).result(WAIT_S)
+    first = writer.submit(record("a"), 0)
+    second = writer.submit(record("a", VideoStatus.INDEXED), 1)  # written from the first's revision
+    assert first.result(WAIT_S) is not None
+    landed = second.result(WAIT_S)
+    writer.close()
+    assert landed is not None and landed.rev == 2 and store.catalog.get("a") == landed
+
+
+def test_a_failed_commit_is_transient_for_every_write_of_the_group(
+    store: IndexStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*_: object) -> None:
+        raise TransientError("index table write failed: connection reset")
+
+    monkeypatch.setattr(store.catalog, "write_many", broken)
+    writer = GroupedCatalogWriter(store.catalog, min_interval_s=0)
+    pending = [writer.submit(record(f"v{i}"), 0) for i in range(3)]
+    for p in pending:
+        with pytest.raises(TransientError):
+            p.result(WAIT_S)
+    writer.close()
+    with pytest.raises(TransientError):
+        writer.submit(record("late"), 0).result(WAIT_S)
+    assert writer.stats.failed_commits >= 1
+
+
+def test_direct_writes_commit_in_the_callers_thread(store: IndexStore) -> None:
+    direct = DirectWrites(store.catalog)
+    assert direct.submit(record("a"), 0).result(0) is not None
+    assert direct.submit(record("a"), 0).result(0) is None
