@@ -1,4 +1,5 @@
-"""The decode stage: probe a video and sample one frame every ``every_s`` seconds of its timeline.
+"""The decode stage: probe a video and sample one frame every ``every_s`` seconds of its timeline
+(``open_sampled`` does both with one open of the file).
 
 The decoding itself is ``pipeline.sampling`` (PyAV); here it runs in a worker process
 (``pipeline.decode_worker``) that is killed, and the decode abandoned, when it overruns
@@ -12,10 +13,10 @@ import atexit
 import resource
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -31,7 +32,7 @@ from pipeline.decode_worker import (
     WorkerPool,
     serve,
 )
-from pipeline.sampling import DecodeStats, SampledFrame, VideoInfo, hms, probe_file, sample_file, scaled_size, span
+from pipeline.sampling import DecodeStats, SampledFrame, VideoInfo, hms, open_file, probe_file, scaled_size, span
 from storage.errors import CorruptVideo, LimitExceeded, NotAVideo, TransientError
 
 __all__ = [
@@ -41,8 +42,10 @@ __all__ = [
     "DecodeStats",
     "DecodeStrategy",
     "SampledFrame",
+    "SampledVideo",
     "VideoInfo",
     "hms",
+    "open_sampled",
     "probe",
     "sample_frames",
     "scaled_size",
@@ -100,6 +103,58 @@ def probe(path: Path, limits: DecodeLimits, *, isolated: bool = True) -> VideoIn
     return info
 
 
+class SampledVideo(NamedTuple):
+    """A video opened once for sampling: its stream facts and the generator of its sampled frames
+    (closing it, or dropping it, ends the decode and frees its worker)."""
+
+    info: VideoInfo
+    frames: Generator[SampledFrame, None, None]
+
+
+def open_sampled(
+    path: Path,
+    every_s: float,
+    limits: DecodeLimits,
+    max_side: int = 384,
+    *,
+    strategy: DecodeStrategy = DecodeStrategy.AUTO,
+    threads: int = 0,
+    stats: DecodeStats | None = None,
+    isolated: bool = True,
+) -> SampledVideo:
+    """``probe`` and ``sample_frames`` with one open of the file: returns once the stream facts are
+    read and checked (``info``, as ``probe`` gives them), with ``frames`` yielding what
+    ``sample_frames`` yields. The parameters are ``sample_frames``'s; ``max_decode_s`` bounds the
+    whole of it, the header included.
+
+    Raises:
+        ValueError: ``every_s`` isn't positive.
+        NotAVideo, CorruptVideo, LimitExceeded, TransientError: as ``probe``, here; as
+            ``sample_frames``, from ``frames``.
+    """
+    if every_s <= 0:
+        raise ValueError("every_s must be positive")
+    stats = stats if stats is not None else DecodeStats()
+    if not isolated:
+        return SampledVideo(*open_file(path, every_s, limits, max_side, DecodeStrategy(strategy), threads, stats))
+    request = _request(
+        "sample",
+        path,
+        limits,
+        every_s=every_s,
+        max_side=max_side,
+        strategy=DecodeStrategy(strategy).value,
+        threads=threads,
+    )
+    video = _sample_in_worker(request, limits.max_decode_s, stats)
+    # The generator runs up to the stream facts: errors before them are raised here, and the worker
+    # is held by a started generator, which its close (or collection) hands back or ends.
+    info = next(video, None)
+    if not isinstance(info, VideoInfo):
+        raise TransientError("the decode worker ended a decode without the stream facts")
+    return SampledVideo(info, cast("Generator[SampledFrame, None, None]", video))
+
+
 def sample_frames(
     path: Path,
     every_s: float,
@@ -117,7 +172,9 @@ def sample_frames(
     late on an MPEG-TS clock) yields its first frame at its own time, for every target up to it.
 
     ``strategy`` picks how (see ``DecodeStrategy``; all but ``keyframes`` yield the same frames);
-    ``threads`` is the decoder's thread count (0: FFmpeg's choice, one per core and one more);
+    ``threads`` is the decoder's thread count (0: one for the strategies that decode sparsely, where
+    frame threads cost CPU time and barely shorten the decode; FFmpeg's choice, one per core and one
+    more, for ``sequential``);
     ``stats``, when given, is filled in with what the decode did. ``isolated`` (the default) decodes
     in a worker process; the time it takes (not the time the caller holds a frame) is checked at
     every frame against ``limits.max_decode_s``, and a worker still stuck a moment past the limit is
@@ -133,28 +190,25 @@ def sample_frames(
     Frames whose stream carries a display matrix are rotated upright (a portrait phone video yields
     portrait frames), after scaling, so ``max_side`` bounds the longer side either way.
     """
-    if every_s <= 0:
-        raise ValueError("every_s must be positive")
-    stats = stats if stats is not None else DecodeStats()
-    if not isolated:
-        yield from sample_file(path, every_s, limits, max_side, strategy, threads, stats)
-        return
-    request = _request(
-        "sample",
-        path,
-        limits,
-        every_s=every_s,
-        max_side=max_side,
-        strategy=DecodeStrategy(strategy).value,
-        threads=threads,
+    video = open_sampled(
+        path, every_s, limits, max_side, strategy=strategy, threads=threads, stats=stats, isolated=isolated
     )
+    yield from video.frames
+
+
+def _sample_in_worker(
+    request: dict[str, Any], max_decode_s: float, stats: DecodeStats
+) -> Generator[VideoInfo | SampledFrame, None, None]:
+    """The stream facts, then the frames, of a ``sample`` request run in a worker."""
     last_ts: float | None = None
 
     def where() -> str:
         return "before the first frame" if last_ts is None else f"after the frame at {hms(last_ts)}"
 
-    for message in _in_worker(request, limits.max_decode_s, where):
-        if message.kind == _FRAME:
+    for message in _in_worker(request, max_decode_s, where):
+        if message.kind == _INFO:
+            yield VideoInfo(**message.header)
+        elif message.kind == _FRAME:
             header = message.header
             # The payload is a fresh bytearray: the array owns writable memory, no copy.
             rgb = np.frombuffer(message.payload, dtype=np.uint8).reshape(header["shape"])
@@ -228,8 +282,12 @@ def _handle(request: dict[str, Any], reply: Callable[[Message], None]) -> None:
     stats = DecodeStats()
     started = _cpu_s()
     strategy = DecodeStrategy(request["strategy"])
-    frames = sample_file(path, request["every_s"], limits, request["max_side"], strategy, request["threads"], stats)
     try:
+        # One open: the stream facts first, then the frames.
+        info, frames = open_file(
+            path, request["every_s"], limits, request["max_side"], strategy, request["threads"], stats
+        )
+        reply(Message(_INFO, asdict(info)))
         for frame in frames:
             pixels = np.ascontiguousarray(frame.rgb)
             header = {"index": frame.index, "ts_s": frame.ts_s, "shape": list(pixels.shape)}

@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 from PIL import Image
 
 from events.jobs import IndexJob, JobOp
-from pipeline.decode import SampledFrame, probe, sample_frames
+from pipeline.decode import SampledFrame, open_sampled
 from pipeline.settings import LimitSettings, Settings
 from pipeline.videostate import Attempt, VideoStates
 from storage.catalog import IN_FLIGHT, VideoRecord, VideoStatus
@@ -439,18 +439,15 @@ class Indexer:
             with clock.stage("fetch"):
                 self._objects.download(head, path)
             with clock.stage("decode"):
-                info = probe(path, settings.limits)
-            frames = clock.timed(
-                "decode",
-                sample_frames(
+                info, sampled = open_sampled(
                     path,
                     settings.sampling.every_s,
                     settings.limits,
                     max_side=settings.sampling.decode_max_side,
                     strategy=settings.sampling.decode_strategy,
                     threads=settings.sampling.decode_threads,
-                ),
-            )
+                )
+            frames = clock.timed("decode", sampled)
             rows: list[FrameRow] = []
             for chunk in _chunks(frames, settings.sampling.embed_chunk):
                 with clock.stage("embed"):

@@ -11,14 +11,16 @@ value that broke it. ``pipeline.decode`` runs this in a worker process.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import cast
 
 import av
 import av.error
 import numpy as np
+from av.video.reformatter import VideoReformatter
 from numpy.typing import NDArray
 
 from pipeline.decode_settings import DecodeLimits, DecodeStrategy
@@ -184,9 +186,11 @@ def _info(
     return info, stream, zero
 
 
-def _upright_rgb(frame: av.VideoFrame, width: int, height: int) -> NDArray[np.uint8]:
+def _upright_rgb(frame: av.VideoFrame, reformatter: VideoReformatter, width: int, height: int) -> NDArray[np.uint8]:
+    # One reformatter for all of a video's frames: its scaler is set up once, not per frame.
+    scaled = reformatter.reformat(frame, width, height, "rgb24")
     # rgb24 is uint8 already (no copy); asarray narrows to_ndarray's union type for mypy.
-    rgb = np.asarray(frame.to_ndarray(format="rgb24", width=width, height=height), dtype=np.uint8)
+    rgb = np.asarray(scaled.to_ndarray(), dtype=np.uint8)
     # ``rotation`` is the counter-clockwise turn (a multiple of 90 for every real camera) that
     # displays the frame upright, as np.rot90 turns.
     quarter_turns = round(frame.rotation / 90) % 4
@@ -210,6 +214,11 @@ class DecodeStats:
     #: CPU seconds (all threads) the decode took in its worker process; 0 when decoded in-process.
     worker_cpu_s: float = 0.0
 
+
+#: Decoder threads for ``threads=0`` by strategy (absent: FFmpeg's choice). A sparse decode is a chain
+#: from each keyframe (mostly the keyframe itself): frame threads add CPU time and barely shorten it,
+#: and videos are decoded side by side by the consumers anyway.
+_SPARSE_THREADS = {DecodeStrategy.AUTO: 1, DecodeStrategy.SAMPLED: 1, DecodeStrategy.KEYFRAMES: 1}
 
 #: Codecs whose decoders skip non-reference frames exactly (``skip_frame = NONREF``).
 _NONREF_SKIP_CODECS = frozenset({"h264", "hevc"})
@@ -237,6 +246,7 @@ class _Sampler:
         #: The timeline's zero in seconds of the stream's clock; None until the first frame sets it.
         self.zero = zero
         self.out_w, self.out_h = out_size
+        self.reformatter = VideoReformatter()
         self.started = time.monotonic()
         # Time the consumer spends between frames (embedding, thumbnails) is not decode time.
         self.paused_s = 0.0
@@ -289,7 +299,7 @@ class _Sampler:
                 continue
             if self.index >= self.limits.max_frames:
                 raise LimitExceeded(f"exceeds max frames per video {self.limits.max_frames} (at {hms(ts)})")
-            rgb = _upright_rgb(frame, self.out_w, self.out_h)
+            rgb = _upright_rgb(frame, self.reformatter, self.out_w, self.out_h)
             handed_over = time.monotonic()
             yield SampledFrame(index=self.index, ts_s=round(ts, 3), rgb=rgb)
             self.paused_s += time.monotonic() - handed_over
@@ -384,7 +394,7 @@ def probe_file(path: Path, limits: DecodeLimits) -> VideoInfo:
         return _info(container, limits)[0]
 
 
-def sample_file(
+def open_file(
     path: Path,
     every_s: float,
     limits: DecodeLimits,
@@ -392,11 +402,32 @@ def sample_file(
     strategy: DecodeStrategy,
     threads: int,
     stats: DecodeStats,
-) -> Iterator[SampledFrame]:
-    """``pipeline.decode.sample_frames``, in this thread (``every_s`` already checked)."""
+) -> tuple[VideoInfo, Generator[SampledFrame, None, None]]:
+    """``pipeline.decode.open_sampled``, in this thread (``every_s`` already checked): the file is
+    opened once; its stream facts are checked here (raising what ``probe_file`` raises) and the
+    frames come from the generator, which holds the file open until it ends or is closed."""
+    video = _video(path, every_s, limits, max_side, strategy, threads, stats)
+    # The generator runs up to its stream facts: open errors are raised here, and closing it closes the file.
+    info = next(video)
+    assert isinstance(info, VideoInfo)
+    return info, cast("Generator[SampledFrame, None, None]", video)
+
+
+def _video(
+    path: Path,
+    every_s: float,
+    limits: DecodeLimits,
+    max_side: int,
+    strategy: DecodeStrategy,
+    threads: int,
+    stats: DecodeStats,
+) -> Generator[VideoInfo | SampledFrame, None, None]:
+    """The stream facts, then the sampled frames."""
     with _open(path) as container:
         info, stream, zero = _info(container, limits)
+        yield info
         stream.thread_type = "AUTO"
+        threads = threads or _SPARSE_THREADS.get(strategy, 0)
         if threads:
             stream.codec_context.thread_count = threads
         out_size = scaled_size(info.width, info.height, max_side)

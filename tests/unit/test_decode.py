@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import av
 import numpy as np
 import pydantic
 import pytest
@@ -19,6 +20,7 @@ from pipeline.decode import (
     DecodeStrategy,
     SampledFrame,
     VideoInfo,
+    open_sampled,
     probe,
     sample_frames,
     span,
@@ -217,6 +219,56 @@ def test_probe_reads_stream_facts(
     assert info.fps == pytest.approx(25.0)
     # MPEG program streams (.mpg) report the last frame's start, one frame short.
     assert info.duration_s == pytest.approx(SECONDS, abs=0.1)
+
+
+@pytest.mark.parametrize("isolated", [True, False], ids=["worker", "in-process"])
+def test_open_sampled_gives_the_probe_and_the_frames(video: VideoFactory, isolated: bool) -> None:
+    path = video(".mkv", fps=25, seed=7)
+
+    info, frames = open_sampled(path, 0.5, DecodeLimits(), isolated=isolated)
+
+    assert info == probe(path, DecodeLimits())
+    got, expected = list(frames), sample(path, 0.5)
+    assert [(f.index, f.ts_s) for f in got] == [(f.index, f.ts_s) for f in expected]
+    assert all(mae(a.rgb, b.rgb) == 0.0 for a, b in zip(got, expected, strict=True))
+
+
+def test_open_sampled_opens_the_file_once(video: VideoFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = video(fps=25, seed=8)
+    opened: list[str] = []
+    real_open = av.open
+
+    def counting_open(file: str, *args: Any, **kwargs: Any) -> Any:
+        opened.append(file)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(av, "open", counting_open)
+    info, frames = open_sampled(path, 1.0, DecodeLimits(), isolated=False)
+    assert len(list(frames)) == 3
+
+    assert opened == [str(path)]
+    assert info.duration_s == pytest.approx(SECONDS, abs=0.1)
+
+
+@pytest.mark.parametrize("isolated", [True, False], ids=["worker", "in-process"])
+def test_open_sampled_raises_what_probe_raises_before_any_frame(
+    video: VideoFactory, tmp_path: Path, isolated: bool
+) -> None:
+    text = tmp_path / "notes.mp4"
+    text.write_text("not a video\n")
+    limits = DecodeLimits(max_duration_s=2.0)
+
+    with pytest.raises(NotAVideo) as not_a_video:
+        open_sampled(text, 1.0, DecodeLimits(), isolated=isolated)
+    with pytest.raises(LimitExceeded) as too_long:
+        open_sampled(video(), 1.0, limits, isolated=isolated)
+    with pytest.raises(LimitExceeded) as probed:
+        probe(video(), limits, isolated=isolated)
+
+    assert not_a_video.value.reason == "not a video: a text file"
+    assert too_long.value.reason == probed.value.reason == "exceeds max duration 2s (video is 3s)"
+    with pytest.raises(ValueError, match="every_s"):
+        open_sampled(video(), 0.0, DecodeLimits(), isolated=isolated)
 
 
 # Odd but valid videos.

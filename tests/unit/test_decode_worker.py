@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.decode import ABANDON_GRACE_S, DecodeLimits, DecodeStats, probe, sample_frames
+from pipeline.decode import ABANDON_GRACE_S, DecodeLimits, DecodeStats, open_sampled, probe, sample_frames
 from storage.errors import CorruptVideo, LimitExceeded, NotAVideo, TransientError
 from tests.media import mae, write_corrupt_mp4, write_video
 
@@ -197,6 +197,19 @@ def test_stopping_early_ends_the_worker_it_held(source: Path, warm: None) -> Non
     assert child_pids() < busy
     assert busy == children
     assert len(list(sample_frames(source, 1.0, DecodeLimits()))) == 6
+
+
+def test_closing_an_opened_video_before_its_frames_ends_the_worker_it_held(source: Path, warm: None) -> None:
+    children = child_pids()
+    info, frames = open_sampled(source, 1.0, DecodeLimits())
+    assert info.width == 160
+    # One request holds the worker from the stream facts to the last frame.
+    busy = child_pids()
+    frames.close()
+
+    assert child_pids() < busy
+    assert busy == children
+    assert [f.ts_s for f in open_sampled(source, 1.0, DecodeLimits()).frames] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
 
 
 def test_errors_in_the_worker_keep_their_type_reason_and_cause(tmp_path: Path) -> None:
