@@ -13,7 +13,7 @@ import posixpath
 import re
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Protocol, TypeVar
 
 from fastapi import APIRouter, FastAPI, File, HTTPException, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
@@ -33,6 +33,7 @@ from storage.ids import parse_s3_uri, video_id
 from storage.tables import IndexStore
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class JobSubmitter(Protocol):
@@ -82,8 +83,8 @@ class VideoList(BaseModel):
 RETRY_AFTER_S = 5
 
 
-def _error(status: int, code: str, message: str) -> JSONResponse:
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+def _error(status: int, code: str, message: str, retry_after_s: int = RETRY_AFTER_S) -> JSONResponse:
+    headers = {"Retry-After": str(retry_after_s)} if status == 503 else None
     return JSONResponse(status_code=status, content={"error": {"code": code, "message": message}}, headers=headers)
 
 
@@ -96,6 +97,8 @@ PUBLIC_PATH = "/healthz"
 #: Paths under this prefix need the admin key (dead letters, reindex).
 ADMIN_PREFIX = "/v1/admin"
 IMAGE_SEARCH_PATH = "/v1/search/image"
+#: Paths answered whatever the load: probes must tell "busy" from "down".
+UNSHED_PATHS = frozenset({PUBLIC_PATH, "/metrics"})
 
 _HTTP_CODES = {
     400: "bad_request",
@@ -203,6 +206,41 @@ class BodyLimit:
         await self._app(scope, bounded, send)
 
 
+class Admission:
+    """ASGI middleware bounding the requests the app works on at once: past ``max_in_flight`` a
+    request is answered 503 with ``Retry-After`` at once (load shed, nothing done); the paths in
+    ``UNSHED_PATHS`` are neither counted nor shed. One event loop per replica: no lock needed."""
+
+    def __init__(self, app: ASGIApp, max_in_flight: int, retry_after_s: int) -> None:
+        self._app = app
+        self._max_in_flight = max_in_flight
+        self._retry_after_s = retry_after_s
+        self.in_flight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or route_path(scope) in UNSHED_PATHS:
+            await self._app(scope, receive, send)
+            return
+        if self.in_flight >= self._max_in_flight:
+            message = f"over {self._max_in_flight} requests in flight; retry after {self._retry_after_s} s"
+            await _error(503, "overloaded", message, self._retry_after_s)(scope, receive, send)
+            return
+        self.in_flight += 1
+        try:
+            await self._app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+
+async def _optional(what: str, call: Callable[[], Awaitable[_T]], default: _T) -> _T:
+    """``call()``, or ``default`` when it fails: a part of /metrics missing must not fail it all."""
+    try:
+        return await call()
+    except Exception:
+        log.warning("%s unavailable for /metrics", what, exc_info=True)
+        return default
+
+
 def create_app(
     settings: Settings,
     search: SearchService,
@@ -211,13 +249,17 @@ def create_app(
     stats: Callable[[], Awaitable[dict[str, Any]]],
     admin: APIRouter | None = None,
     check_state: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+    replicas: Callable[[], Awaitable[dict[str, dict[str, int]]]] | None = None,
+    backlog: Callable[[], Awaitable[int | None]] | None = None,
 ) -> FastAPI:
     """Build the API over its services (plain objects: testable without Ray). ``admin``: the
     ``/v1/admin`` routes (``pipeline.api_admin``), guarded by the admin key; ``check_state``: the
-    scheduled check's last round (``/v1/status``, ``/metrics``)."""
+    scheduled check's last round (``/v1/status``, ``/metrics``); ``replicas``: replicas by
+    deployment and state, ``backlog``: tasks on the index queue (both ``/metrics``)."""
     app = FastAPI(title="vidx", version="1", docs_url="/docs", redoc_url=None)
     keys = BearerKeys(settings.api_keys, settings.admin_key)
     limits = settings.limits
+    retry_after_s = settings.serve.retry_after_s
 
     def max_body_bytes(path: str) -> int:
         return limits.max_image_bytes + MULTIPART_OVERHEAD_BYTES if path == IMAGE_SEARCH_PATH else MAX_BODY_BYTES
@@ -245,6 +287,9 @@ def create_app(
             return _error(403, "forbidden", "this endpoint needs the admin key")
         return await call_next(request)
 
+    # Added last, so it runs first: shed load costs no key check and reads no body.
+    app.add_middleware(Admission, max_in_flight=settings.serve.api_max_in_flight, retry_after_s=retry_after_s)
+
     @app.exception_handler(VidxError)
     async def vidx_error(request: Request, exc: VidxError) -> JSONResponse:
         if isinstance(exc, LimitExceeded):
@@ -253,12 +298,12 @@ def create_app(
             return _error(400, "bad_request", str(exc))
         if isinstance(exc, TransientError):
             log.warning("%s %s answered 503: %s", request.method, route_path(request.scope), exc)
-            return _error(503, "unavailable", str(exc))
+            return _error(503, "unavailable", str(exc), retry_after_s)
         return _error(400, "bad_request", exc.reason)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error(exc.status_code, _HTTP_CODES.get(exc.status_code, "error"), str(exc.detail))
+        return _error(exc.status_code, _HTTP_CODES.get(exc.status_code, "error"), str(exc.detail), retry_after_s)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -330,6 +375,18 @@ def create_app(
             router.labels(kind=kind).set(count)
         if check_state is not None:
             check_metrics(registry, await check_state())
+        if replicas is not None:
+            counts = Gauge(
+                "vidx_serve_replicas", "Replicas by deployment and state", ["deployment", "state"], registry=registry
+            )
+            known: dict[str, dict[str, int]] = await _optional("replica counts", replicas, {})
+            for deployment, states in known.items():
+                for state, count in states.items():
+                    counts.labels(deployment=deployment, state=state).set(count)
+        depth = await _optional("queue depth", backlog, None) if backlog is not None else None
+        if depth is not None:
+            queue = Gauge("vidx_index_queue_messages", "Tasks on the index queue (ready + unacked)", registry=registry)
+            queue.set(depth)
         return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/status")

@@ -19,6 +19,8 @@ task leaves the queue; a crash in between stores it twice, and the list shows it
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -61,6 +63,8 @@ class IndexTaskHandler:
         self._runner = runner
         self._dead_letters = dead_letters
         self._max_retries = max_retries
+        self._running = 0
+        self._idle = threading.Condition()
 
     def handle(self, payload: Any, task: TaskContext) -> dict[str, Any]:
         """Run one task.
@@ -68,6 +72,26 @@ class IndexTaskHandler:
         Raises:
             TransientError (or any unexpected error): retry it; the last attempt does not raise.
         """
+        with self._idle:
+            self._running += 1
+        try:
+            return self._handle(payload, task)
+        finally:
+            with self._idle:
+                self._running -= 1
+                self._idle.notify_all()
+
+    def drain(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` for the tasks running now to end (a replica being scaled down has
+        stopped taking tasks: letting them finish spares their videos a redelivery that would count as
+        a crash). Returns how many are still running."""
+        deadline = time.monotonic() + timeout_s
+        with self._idle:
+            while self._running and (left := deadline - time.monotonic()) > 0:
+                self._idle.wait(left)
+            return self._running
+
+    def _handle(self, payload: Any, task: TaskContext) -> dict[str, Any]:
         try:
             job = IndexJob.model_validate(payload)
         except ValidationError as exc:

@@ -1,8 +1,9 @@
 """Ray Serve deployments: thin shells that each hold one plain object, and the app graph.
 
-Api (FastAPI ingress) ──► Encoder (SigLIP, @serve.batch for images and texts)
+Api (FastAPI ingress) ──► Encoder (SigLIP, @serve.batch for images, texts and frame chunks)
 EventRouter (pika consumer thread) ──► index queue (RabbitMQ, Celery adapter)
-IndexConsumer (@task_consumer) ──► Encoder, LanceDB on S3
+IndexConsumer (@task_consumer, scaled on queue depth) ──► Encoder (``split``) or its own model
+(``fused``), LanceDB on S3
 """
 
 from __future__ import annotations
@@ -10,9 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,11 +21,22 @@ from ray.serve.handle import DeploymentHandle
 from ray.serve.task_consumer import task_consumer, task_handler
 
 from events.jobs import INDEX_TASK
+from pipeline.autoscale import replica_options
+from pipeline.catalog_writes import CatalogWriter
 from pipeline.settings import ModelSettings, Settings
 from pipeline.taskqueue import CeleryJobSink, queueing_sink, task_processor_config
 from storage.errors import EncoderUnavailable
 
+if TYPE_CHECKING:
+    from pipeline.indexer import FrameEmbedder
+
 log = logging.getLogger(__name__)
+
+#: GPU share of the Encoder and of each consumer replica in the ``fused`` layout when the cluster
+#: has a GPU: the query Encoder and up to four consumers fit on one.
+FUSED_GPU_SHARE = 0.2
+#: Seconds a stopping consumer replica gets beyond its drain (Celery's warm shutdown, the handler's drain).
+SHUTDOWN_MARGIN_S = 15.0
 
 
 #: vidx's own loggers: their INFO lines (one per job, with outcome and stage times) belong in the logs.
@@ -55,13 +66,24 @@ class Encoder:
         route_logs_to_replica()
 
         self._encoder = SiglipEncoder(model)
-        self.embed_image.set_max_batch_size(model.max_batch_size)  # type: ignore[attr-defined]
-        self.embed_image.set_batch_wait_timeout_s(model.batch_wait_timeout_s)  # type: ignore[attr-defined]
-        self.embed_text.set_max_batch_size(model.max_batch_size)  # type: ignore[attr-defined]
-        self.embed_text.set_batch_wait_timeout_s(model.batch_wait_timeout_s)  # type: ignore[attr-defined]
+        batched: list[tuple[Any, int]] = [
+            (self.embed_image, model.max_batch_size),
+            (self.embed_text, model.max_batch_size),
+            (self.embed_chunk, model.max_batch_chunks),
+        ]
+        for method, size in batched:  # serve.batch methods are untyped
+            method.set_max_batch_size(size)
+            method.set_batch_wait_timeout_s(model.batch_wait_timeout_s)
 
     def info(self) -> dict[str, Any]:
         return {"model_id": self._encoder.model_id, "dim": self._encoder.dim}
+
+    @serve.batch(max_batch_size=4, batch_wait_timeout_s=0.02)
+    async def embed_chunk(self, chunks: list[list[NDArray[np.uint8]]]) -> list[NDArray[np.float32]]:
+        """Whole chunks of frames, one per caller: one run over all their frames (the encoder cuts
+        it into batches of ``max_batch_size``), each caller gets its own rows back in order."""
+        vectors = await asyncio.to_thread(self._encoder.embed_images, [frame for chunk in chunks for frame in chunk])
+        return split_rows(vectors, [len(chunk) for chunk in chunks])
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.02)
     async def embed_image(self, images: list[NDArray[np.uint8]]) -> list[NDArray[np.float32]]:
@@ -74,10 +96,15 @@ class Encoder:
         return list(vectors)
 
 
+def split_rows(vectors: NDArray[np.float32], sizes: Sequence[int]) -> list[NDArray[np.float32]]:
+    """``vectors`` cut into consecutive blocks of ``sizes`` rows (a size may be 0)."""
+    ends = np.cumsum(sizes)
+    return [vectors[end - size : end] for size, end in zip(sizes, ends, strict=True)]
+
+
 class HandleEmbedder:
     """``FrameEmbedder`` over the Encoder deployment, for synchronous callers (Celery threads): one
-    call per frame, all in flight together, so the encoder batches them with other videos' frames.
-    One deadline covers the whole chunk: the wait for each frame is what is left of it."""
+    call per chunk, with one deadline; the Encoder batches chunks of other videos with it."""
 
     def __init__(self, encoder: DeploymentHandle, model_id: str, timeout_s: float = 300.0) -> None:
         self._encoder = encoder
@@ -89,13 +116,15 @@ class HandleEmbedder:
         return self._model_id
 
     def embed_images(self, images: Sequence[NDArray[np.uint8]]) -> NDArray[np.float32]:
-        deadline = time.monotonic() + self._timeout_s
-        responses = [self._encoder.embed_image.remote(image) for image in images]
+        """Raises:
+        EncoderUnavailable: no answer within the deadline, or the Encoder failed.
+        """
+        response = self._encoder.embed_chunk.remote(list(images))
         try:
-            return np.stack([r.result(timeout_s=max(0.0, deadline - time.monotonic())) for r in responses])
+            vectors: NDArray[np.float32] = response.result(timeout_s=self._timeout_s)
+            return vectors
         except Exception as exc:  # Ray raises actor/timeout errors of many types here
-            for response in responses:
-                response.cancel()
+            response.cancel()
             raise EncoderUnavailable(
                 f"encoder call failed: {type(exc).__name__} ({len(images)} frames, deadline {self._timeout_s:g}s)"
             ) from exc
@@ -122,18 +151,57 @@ class HandleQueryEncoder:
         return await self._call(self._encoder.embed_image.remote(rgb))
 
 
-def consumer_deployment(settings: Settings) -> Any:
+class SerialEmbedder:
+    """A ``FrameEmbedder`` the consumer's threads take turns on (the ``fused`` layout's in-process
+    model): one forward pass at a time, so threads don't fight over the cores or the GPU."""
+
+    def __init__(self, embedder: FrameEmbedder) -> None:
+        self._embedder = embedder
+        self._lock = threading.Lock()
+
+    @property
+    def model_id(self) -> str:
+        return self._embedder.model_id
+
+    def embed_images(self, images: Sequence[NDArray[np.uint8]]) -> NDArray[np.float32]:
+        with self._lock:
+            return self._embedder.embed_images(images)
+
+
+def _cluster_has_gpu() -> bool:
+    import ray
+
+    return ray.is_initialized() and ray.cluster_resources().get("GPU", 0) >= 1
+
+
+def gpu_shares(settings: Settings, cluster_has_gpu: bool) -> tuple[float, float]:
+    """GPUs the Encoder and each consumer replica reserve: the settings when set, else by layout
+    (``split``: the Encoder takes a GPU; ``fused``: all share one, ``FUSED_GPU_SHARE`` each)."""
+    s = settings.serve
+    fused = s.layout == "fused"
+    default_encoder = (FUSED_GPU_SHARE if fused else 1.0) if cluster_has_gpu else 0.0
+    default_consumer = FUSED_GPU_SHARE if fused and cluster_has_gpu else 0.0
+    encoder = s.encoder_num_gpus if s.encoder_num_gpus is not None else default_encoder
+    return encoder, s.consumer_num_gpus if s.consumer_num_gpus is not None else default_consumer
+
+
+def consumer_deployment(settings: Settings, num_gpus: float = 0.0) -> Any:
     """The IndexConsumer class, decorated with the task-processor config built from ``settings``."""
 
     @serve.deployment(
         name="IndexConsumer",
-        num_replicas=settings.serve.consumer_replicas,
         max_ongoing_requests=settings.serve.consumer_concurrency,
-        ray_actor_options={"num_cpus": settings.serve.consumer_num_cpus},
+        # Room for __del__ to drain the running tasks (Celery's warm shutdown stops new ones first).
+        graceful_shutdown_timeout_s=settings.serve.drain_timeout_s + SHUTDOWN_MARGIN_S,
+        ray_actor_options={"num_cpus": settings.serve.consumer_num_cpus, "num_gpus": num_gpus},
+        **replica_options(settings, "IndexConsumer"),
     )
     @task_consumer(task_processor_config=task_processor_config(settings))
     class IndexConsumer:
-        def __init__(self, settings: Settings, encoder: DeploymentHandle) -> None:
+        def __init__(
+            self, settings: Settings, encoder: DeploymentHandle, catalog_writer: DeploymentHandle | None = None
+        ) -> None:
+            from pipeline.catalog_writes import HandleCatalogWrites
             from pipeline.consumer import IndexTaskHandler
             from pipeline.deadletters import DeadLetterQueue
             from pipeline.holders import holder_alive, process_holder
@@ -153,12 +221,32 @@ def consumer_deployment(settings: Settings) -> Any:
                 wait_s=w.group_wait_s,
                 commit_timeout_s=w.commit_timeout_s,
             )
-            embedder = HandleEmbedder(encoder, settings.model.id, settings.model.embed_timeout_s)
+            embedder: FrameEmbedder
+            if settings.serve.layout == "fused":
+                from pipeline.embed import SiglipEncoder
+
+                embedder = SerialEmbedder(SiglipEncoder(settings.model))
+            else:
+                embedder = HandleEmbedder(encoder, settings.model.id, settings.model.embed_timeout_s)
             indexer = Indexer(
-                settings, embedder, store, writer=writer, holder=process_holder(), holder_alive=holder_alive
+                settings,
+                embedder,
+                store,
+                writer=writer,
+                # The cluster's one catalog writer groups every replica's status writes into few commits.
+                catalog_writes=HandleCatalogWrites(catalog_writer) if catalog_writer is not None else None,
+                holder=process_holder(),
+                holder_alive=holder_alive,
             )
             dead_letters = DeadLetterQueue(settings.amqp.url.get_secret_value(), settings.serve.failed_queue)
             self._handler = IndexTaskHandler(indexer, dead_letters, settings.serve.max_retries)
+            self._drain_timeout_s = settings.serve.drain_timeout_s
+
+        def __del__(self) -> None:
+            # Runs after the task consumer's own __del__ asked Celery for a warm shutdown.
+            left = self._handler.drain(self._drain_timeout_s)
+            if left:
+                log.warning("consumer stopping with %d tasks still running (they will be redelivered)", left)
 
         @task_handler(name=INDEX_TASK)
         def index_video(self, job: dict[str, Any]) -> dict[str, Any]:
@@ -245,10 +333,41 @@ class Api:
         self._settings = settings
         self._store = IndexStore(settings.s3)
         self._search = SearchService(settings, self._store, HandleQueryEncoder(encoder, settings.model.query_timeout_s))
-        self._sink = queueing_sink(settings, self._store)
+        from storage.catalog_writer import GroupedCatalogWriter
+
+        # The `queued` marks of POST /v1/index share commits; the request doesn't wait for them.
+        marks = GroupedCatalogWriter(self._store.catalog, min_interval_s=settings.writer.catalog_min_interval_s)
+        self._sink = queueing_sink(settings, self._store, marks)
         self._router = router
         # Held so the consumer is part of the app graph (it takes work from the queue, not from here).
         self._consumer = consumer
+        from pipeline.autoscale import management_queue_depth
+
+        a = settings.amqp
+        self._queue_depth = management_queue_depth(
+            a.url.get_secret_value(), a.management_url, settings.serve.index_queue, settings.serve.stats_timeout_s
+        )
+
+    async def _replicas(self) -> dict[str, dict[str, int]]:
+        """Replicas of each deployment of this app by state (``serve.status()``); {} when unknown."""
+        name = self._settings.serve.app_name
+        try:
+            status = await asyncio.wait_for(asyncio.to_thread(serve.status), self._settings.serve.stats_timeout_s)
+            deployments = status.applications[name].deployments
+        except Exception:  # the controller busy or restarting must not take /metrics down
+            log.warning("replica counts unavailable", exc_info=True)
+            return {}
+        return {
+            d: {str(getattr(k, "value", k)): n for k, n in o.replica_states.items()} for d, o in deployments.items()
+        }
+
+    async def _backlog(self) -> int | None:
+        """Tasks on the index queue (ready + unacked); None when the management API doesn't answer."""
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(self._queue_depth), self._settings.serve.stats_timeout_s)
+        except Exception as exc:  # never the exception text: only its kind (it names no credentials anyway)
+            log.warning("index queue depth unavailable: %s", type(exc).__name__)
+            return None
 
     async def _stats(self) -> dict[str, Any]:
         try:
@@ -286,28 +405,44 @@ class Api:
             self._sink,
             lambda bucket, prefix, dry_run: checker.run([bucket], prefix=prefix, repair=not dry_run),
         )
-        return create_app(settings, self._search, store, self._sink, self._stats, admin, self._check_state)
-
-
-def _cluster_gpus() -> float:
-    """One GPU for the Encoder when the Ray cluster has any (Ray schedules it onto a GPU node)."""
-    import ray
-
-    return 1.0 if ray.is_initialized() and ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
+        return create_app(
+            settings,
+            self._search,
+            store,
+            self._sink,
+            self._stats,
+            admin,
+            self._check_state,
+            replicas=self._replicas,
+            backlog=self._backlog,
+        )
 
 
 def build_app(settings: Settings) -> Any:
     """The vidx application graph, ready for ``serve.run``."""
+    from ray.serve.config import BackpressureConfig
+
     s = settings.serve
-    num_gpus = s.encoder_num_gpus if s.encoder_num_gpus is not None else _cluster_gpus()
+    encoder_gpus, consumer_gpus = gpu_shares(settings, _cluster_has_gpu())
     # serve.deployment returns a Deployment; its decorators are untyped, hence the ignores.
     encoder = Encoder.options(  # type: ignore[attr-defined]
-        num_replicas=s.encoder_replicas,
-        ray_actor_options={"num_cpus": s.encoder_num_cpus, "num_gpus": num_gpus},
+        ray_actor_options={"num_cpus": s.encoder_num_cpus, "num_gpus": encoder_gpus},
+        **replica_options(settings, "Encoder"),
     ).bind(settings.model)
-    consumer = consumer_deployment(settings).bind(settings, encoder)
+    catalog_writer = (
+        CatalogWriter.options(ray_actor_options={"num_cpus": s.router_num_cpus}).bind(settings)  # type: ignore[attr-defined]
+        if settings.writer.catalog_grouped
+        else None
+    )
+    consumer = consumer_deployment(settings, consumer_gpus).bind(settings, encoder, catalog_writer)
     router = EventRouterDeployment.options(  # type: ignore[attr-defined]
         ray_actor_options={"num_cpus": s.router_num_cpus}
     ).bind(settings)
-    api = Api.options(ray_actor_options={"num_cpus": s.api_num_cpus})  # type: ignore[attr-defined]
+    # Past max_queued_requests the proxy answers 503 itself; the app sheds earlier (api_max_in_flight).
+    api = Api.options(  # type: ignore[attr-defined]
+        ray_actor_options={"num_cpus": s.api_num_cpus},
+        max_ongoing_requests=s.api_max_ongoing_requests,
+        max_queued_requests=s.api_max_queued_requests,
+        backpressure_config=BackpressureConfig(status_code=503, retry_after_s=s.retry_after_s),
+    )
     return api.bind(settings, encoder, router, consumer)

@@ -36,6 +36,9 @@ class ModelSettings(BaseModel):
     #: ``auto``: bfloat16 on CUDA, float32 on CPU.
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     max_batch_size: int = Field(default=32, ge=1, le=1024)
+    #: Frame chunks (one consumer call each) the Encoder gathers into one group of forward passes:
+    #: short videos' chunks fill a batch together; each caller waits for its whole group.
+    max_batch_chunks: int = Field(default=4, ge=1, le=256)
     batch_wait_timeout_s: float = Field(default=0.02, ge=0, le=5)
     #: SigLIP text towers were trained on texts padded to 64 tokens.
     text_max_length: int = Field(default=64, ge=8, le=512)
@@ -56,6 +59,15 @@ class WriterSettings(BaseModel):
     group_wait_s: float = Field(default=0.05, ge=0, le=10)
     #: Longest wait of one job for the commit that holds its rows; then it is retried (transient).
     commit_timeout_s: float = Field(default=120.0, gt=0)
+    #: Catalog writes (status transitions) of the whole cluster go through one CatalogWriter
+    #: deployment, which commits at most once per ``catalog_min_interval_s`` (alone, a write commits
+    #: at once; under load each commit carries every write that waited). False: each consumer commits
+    #: its own writes one by one.
+    catalog_grouped: bool = True
+    catalog_min_interval_s: float = Field(default=1.0, ge=0, le=30)
+    catalog_max_writes: int = Field(default=1024, ge=1)
+    #: Longest wait of one transition for the outcome of its catalog write; then it counts as failed.
+    catalog_write_timeout_s: float = Field(default=60.0, gt=0)
 
 
 class SamplingSettings(BaseModel):
@@ -68,7 +80,8 @@ class SamplingSettings(BaseModel):
     #: ``auto`` decodes only the GOPs and frames that hold a sample (the same frames as a full decode);
     #: ``sequential`` decodes every frame; ``keyframes`` samples keyframes only (approximate, cheapest).
     decode_strategy: DecodeStrategy = DecodeStrategy.AUTO
-    #: Decoder threads per video (0: FFmpeg's choice, one per core and one more).
+    #: Decoder threads per video (0: one for the sparse strategies, where several consumers decode side by
+    #: side and frame threads cost more CPU than they save wall time; FFmpeg's choice for `sequential`).
     decode_threads: int = Field(default=0, ge=0, le=64)
     thumbnail_max_side: int = Field(default=192, ge=32, le=1024)
     #: Frames sent to the encoder in one group of concurrent calls.
@@ -106,19 +119,92 @@ class ServeSettings(BaseModel):
     #: Starts of one task whose consumer died mid-job (killed, out of memory) before the video is
     #: failed and dead-lettered: a video that kills its consumer every time ends here, not in a loop.
     max_crashes: int = Field(default=3, ge=1, le=20)
+    #: A consumer replica being stopped (scaled down, redeployed) stops taking tasks and waits this
+    #: long for its running ones to finish before it exits (each one killed would be redelivered and
+    #: count as a crash of its video).
+    drain_timeout_s: float = Field(default=120.0, ge=0)
+    #: ``split``: the consumer decodes and the Encoder deployment embeds, each scaling on its own;
+    #: ``fused``: each consumer replica loads the model and embeds its own frames (one worker does
+    #: everything); the Encoder deployment then only answers search queries.
+    layout: Literal["split", "fused"] = "split"
+    #: Fixed replica counts, used when ``autoscale.enabled`` is off.
     consumer_replicas: int = Field(default=1, ge=1)
+    #: Tasks one consumer replica runs at once (Celery threads; each holds one unacked task).
     consumer_concurrency: int = Field(default=2, ge=1, le=64)
     encoder_replicas: int = Field(default=1, ge=1)
     #: Fractions of a CPU each deployment asks Ray for (small machines can't give each a whole core).
     encoder_num_cpus: float = Field(default=0.5, ge=0)
-    #: GPUs the Encoder reserves; unset: one when the Ray cluster has a GPU, else none.
+    #: GPUs the Encoder reserves; unset: none without a GPU in the Ray cluster, else one (``split``)
+    #: or ``deployments.FUSED_GPU_SHARE`` (``fused``: it only answers queries).
     encoder_num_gpus: float | None = Field(default=None, ge=0)
     consumer_num_cpus: float = Field(default=0.25, ge=0)
+    #: GPUs each consumer replica reserves; unset: none (``split``), or ``deployments.FUSED_GPU_SHARE``
+    #: when the Ray cluster has a GPU (``fused``: the replicas share one GPU with the query Encoder).
+    consumer_num_gpus: float | None = Field(default=None, ge=0)
+    #: Requests one Api replica works on at once (Ray's ``max_ongoing_requests``; its default of 5
+    #: would queue a burst at the proxy while the replica, all async, waits on I/O).
+    api_max_ongoing_requests: int = Field(default=128, ge=2, le=10_000)
+    #: Requests the app admits at once beyond /healthz and /metrics; past it they are answered 503
+    #: with ``Retry-After``. Below ``api_max_ongoing_requests``: the difference stays free for the probes.
+    api_max_in_flight: int = Field(default=112, ge=1)
+    #: Requests waiting at the proxy for an Api replica (Ray's ``max_queued_requests``); past it the
+    #: proxy itself answers 503 with ``Retry-After`` (-1: no bound).
+    api_max_queued_requests: int = Field(default=256, ge=-1)
+    #: ``Retry-After`` of every 503: transient failures (a store or the queue restarting, the
+    #: encoder scaling) and shed load usually clear within a few seconds.
+    retry_after_s: int = Field(default=5, ge=0, le=3600)
     api_num_cpus: float = Field(default=0.1, ge=0)
     router_num_cpus: float = Field(default=0.1, ge=0)
     ray_num_cpus: int | None = None
-    #: Longest wait for the EventRouter's counters (/metrics).
+    #: Longest wait for the EventRouter's counters, replica counts and queue depth (/metrics).
     stats_timeout_s: float = Field(default=5.0, gt=0)
+
+    @model_validator(mode="after")
+    def _probes_keep_room(self) -> ServeSettings:
+        """Raises ValueError when admission would leave /healthz and /metrics no slot."""
+        if self.api_max_in_flight >= self.api_max_ongoing_requests:
+            raise ValueError("serve.api_max_in_flight must be below serve.api_max_ongoing_requests")
+        return self
+
+
+class AutoscaleSettings(BaseModel):
+    """Replica counts that follow the load (``VIDX_AUTOSCALE__...``).
+
+    The IndexConsumer scales on the index queue's depth (``pipeline.autoscale``), the Encoder on
+    its ongoing requests (Ray's default policy). Off: ``serve.*_replicas`` are fixed counts.
+    """
+
+    enabled: bool = True
+    #: Seconds between two reads of the queue depth from RabbitMQ's management API.
+    poll_interval_s: float = Field(default=1.0, ge=0.1, le=60)
+    #: Longest one read of the queue depth may take; a read that fails keeps the last known depth.
+    poll_timeout_s: float = Field(default=2.0, gt=0, le=30)
+    #: How long more replicas must be wanted before they are asked for. 0: at once — a backlog on
+    #: a durable queue is real work, not a blip, and a replica takes seconds to start anyway.
+    upscale_delay_s: float = Field(default=0.0, ge=0, le=3600)
+    #: How long fewer replicas must be wanted before replicas are released (the most wanted during
+    #: that time is kept): long enough to ride out the gap between two bursts, short enough to
+    #: give idle capacity back soon after the queue drains.
+    downscale_delay_s: float = Field(default=10.0, ge=0, le=3600)
+    consumer_min_replicas: int = Field(default=1, ge=1)
+    consumer_max_replicas: int = Field(default=4, ge=1)
+    #: Tasks on the queue (ready + unacked) one consumer replica is meant to take. Unset:
+    #: ``serve.consumer_concurrency``, what one replica holds at once (prefetch multiplier 1: its
+    #: prefetch is its working set), so a replica is added as soon as tasks wait for a slot.
+    consumer_target_per_replica: int | None = Field(default=None, ge=1)
+    encoder_min_replicas: int = Field(default=1, ge=1)
+    encoder_max_replicas: int = Field(default=2, ge=1)
+    #: Calls (frame chunks and queries) in flight per Encoder replica that Ray aims for: enough
+    #: for the batcher to fill its batches, not so many that callers queue behind full batches.
+    encoder_target_ongoing_requests: float = Field(default=32.0, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscaleSettings:
+        """Raises ValueError when a deployment's min replicas exceed its max."""
+        for name in ("consumer", "encoder"):
+            if getattr(self, f"{name}_min_replicas") > getattr(self, f"{name}_max_replicas"):
+                raise ValueError(f"autoscale.{name}_min_replicas must not exceed autoscale.{name}_max_replicas")
+        return self
 
 
 class CheckSettings(BaseModel):
@@ -158,6 +244,7 @@ class Settings(BaseSettings):
     writer: WriterSettings = Field(default_factory=WriterSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     serve: ServeSettings = Field(default_factory=ServeSettings)
+    autoscale: AutoscaleSettings = Field(default_factory=AutoscaleSettings)
     index: IndexSettings = Field(default_factory=IndexSettings)
     check: CheckSettings = Field(default_factory=CheckSettings)
     #: Where the local stack keeps its data, logs and pids.
@@ -173,6 +260,13 @@ class Settings(BaseSettings):
     #: Once validated it holds the key in ``admin_key_file`` when that is set.
     admin_key: SecretStr | None = None
     admin_key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _consumer_target(self) -> Settings:
+        """An unset consumer target becomes what one replica holds (``serve.consumer_concurrency``)."""
+        if self.autoscale.consumer_target_per_replica is None:
+            self.autoscale.consumer_target_per_replica = self.serve.consumer_concurrency
+        return self
 
     @model_validator(mode="after")
     def _gather_keys(self) -> Settings:

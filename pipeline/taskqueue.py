@@ -15,6 +15,7 @@ from ray.serve.task_consumer import instantiate_adapter_from_config
 from events.jobs import INDEX_TASK, IndexJob
 from pipeline.settings import Settings
 from pipeline.videostate import QueueingSink, VideoStates
+from storage.catalog_writer import CatalogWrites
 from storage.errors import PermanentError, TransientError
 from storage.tables import IndexStore
 
@@ -64,9 +65,10 @@ def task_processor_config(settings: Settings) -> TaskProcessorConfig:
     )
 
 
-def queueing_sink(settings: Settings, store: IndexStore) -> QueueingSink:
-    """The sink the API, reconcile and replays submit through: marks ``queued``, then submits."""
-    return QueueingSink(CeleryJobSink(settings), VideoStates(store.catalog))
+def queueing_sink(settings: Settings, store: IndexStore, writes: CatalogWrites | None = None) -> QueueingSink:
+    """The sink the API, repairs and replays submit through: submits, then marks ``queued`` (through
+    ``writes``: by default one commit per mark)."""
+    return QueueingSink(CeleryJobSink(settings), VideoStates(store.catalog, writes))
 
 
 class CeleryJobSink:

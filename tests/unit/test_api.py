@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -630,3 +632,83 @@ def test_status_and_metrics_show_the_scheduled_checks_last_round() -> None:
     assert 'vidx_check_last_inconsistencies{finding="stuck"} 1.0' in metrics
     assert "vidx_check_rounds 4.0" in metrics and "vidx_check_last_in_flight 3.0" in metrics
     assert "vidx_check_last_run_timestamp_seconds 1.7961156e+09" in metrics
+
+
+def test_metrics_show_replicas_per_deployment_and_the_queue_backlog() -> None:
+    settings = Settings()
+    store, jobs, search = FakeStore(), FakeJobs(), FakeSearch(settings.limits)
+
+    async def replicas() -> dict[str, dict[str, int]]:
+        return {"IndexConsumer": {"RUNNING": 3, "STARTING": 1}, "Encoder": {"RUNNING": 1}}
+
+    async def backlog() -> int | None:
+        return 42
+
+    app = create_app(settings, search, store, jobs, router_stats, replicas=replicas, backlog=backlog)  # type: ignore[arg-type]
+    metrics = TestClient(app, raise_server_exceptions=False).get("/metrics").text
+    assert 'vidx_serve_replicas{deployment="IndexConsumer",state="RUNNING"} 3.0' in metrics
+    assert 'vidx_serve_replicas{deployment="IndexConsumer",state="STARTING"} 1.0' in metrics
+    assert 'vidx_serve_replicas{deployment="Encoder",state="RUNNING"} 1.0' in metrics
+    assert "vidx_index_queue_messages 42.0" in metrics
+
+
+def test_metrics_answer_when_replica_counts_and_backlog_are_unavailable() -> None:
+    settings = Settings()
+    store, jobs, search = FakeStore(), FakeJobs(), FakeSearch(settings.limits)
+
+    async def replicas() -> dict[str, dict[str, int]]:
+        raise RuntimeError("controller restarting")
+
+    async def backlog() -> int | None:
+        return None
+
+    app = create_app(settings, search, store, jobs, router_stats, replicas=replicas, backlog=backlog)  # type: ignore[arg-type]
+    resp = TestClient(app, raise_server_exceptions=False).get("/metrics")
+    assert resp.status_code == 200 and "vidx_videos" in resp.text
+    assert "vidx_serve_replicas{" not in resp.text and "vidx_index_queue_messages " not in resp.text
+
+
+class GatedSearch(FakeSearch):
+    """Text searches wait on ``gate``: they stay in flight until the test opens it."""
+
+    def __init__(self, limits: LimitSettings) -> None:
+        super().__init__(limits)
+        self.gate = asyncio.Event()
+        self.waiting = 0
+
+    async def search_text(self, q: str, k: int, base_url: str) -> SearchResponse:
+        self.waiting += 1
+        await self.gate.wait()
+        return await super().search_text(q, k, base_url)
+
+
+def test_a_full_app_sheds_load_with_503_and_retry_after_but_probes_answer() -> None:
+    settings = Settings.model_validate(
+        {"serve": {"api_max_in_flight": 2, "api_max_ongoing_requests": 4, "retry_after_s": 7}}
+    )
+    store, jobs, search = FakeStore(), FakeJobs(), GatedSearch(settings.limits)
+    app = create_app(settings, search, store, jobs, router_stats)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            held = [asyncio.create_task(http.get("/v1/search", params={"q": "cat"})) for _ in range(2)]
+            while search.waiting < 2:
+                await asyncio.sleep(0.01)
+            shed = await http.get("/v1/search", params={"q": "dog"})
+            assert shed.status_code == 503 and shed.headers["Retry-After"] == "7"
+            assert shed.json()["error"]["code"] == "overloaded"
+            assert search.waiting == 2  # the shed request never reached the route
+            # Probes are neither counted nor shed: "busy" is not "down".
+            assert (await http.get("/healthz")).status_code == 200
+            assert (await http.get("/metrics")).status_code == 200
+            search.gate.set()
+            assert [r.status_code for r in await asyncio.gather(*held)] == [200, 200]
+            assert (await http.get("/v1/search", params={"q": "dog"})).status_code == 200
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_admission_must_leave_room_for_the_probes() -> None:
+    with pytest.raises(ValueError, match="api_max_in_flight"):
+        Settings.model_validate({"serve": {"api_max_in_flight": 8, "api_max_ongoing_requests": 8}})

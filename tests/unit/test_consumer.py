@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from events.jobs import IndexJob, JobOp, JobSource
@@ -122,3 +124,34 @@ def test_a_failure_the_catalog_cant_record_is_still_dead_lettered() -> None:
     runner.record_error = TransientError("S3 down")
     out = handler(runner, letters).handle(JOB.model_dump(mode="json"), TaskContext("t1", 3))
     assert out["outcome"] == "failed" and [d.kind for d in letters.letters] == [FailureKind.EXHAUSTED]
+
+
+class HeldRunner(Runner):
+    """A runner whose job runs until ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def run(self, job: IndexJob, task_id: str | None = None) -> JobResult:
+        self.started.set()
+        assert self.release.wait(30)
+        return super().run(job, task_id)
+
+
+def test_drain_waits_for_the_running_task_while_it_runs_on_another_thread() -> None:
+    runner, letters = HeldRunner(), Letters()
+    h = handler(runner, letters)
+    outcome: list[dict[str, object]] = []
+    worker = threading.Thread(
+        target=lambda: outcome.append(h.handle(JOB.model_dump(mode="json"), TaskContext("t1", 0)))
+    )
+    worker.start()
+    assert runner.started.wait(30)
+    assert h.drain(0.05) == 1  # still running: the drain gives up at its deadline
+    threading.Timer(0.2, runner.release.set).start()
+    assert h.drain(30) == 0  # ends as soon as the task does
+    worker.join(30)
+    assert outcome and outcome[0]["outcome"] == "indexed"
+    assert h.drain(0) == 0

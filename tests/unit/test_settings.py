@@ -205,3 +205,49 @@ def test_presigned_links_are_short_lived(monkeypatch: pytest.MonkeyPatch, ttl: s
 
     with pytest.raises(ValueError):
         Settings()
+
+
+def test_autoscaling_is_on_by_default_with_documented_bounds() -> None:
+    a = Settings().autoscale
+    assert a.enabled and a.poll_interval_s == 1.0 and a.upscale_delay_s == 0.0 and a.downscale_delay_s == 10.0
+    assert (a.consumer_min_replicas, a.consumer_max_replicas) == (1, 4)
+    assert (a.encoder_min_replicas, a.encoder_max_replicas, a.encoder_target_ongoing_requests) == (1, 2, 32.0)
+    assert Settings().serve.layout == "split"
+
+
+def test_the_consumer_target_defaults_to_what_one_replica_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VIDX_SERVE__CONSUMER_CONCURRENCY", "6")
+    assert Settings().autoscale.consumer_target_per_replica == 6
+    monkeypatch.setenv("VIDX_AUTOSCALE__CONSUMER_TARGET_PER_REPLICA", "10")
+    assert Settings().autoscale.consumer_target_per_replica == 10
+
+
+def test_autoscale_settings_come_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VIDX_AUTOSCALE__ENABLED", "false")
+    monkeypatch.setenv("VIDX_AUTOSCALE__POLL_INTERVAL_S", "2")
+    monkeypatch.setenv("VIDX_AUTOSCALE__UPSCALE_DELAY_S", "15")
+    monkeypatch.setenv("VIDX_AUTOSCALE__DOWNSCALE_DELAY_S", "60")
+    monkeypatch.setenv("VIDX_SERVE__LAYOUT", "fused")
+    s = Settings()
+    assert not s.autoscale.enabled and s.autoscale.poll_interval_s == 2.0
+    assert (s.autoscale.upscale_delay_s, s.autoscale.downscale_delay_s) == (15.0, 60.0)
+    assert s.serve.layout == "fused"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("VIDX_AUTOSCALE__CONSUMER_MIN_REPLICAS", "5"),  # above the max of 4
+        ("VIDX_AUTOSCALE__ENCODER_MIN_REPLICAS", "3"),
+        ("VIDX_AUTOSCALE__POLL_INTERVAL_S", "0"),
+        ("VIDX_AUTOSCALE__CONSUMER_TARGET_PER_REPLICA", "0"),
+        ("VIDX_SERVE__LAYOUT", "both"),
+        ("VIDX_SERVE__API_MAX_IN_FLIGHT", "128"),  # leaves the probes no slot
+    ],
+)
+def test_invalid_autoscale_and_admission_values_are_rejected(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError):
+        Settings()
