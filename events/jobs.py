@@ -38,6 +38,9 @@ class IndexJob(BaseModel):
     #: Version (versionId or ETag) the event reported; informational, the HEAD decides.
     hint_version: str | None = None
     sequencer: str | None = None
+    #: Set by a submitter that marks the row ``queued`` after the submit (``QueueingSink``): the job
+    #: then writes the row even when it finds nothing to change, so a late mark loses to it.
+    settle: bool = False
     submitted_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
     @property

@@ -295,6 +295,10 @@ class Indexer:
         with clock.stage("catalog"):
             rows = self._store.frames.count(job.video_id)
         if rows == 0 and (seen is None or seen.status is VideoStatus.DELETED):
+            if job.settle:  # a `queued` mark may be in flight: this write makes it lose
+                with clock.stage("catalog"):
+                    if self._states.removed(job, seen) is None:
+                        raise _Lost("the row changed while it was settled")
             return JobResult(job.video_id, Outcome.UNCHANGED)
         self._hooks("remove", job)
         dirty.rows_changed = True  # from here on (the write may land even if the call fails)
@@ -335,7 +339,8 @@ class Indexer:
             with clock.stage("catalog"):
                 holds = self._rows_hold(job.video_id, fp, seen.frames)
             if holds:
-                if not (seen.status is VideoStatus.INDEXED and seen.version == head.version):
+                settled = seen.status is VideoStatus.INDEXED and seen.version == head.version
+                if job.settle or not settled:  # settle: a `queued` mark may be in flight
                     with clock.stage("catalog"):
                         if self._states.confirm(seen, head.version) is None:
                             raise _Lost("the row changed while it was confirmed")

@@ -165,8 +165,10 @@ class VideoStates:
 class QueueingSink:
     """A ``JobSink`` that marks the video ``queued`` once its job is submitted, without waiting for
     the mark. The mark is a compare-and-set on the row as read before the submit, so it lands only if
-    nothing (the job above all) changed the row since: it can never write over the job's own outcome,
-    and a failed submit writes nothing. Bucket events don't go through here: the router submits
+    nothing changed the row since; and the job it submitted always writes the row (``IndexJob.settle``),
+    even when it finds nothing to do, so the mark can never outlive the job's own outcome: it lands
+    before the job's write (which then loses, and the job settles the row again) or not at all. A
+    failed submit writes nothing. Bucket events don't go through here: the router submits
     straight away and the row says ``indexing`` once a consumer takes the job."""
 
     def __init__(self, sink: JobSink, states: VideoStates) -> None:
@@ -182,6 +184,7 @@ class QueueingSink:
         except TransientError as exc:  # the job matters, the status is a courtesy
             log.warning("could not read %s before its submit, so it is not marked queued: %s", job.uri, exc)
             return self._sink.submit(job)
-        task_id = self._sink.submit(job)
+        # The job always writes the row (``settle``), so this mark, if still in flight, loses to it.
+        task_id = self._sink.submit(job.model_copy(update={"settle": True}))
         self._states.queue_async(job, seen)
         return task_id

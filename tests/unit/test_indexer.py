@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 from events.jobs import IndexJob, JobOp, JobSource
 from pipeline.indexer import ConsumerKilled, Indexer, JobResult, Outcome
 from pipeline.settings import Settings
-from pipeline.videostate import VideoStates
+from pipeline.videostate import QueueingSink, VideoStates
 from storage.catalog import VideoRecord, VideoStatus
 from storage.errors import CorruptVideo, LimitExceeded, TransientError
 from storage.frames import VideoFrames
@@ -337,3 +337,33 @@ def test_a_job_leaving_after_it_changed_the_rows_puts_the_row_back_in_flight(
     assert indexer.run(job("a.mp4")).outcome is Outcome.INDEXED
     record = store.catalog.get(job("a.mp4").video_id)
     assert record is not None and record.status is VideoStatus.INDEXED and record.frames == 3
+
+
+class RunsTheJobInsideTheSubmit:
+    """A task queue whose consumer runs the job before ``submit`` returns: the `queued` mark, written
+    after the submit, comes after the job's whole run."""
+
+    def __init__(self, indexer: Indexer) -> None:
+        self.indexer = indexer
+        self.results: list[JobResult] = []
+
+    def submit(self, job: IndexJob) -> str:
+        self.results.append(self.indexer.run(job, "t-api"))
+        return "t-api"
+
+
+@pytest.mark.parametrize("present", [True, False], ids=["indexed-object", "missing-object"])
+def test_a_queued_mark_landing_after_its_job_found_nothing_to_do_is_not_left_behind(
+    parts: tuple[Indexer, IndexStore, MemoryObjects], tmp_path: Path, present: bool
+) -> None:
+    indexer, store, objects = parts
+    if present:
+        objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=2, seed=1))
+        assert indexer.run(job("a.mp4")).outcome is Outcome.INDEXED
+    api_job = IndexJob(op=JobOp.INDEX, bucket="videos", key="a.mp4", source=JobSource.API)
+    queue = RunsTheJobInsideTheSubmit(indexer)
+    QueueingSink(queue, VideoStates(store.catalog)).submit(api_job)
+    assert [r.outcome for r in queue.results] == [Outcome.UNCHANGED]
+    row = store.catalog.get(api_job.video_id)
+    assert row is not None and row.status is (VideoStatus.INDEXED if present else VideoStatus.DELETED)
+    assert objects.downloads == (1 if present else 0)
