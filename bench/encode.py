@@ -1,12 +1,17 @@
-"""``python -m bench.encode [--full]``: images/s through the Encoder deployment, batched vs one at a time.
+"""``python -m bench.encode [--full]``: how much of the machine the Encoder gets, on CPU (and GPU if lent).
 
 A randomly initialised SigLIP-B/16 at 224 px (the real vision architecture: 12 layers, width 768,
-MLP 3072, 12 heads, 196 patches; speed does not depend on the weights) is built offline and
-served by the product's ``Encoder`` deployment on a local Ray instance. Concurrent callers send the
-same frames through ``HandleEmbedder`` (the consumer's client, one call per frame) twice: with
-``max_batch_size`` 1 and with ``max_batch_size`` 16. On CPU the figure is images/s and GFLOP/s
-(~35.4 GFLOP per image); on a CUDA device (bf16) also the model FLOP utilisation against the
-H200's 989 TFLOP/s dense bf16 peak. Without a GPU, ``encode_mfu_gpu`` is "not measured".
+MLP 3072, 12 heads, 196 patches; speed does not depend on the weights) is built offline. Measured in
+one run, on the same frames:
+
+- in-process: ``SiglipEncoder.embed_images`` called directly in batches of ``--batch`` (the model
+  alone, no Serve); its GFLOP/s (~35.4 GFLOP per image) against a large fp32 torch matmul's GFLOP/s
+  with the same threads is ``encode_cpu_fraction_of_gemm_peak``;
+- served: the product's ``Encoder`` deployment (``max_batch_size`` = ``--batch``) on a local Ray
+  instance, called by concurrent callers through ``HandleEmbedder`` (the consumer's client); its
+  frames/s over the in-process rate is ``encode_serve_efficiency``;
+- on a CUDA device (bf16), served, the model FLOP utilisation against the H200's 989 TFLOP/s dense
+  bf16 peak (``encode_mfu_gpu``; "not measured" without a GPU).
 """
 
 from __future__ import annotations
@@ -138,10 +143,51 @@ def run_through_encoder(
     return n / seconds, seconds, n
 
 
+def run_in_process(
+    model_dir: Path, pool: list[NDArray[np.uint8]], *, batch: int, budget_s: float, least: int
+) -> tuple[float, float, int]:
+    """``SiglipEncoder.embed_images`` in this process, ``batch`` frames a call, on the first n frames
+    of ``pool`` (a multiple of ``batch``, sized by a warm-up batch to fit ``budget_s``). Returns
+    (images/s, seconds, n)."""
+    from pipeline.embed import SiglipEncoder
+    from pipeline.settings import ModelSettings
+
+    encoder = SiglipEncoder(
+        ModelSettings(id=str(model_dir), device="cpu", max_batch_size=batch, cpu_threads=os.cpu_count() or 1)
+    )
+    started = time.perf_counter()
+    encoder.embed_images(pool[:batch])
+    rate = batch / (time.perf_counter() - started)
+    n = min(len(pool) // batch * batch, max(least, int(rate * budget_s) // batch * batch))
+    started = time.perf_counter()
+    for i in range(0, n, batch):
+        vectors = encoder.embed_images(pool[i : i + batch])
+        assert vectors.shape[0] == batch
+    seconds = time.perf_counter() - started
+    return n / seconds, seconds, n
+
+
+def gemm_gflops(*, size: int = 4096, budget_s: float = 4.0) -> float:
+    """fp32 GFLOP/s of ``size``x``size`` matmuls in torch with its current threads: the machine's
+    practical dense peak, measured next to the model."""
+    import torch
+
+    a = torch.randn(size, size, dtype=torch.float32)
+    b = torch.randn(size, size, dtype=torch.float32)
+    torch.matmul(a, b)  # warm-up: thread pool, packing buffers
+    runs = 0
+    started = time.perf_counter()
+    while runs < 2 or time.perf_counter() - started < budget_s:
+        torch.matmul(a, b)
+        runs += 1
+    return 2 * size**3 * runs / (time.perf_counter() - started) / 1e9
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.encode", description=__doc__)
     parser.add_argument("--full", action="store_true", help="more images per run")
-    parser.add_argument("--batch", type=int, default=16, help="max_batch_size of the batched run")
+    parser.add_argument("--batch", type=int, default=16, help="batch size, in process and max_batch_size served")
+    parser.add_argument("--budget-s", type=float, help="timed seconds per run (default 30, --full 120)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     import ray
@@ -149,26 +195,35 @@ def main() -> None:
     from ray import serve
 
     cuda = torch.cuda.is_available()
-    # Timed seconds per run and the most frames: B/16 runs at a few images/s on 2 cores, less when
-    # they are shared; the warm-up rate sizes each run to its budget (~3 minutes in all by default).
-    budget_s, most = (120.0, 256) if args.full else (35.0, 96)
+    # B/16 runs at a few images/s on 2 cores, less when they are shared; each run's warm-up rate
+    # sizes it to its budget (~2.5 minutes in all by default).
+    budget_s = args.budget_s or (120.0 if args.full else 30.0)
+    most = 256 if args.full else 96
     callers = 4
+    threads = os.cpu_count() or 1
     metrics: dict[str, Any] = {}
     notes = [
         f"SigLIP-B/16 at 224 px, random weights, {GFLOP_PER_IMAGE} GFLOP/image; frames {FRAME_HW[1]}x{FRAME_HW[0]} "
-        f"RGB resized on the Encoder's device; {callers} concurrent callers through HandleEmbedder "
-        "(one Serve call per frame, all in flight); the same frames in both runs (a prefix for the shorter); "
-        "a warm-up before each, whose rate sizes the timed run.",
+        f"RGB resized on the encoder's device; batch {args.batch}; torch on {threads} threads in both runs. "
+        "The same frames in every run (a prefix for the shorter); a warm-up before each, whose rate sizes it.",
+        f"served: {callers} concurrent callers through HandleEmbedder (the consumer's Encoder client), "
+        "the Encoder replica alone on the machine (num_cpus 0, no other deployment).",
+        "gemm: 4096x4096 fp32 torch.matmul, repeated for ~4 s, 2n^3 FLOP each, same threads.",
     ]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="vidx-b16-") as tmp:
         model_dir = build_siglip_b16(Path(tmp) / "siglip-b16")
         metrics["build_s"] = round(time.monotonic() - started, 1)
+        pool = frames(most)
+        torch.set_num_threads(threads)
+        peak = gemm_gflops()
+        local_ips, local_s, n_local = run_in_process(
+            model_dir, pool, batch=args.batch, budget_s=budget_s, least=2 * args.batch
+        )
         ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
         serve.start(proxy_location="Disabled")
         try:
-            pool = frames(most)
-            batched_ips, batched_s, n_batched = run_through_encoder(
+            served_ips, served_s, n_served = run_through_encoder(
                 model_dir,
                 pool,
                 batch=args.batch,
@@ -177,21 +232,20 @@ def main() -> None:
                 budget_s=budget_s,
                 least=2 * args.batch,
             )
-            single_ips, single_s, n_single = run_through_encoder(
-                model_dir, pool, batch=1, callers=callers, device="cpu", budget_s=budget_s, least=8
-            )
             metrics |= {
-                "encode_cpu_batched_images_per_s": round(batched_ips, 3),
-                "encode_cpu_unbatched_images_per_s": round(single_ips, 3),
-                "encode_batched_vs_unbatched_ratio": round(batched_ips / single_ips, 3),
-                "encode_cpu_gflops": round(batched_ips * GFLOP_PER_IMAGE, 1),
-                "encode_cpu_unbatched_gflops": round(single_ips * GFLOP_PER_IMAGE, 1),
+                "encode_cpu_in_process_images_per_s": round(local_ips, 3),
+                "encode_cpu_served_images_per_s": round(served_ips, 3),
+                "encode_serve_efficiency": round(served_ips / local_ips, 3),
+                "encode_cpu_gflops": round(local_ips * GFLOP_PER_IMAGE, 1),
+                "encode_cpu_served_gflops": round(served_ips * GFLOP_PER_IMAGE, 1),
+                "gemm_fp32_gflops": round(peak, 1),
+                "encode_cpu_fraction_of_gemm_peak": round(local_ips * GFLOP_PER_IMAGE / peak, 3),
                 "encode_cpu_batch_size": args.batch,
-                "encode_cpu_images": f"{n_batched} batched, {n_single} one at a time",
+                "encode_cpu_images": f"{n_local} in process, {n_served} served",
             }
             notes.append(
-                f"CPU: {n_batched} images batched ({args.batch}) in {batched_s:.1f}s, "
-                f"{n_single} one at a time in {single_s:.1f}s."
+                f"CPU: {n_local} images in process in {local_s:.1f}s, {n_served} served in {served_s:.1f}s; "
+                f"gemm {peak:.0f} GFLOP/s."
             )
             if cuda:
                 gpu_pool = frames(4096 if args.full else 1024, seed=1)

@@ -1,5 +1,7 @@
-"""The targets of the performance issue: metric name, comparison, threshold, and which benchmark
-measures it. ``bench/report.py`` marks each pass / miss / not measured."""
+"""The targets of the performance issues (revised by the flood issue): metric name, comparison,
+threshold, and which benchmark measures it. ``bench/report.py`` marks each pass / miss / not measured.
+Figures reported beside them without a target (``event_delivery_ms_p50``, bench/events.py's per-mode
+delivery) are in each benchmark's section."""
 
 from __future__ import annotations
 
@@ -19,14 +21,17 @@ class Target:
 
 
 TARGETS = [
-    Target("decode_vs_ffmpeg_ratio", ">=", 5, "decode", "sampled decode vs ffmpeg fps filter, 1080p H.264, 1 fps"),
-    Target("decode_x_realtime_per_core", ">=", 20, "decode", "video seconds decoded per wall second per core, 1080p"),
-    Target("encode_batched_vs_unbatched_ratio", ">=", 4, "encode", "Encoder images/s, batched vs one by one, CPU"),
+    Target("decode_vs_ffmpeg_ratio", ">=", 3.2, "decode", "CPU vs ffmpeg fps filter, exact, 1080p, 1 fps, 2 s GOP"),
+    Target("decode_x_realtime_per_core", ">=", 10, "decode", "video s / CPU s, exact sampling, 1080p, 1 fps, 2 s GOP"),
+    Target("encode_serve_efficiency", ">=", 0.8, "encode", "Encoder deployment frames/s vs in-process, same batch"),
+    Target("encode_cpu_fraction_of_gemm_peak", ">=", 0.5, "encode", "SigLIP-B/16 GFLOP/s vs a large fp32 matmul, CPU"),
     Target("encode_mfu_gpu", ">=", 0.40, "encode", "model FLOP utilisation on the GPU, bf16 (when lent one)"),
-    Target("e2e_vs_slowest_stage_ratio", ">=", 0.8, "e2e", "pipeline throughput vs its slowest stage alone"),
-    Target("freshness_p50_s", "<=", 3, "e2e", "upload -> searchable, 10 s 360p clip, tiny model (p50)"),
+    Target("e2e_vs_slowest_stage_ratio", ">=", 0.8, "e2e", "pipeline vs its slowest stage alone (catalog included)"),
+    Target("overhead_ms_per_video", "<=", 100, "e2e", "event receipt -> indexed, minus fetch/decode/embed/frame write"),
+    Target("freshness_p50_s", "<=", 2, "e2e", "upload -> returned by the search endpoint, 10 s 360p, tiny model"),
+    Target("capacity_videos_per_s", ">=", 5, "e2e", "videos indexed per second, 10 s 640x360 clips, tiny model"),
+    Target("ack_p50_ms", "<=", 15, "ack", "POST /v1/index answer p50 under a 20 req/s open-loop burst"),
     Target("search_p50_ms_1m", "<=", 20, "search", "search latency p50 at 1M frames (768-d), ANN"),
     Target("search_recall10_1m", ">=", 0.95, "search", "recall@10 vs exact search at 1M frames"),
     Target("search_speedup_vs_flat_1m", ">=", 10, "search", "ANN vs flat scan latency at 1M frames"),
-    Target("overhead_ms_per_video", "<=", 100, "e2e", "queue hops and status writes per video"),
 ]

@@ -29,10 +29,10 @@ from pipeline.check import Checker, S3PageLister
 from pipeline.indexer import STEPS, Indexer, ObjectSource, S3ObjectSource
 from pipeline.settings import Settings
 from storage.catalog import VideoStatus
+from storage.catalog_writer import GroupedCatalogWriter
 from storage.errors import TransientError
 from storage.ids import fingerprint, video_id
 from storage.tables import IndexStore
-from storage.catalog_writer import GroupedCatalogWriter
 from storage.writer import GroupedFrameWriter
 
 #: Pauses injected at step boundaries (and between bucket operations): one with probability

@@ -115,7 +115,14 @@ def _amqp_ready(url: str) -> bool:
 
 
 @contextmanager
-def start_services() -> Iterator[Services]:
+def start_services(
+    *, sync_events: bool = False, queue_dir: bool = True, extra_targets: tuple[str, ...] = ()
+) -> Iterator[Services]:
+    """RabbitMQ, then MinIO publishing to it. ``sync_events``: MinIO publishes each event before it
+    answers the request (``MINIO_API_SYNC_EVENTS=on``); ``queue_dir=False``: no on-disk event store;
+    ``extra_targets``: ids of further AMQP targets to the same exchange, without a queue_dir (a bucket
+    must be subscribed to their ARNs too). bench/events.py compares these delivery modes;
+    docs/architecture.md says which is the default."""
     rabbit = DockerContainer(RABBITMQ_IMAGE).with_exposed_ports(5672, 15672)
     rabbit.start()
     try:
@@ -126,6 +133,15 @@ def start_services() -> Iterator[Services]:
         _wait("RabbitMQ", lambda: _amqp_ready(amqp_url), rabbit)
         rabbit_ip = container_ip(rabbit)
         env = minio_notify_env(AmqpSettings(), f"amqp://guest:guest@{rabbit_ip}:5672", "/queue")
+        if not queue_dir:
+            env = {k: v for k, v in env.items() if "_QUEUE_DIR_" not in k and "_QUEUE_LIMIT_" not in k}
+        for target in extra_targets:
+            extra = minio_notify_env(
+                AmqpSettings(minio_target_id=target), f"amqp://guest:guest@{rabbit_ip}:5672", "/queue"
+            )
+            env |= {k: v for k, v in extra.items() if "_QUEUE_DIR_" not in k and "_QUEUE_LIMIT_" not in k}
+        if sync_events:
+            env["MINIO_API_SYNC_EVENTS"] = "on"
         minio = (
             DockerContainer(MINIO_IMAGE)
             .with_exposed_ports(9000)

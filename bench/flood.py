@@ -1,0 +1,703 @@
+"""The flood: a bounded burst of uploads, shaped like the seed's profile (ramp up, sustained, spike at
+2×, sustained, ramp down), through the real app on loopback, at several times the capacity measured
+at the start of the run. Every second it samples the offered rate, queue depth, replicas per
+deployment, completed and failed; at the end every object must be indexed exactly once (the checker).
+
+``python -m bench.flood [--videos N] [--duration-s S] [--seed-like] [--out PATH] [--plots DIR]``;
+needs the container engine (``make bench`` sets it up). Writes ``bench/results/flood.json`` (or
+``flood-seedlike.json``) and PNG plots with "flood" in their names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import itertools
+import json
+import re
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT, machine, percentile
+
+#: (segment, share of the flood's duration, rate multiplier at its start, at its end).
+PROFILE: tuple[tuple[str, float, float, float], ...] = (
+    ("ramp_up", 0.15, 0.0, 1.0),
+    ("sustained", 0.30, 1.0, 1.0),
+    ("spike", 0.10, 2.0, 2.0),
+    ("sustained", 0.30, 1.0, 1.0),
+    ("ramp_down", 0.15, 1.0, 0.0),
+)
+CLIP_SIZE = (160, 90)
+CLIP_FPS = 10
+CLIP_SECONDS = (2.0, 3.0, 4.0)
+#: The seed-like autoscaling settings (its harness: poll 2 s, upscale delay 15 s, downscale delay 60 s).
+SEED_LIKE_ENV = {
+    "VIDX_AUTOSCALE__POLL_INTERVAL_S": "2",
+    "VIDX_AUTOSCALE__UPSCALE_DELAY_S": "15",
+    "VIDX_AUTOSCALE__DOWNSCALE_DELAY_S": "60",
+}
+DECISION = re.compile(
+    r"vidx autoscale: deployment=(?P<deployment>\S+) current=(?P<current>\d+) desired=(?P<desired>\d+) "
+    r"backlog=(?P<backlog>\d+) at=(?P<at>[\d.]+)"
+)
+CONSUMER, ENCODER = "IndexConsumer", "Encoder"
+#: Ids per catalog query (one ``IN`` list).
+IDS_PER_QUERY = 500
+UPLOAD_ATTEMPTS = 5
+WARMUP_TIMEOUT_S = 300.0
+#: Longest wait for the capacity batch, and for the queue to empty before the flood starts.
+CAPACITY_TIMEOUT_S = 600.0
+QUIET_TIMEOUT_S = 60.0
+PROBE_POLL_S = 0.5
+#: Thread joins at the end (each).
+JOIN_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class FloodPlan:
+    videos: int = 2000
+    #: Longest flood; shorter when ``overload`` × capacity offers ``videos`` sooner.
+    duration_s: float = 300.0
+    #: The sustained offered rate is at least this many times the measured capacity (0: just fit the duration).
+    overload: float = 5.0
+    capacity_videos: int = 40
+    distinct_clips: int = 24
+    #: Every n-th flood video has content of its own and is timed upload → returned by image search.
+    probe_every: int = 20
+    ack_requests: int = 40
+    ack_rate_per_s: float = 20.0
+    upload_threads: int = 16
+    drain_timeout_s: float = 1800.0
+    #: After the drain, sampling goes on until the consumers are back at their minimum, or this long.
+    cooldown_s: float = 90.0
+    sample_every_s: float = 1.0
+    key_prefix: str = "flood/"
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class FloodResult:
+    metrics: dict[str, Any]
+    settings: dict[str, Any]
+    samples: list[dict[str, Any]]
+    decisions: list[dict[str, Any]]
+    check: dict[str, Any]
+    notes: list[str]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "command": " ".join(["python", "-m", "bench.flood", *sys.argv[1:]]),
+            "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": machine(),
+            **self.metrics,
+            "settings": self.settings,
+            "check": self.check,
+            "notes": self.notes,
+            "decisions": self.decisions,
+            "samples": self.samples,
+        }
+
+
+# -- the profile -------------------------------------------------------------------------------------
+def multiplier(x: float) -> float:
+    """The profile's rate multiplier at ``x`` (0–1) of the flood's duration."""
+    start = 0.0
+    for _name, share, a, b in PROFILE:
+        if x <= start + share:
+            return a + (b - a) * (x - start) / share
+        start += share
+    return PROFILE[-1][3]
+
+
+def profile_area() -> float:
+    """∫ multiplier over the flood (in units of duration): uploads = base rate × duration × area."""
+    return sum(share * (a + b) / 2 for _n, share, a, b in PROFILE)
+
+
+def due_times(n: int, duration_s: float) -> list[float]:
+    """Seconds after the flood's start at which each of ``n`` uploads is due, following the profile."""
+    import numpy as np
+
+    x = np.linspace(0.0, 1.0, 20_001)
+    m = np.array([multiplier(float(v)) for v in x])
+    cumulative = np.concatenate([[0.0], np.cumsum((m[1:] + m[:-1]) / 2 * np.diff(x))])
+    targets = (np.arange(n) + 0.5) / n * cumulative[-1]
+    return [float(t) * duration_s for t in np.interp(targets, cumulative, x)]
+
+
+def flood_shape(plan: FloodPlan, capacity_per_s: float) -> tuple[float, float]:
+    """(sustained rate per second, duration in seconds) for ``plan`` given the measured capacity."""
+    area = profile_area()
+    rate = max(plan.videos / (area * plan.duration_s), plan.overload * capacity_per_s)
+    return rate, plan.videos / (area * rate)
+
+
+# -- media -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Clip:
+    data: bytes
+    seed: int
+    seconds: float
+
+
+def make_clips(directory: Path, n: int, first_seed: int, seconds: Sequence[float]) -> list[Clip]:
+    from infra.dev.samples import write_video
+
+    directory.mkdir(parents=True, exist_ok=True)
+    clips = []
+    for i in range(n):
+        s, seed = seconds[i % len(seconds)], first_seed + i
+        path = write_video(directory / f"c{seed}.mp4", seconds=s, fps=CLIP_FPS, size=CLIP_SIZE, seed=seed)
+        clips.append(Clip(path.read_bytes(), seed, s))
+    return clips
+
+
+def probe_png(seed: int) -> bytes:
+    from PIL import Image
+
+    from infra.dev.samples import frame_at
+
+    buf = io.BytesIO()
+    Image.fromarray(frame_at(0, seed, CLIP_SIZE)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+# -- measuring the app -------------------------------------------------------------------------------
+class Uploader:
+    """Puts objects into the app's upload bucket from a bounded pool, one MinIO client per thread."""
+
+    def __init__(self, services: Any, bucket: str, threads: int) -> None:
+        self._services = services
+        self._bucket = bucket
+        self._local = threading.local()
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="flood-upload")
+        self.lock = threading.Lock()
+        self.offered = 0
+        self.uploaded: dict[str, float] = {}  # key -> monotonic time the upload finished
+        self.errors: list[str] = []
+
+    def put(self, key: str, data: bytes) -> None:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = self._services.minio_client()
+        for attempt in range(UPLOAD_ATTEMPTS):
+            try:
+                client.put_object(self._bucket, key, io.BytesIO(data), len(data), content_type="video/mp4")
+                with self.lock:
+                    self.uploaded[key] = time.monotonic()
+                return
+            except Exception as exc:  # the store is busy; try again a bit later
+                if attempt == UPLOAD_ATTEMPTS - 1:
+                    with self.lock:
+                        self.errors.append(f"{key}: {exc!r}"[:300])
+                time.sleep(1.0)
+
+    def submit(self, key: str, data: bytes) -> None:
+        with self.lock:
+            self.offered += 1
+        self.pool.submit(self.put, key, data)
+
+
+def statuses(store: Any, ids: Iterable[str]) -> dict[str, str]:
+    """video id -> catalog status, for those of ``ids`` with a row."""
+    out: dict[str, str] = {}
+    ids = sorted(ids)
+    for i in range(0, len(ids), IDS_PER_QUERY):
+        out.update({vid: r.status.value for vid, r in store.catalog.get_many(ids[i : i + IDS_PER_QUERY]).items()})
+    return out
+
+
+def wait_done(store: Any, ids: Sequence[str], timeout_s: float, poll_s: float = 0.5) -> float:
+    """Wait until every one of ``ids`` is indexed or failed; the monotonic time it was seen so."""
+    deadline = time.monotonic() + timeout_s
+    pending = set(ids)
+    while pending:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(pending)}/{len(ids)} videos not done after {timeout_s:.0f}s")
+        done = {v for v, s in statuses(store, pending).items() if s in ("indexed", "failed")}
+        pending -= done
+        if pending:
+            time.sleep(poll_s)
+    return time.monotonic()
+
+
+def backlog(services: Any, queue: str) -> tuple[int, int]:
+    from tests.services import queue_info
+
+    info = queue_info(services, queue)
+    return int(info.get("messages_ready") or 0), int(info.get("messages_unacknowledged") or 0)
+
+
+def replicas(app_name: str) -> dict[str, dict[str, int]]:
+    """deployment -> {"running": n, "total": n} from ``serve.status()``."""
+    from ray import serve
+
+    out = {}
+    for name, status in serve.status().applications[app_name].deployments.items():
+        states = {str(getattr(k, "value", k)): int(v) for k, v in status.replica_states.items()}
+        out[name] = {"running": states.get("RUNNING", 0), "total": sum(states.values())}
+    return out
+
+
+def settle(host: Any, least: int | None, timeout_s: float) -> bool:
+    """Wait until the index queue is empty and (``least`` given) the consumers are at most ``least``;
+    False if that did not happen within ``timeout_s``."""
+    settings = host.settings
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        quiet = sum(backlog(host.services, settings.serve.index_queue)) == 0
+        if quiet and (least is None or replicas(settings.serve.app_name)[CONSUMER]["total"] <= least):
+            return True
+        time.sleep(1.0)
+    return False
+
+
+def catalog_version(store: Any) -> int:
+    from storage.catalog import VIDEOS
+
+    return int(store.db.connection.open_table(VIDEOS).version)
+
+
+def decisions(app_name: str) -> list[dict[str, Any]]:
+    """The autoscaling policy's decision lines from the Serve controller's log of this Ray session."""
+    import ray
+
+    node: Any = ray._private.worker._global_node  # where this Ray instance keeps its logs
+    out = []
+    for path in sorted((Path(node.get_session_dir_path()) / "logs" / "serve").glob("controller_*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            match = DECISION.search(line)
+            if match:
+                d: dict[str, Any] = {k: int(v) for k, v in match.groupdict().items() if k in ("current", "desired")}
+                d.update(deployment=match["deployment"], backlog=int(match["backlog"]), at=float(match["at"]))
+                out.append(d)
+    return sorted(out, key=lambda d: d["at"])
+
+
+class Sampler(threading.Thread):
+    """Once a second: offered and uploaded so far, queue depths, replicas, indexed and failed."""
+
+    def __init__(self, host: Any, uploader: Uploader, every_s: float, base: dict[str, int], limit_s: float) -> None:
+        super().__init__(name="flood-sampler", daemon=True)
+        from storage.tables import IndexStore
+
+        self._host = host
+        self._uploader = uploader
+        self._every_s = every_s
+        self._base = base
+        self._store = IndexStore(host.settings.s3)
+        self.stop = threading.Event()
+        with uploader.lock:
+            self._uploaded_before = len(uploader.uploaded)
+        self.samples: list[dict[str, Any]] = []
+        self.started_wall = time.time()
+        self._max_samples = int(limit_s / every_s) + 1
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        settings = self._host.settings
+        for _ in range(self._max_samples):
+            if self.stop.is_set():
+                return
+            try:
+                self.samples.append(self.sample(settings))
+            except Exception as exc:  # one missed sample is not worth the run
+                if len(self.errors) < 20:
+                    self.errors.append(repr(exc)[:300])
+            # On the next tick of the grid (a slow sample skips ticks rather than bunching them).
+            self.stop.wait(self._every_s - (time.time() - self.started_wall) % self._every_s)
+
+    def sample(self, settings: Any) -> dict[str, Any]:
+        now = time.time()
+        ready, unacked = backlog(self._host.services, settings.serve.index_queue)
+        ev_ready, ev_unacked = backlog(self._host.services, settings.amqp.events_queue)
+        counts = self._store.catalog.counts()
+        with self._uploader.lock:
+            offered, uploaded = self._uploader.offered, len(self._uploader.uploaded) - self._uploaded_before
+        return {
+            "t_s": round(now - self.started_wall, 3),
+            "at": round(now, 3),
+            "offered": offered,
+            "uploaded": uploaded,
+            "index_ready": ready,
+            "index_unacked": unacked,
+            "backlog": ready + unacked,
+            "events_backlog": ev_ready + ev_unacked,
+            "replicas": replicas(settings.serve.app_name),
+            "indexed": counts.get("indexed", 0) - self._base.get("indexed", 0),
+            "failed": counts.get("failed", 0) - self._base.get("failed", 0),
+        }
+
+
+class Prober(threading.Thread):
+    """Times probe videos from upload done to the first image search that returns them."""
+
+    def __init__(self, host: Any, uploader: Uploader, probes: dict[str, tuple[str, bytes]], limit_s: float) -> None:
+        super().__init__(name="flood-prober", daemon=True)
+        from storage.tables import IndexStore
+
+        self._host = host
+        self._uploader = uploader
+        self._probes = dict(probes)  # video id -> (key, query PNG)
+        self._store = IndexStore(host.settings.s3)
+        self.stop = threading.Event()
+        self.latency_s: dict[str, float] = {}
+        self.errors: list[str] = []
+        self._limit_s = limit_s
+
+    def run(self) -> None:
+        import httpx
+
+        deadline = time.monotonic() + self._limit_s
+        with httpx.Client(base_url=self._host.settings.api_url, timeout=30) as http:
+            while self._probes and not self.stop.is_set() and time.monotonic() < deadline:
+                try:
+                    self.round(http)
+                except Exception as exc:
+                    if len(self.errors) < 20:
+                        self.errors.append(repr(exc)[:300])
+                self.stop.wait(PROBE_POLL_S)
+
+    def round(self, http: Any) -> None:
+        with self._uploader.lock:
+            up = {vid: self._uploader.uploaded.get(key) for vid, (key, _png) in self._probes.items()}
+        live = {vid: t for vid, t in up.items() if t is not None}
+        for vid, status in statuses(self._store, live).items():
+            if status != "indexed":
+                continue
+            png = self._probes[vid][1]
+            resp = http.post("/v1/search/image?k=5", files={"image": ("q.png", png, "image/png")})
+            if resp.status_code == 200 and vid in {r["video_id"] for r in resp.json()["results"]}:
+                self.latency_s[vid] = time.monotonic() - live[vid]
+                del self._probes[vid]
+
+
+def ack_latencies_ms(host: Any, uris: Sequence[str], rate_per_s: float) -> list[float]:
+    """``POST /v1/index`` for each of ``uris`` at ``rate_per_s`` from a pool; milliseconds to each 202."""
+    import httpx
+
+    def post(uri: str) -> float:
+        with httpx.Client(base_url=host.settings.api_url, timeout=30) as http:
+            started = time.perf_counter()
+            resp = http.post("/v1/index", json={"uri": uri})
+            took = (time.perf_counter() - started) * 1000
+            return took if resp.status_code == 202 else float("nan")
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=16, thread_name_prefix="flood-ack") as pool:
+        futures = []
+        for i, uri in enumerate(uris):
+            time.sleep(max(0.0, started + i / rate_per_s - time.monotonic()))
+            futures.append(pool.submit(post, uri))
+        return [f.result(timeout=60) for f in futures]
+
+
+# -- figures from the samples ------------------------------------------------------------------------
+def first(samples: Iterable[dict[str, Any]], holds: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+    return next((s for s in samples if holds(s)), None)
+
+
+def running(sample: dict[str, Any], deployment: str) -> int:
+    return int(sample["replicas"].get(deployment, {}).get("running", 0))
+
+
+def scaling_figures(
+    samples: list[dict[str, Any]],
+    decided: list[dict[str, Any]],
+    *,
+    target_per_replica: float | None,
+    max_replicas: dict[str, int | None],
+    last_upload_at: float,
+) -> dict[str, Any]:
+    """scale_up_decision_s, time_to_max_replicas_s and scale_down_after_drain_s (None where the run
+    holds no such event), from the samples (wall times ``at``) and the policy's decision lines."""
+    out: dict[str, Any] = {
+        "scale_up_decision_s": None,
+        "time_to_max_replicas_s": None,
+        "scale_down_after_drain_s": None,
+    }
+    consumer = [d for d in decided if d["deployment"] == CONSUMER]
+    start = samples[0]["at"] if samples else 0.0
+    if target_per_replica is not None:
+        over = first(samples, lambda s: s["backlog"] > target_per_replica * max(1, running(s, CONSUMER)))
+        if over is not None:
+            up = next((d for d in consumer if d["desired"] > d["current"] and d["at"] >= over["at"] - 1.0), None)
+            if up is not None:
+                out["scale_up_decision_s"] = round(up["at"] - over["at"], 3)
+    per_deployment: dict[str, float | None] = {}
+    for deployment, most in max_replicas.items():
+        full = None if most is None else next((s for s in samples if running(s, deployment) >= most), None)
+        per_deployment[deployment] = round(full["at"] - start, 3) if full else None
+    out["time_to_max_replicas_s"] = per_deployment.get(CONSUMER)
+    out["time_to_max_replicas_s_by_deployment"] = per_deployment
+    empty = first(samples, lambda s: s["at"] >= last_upload_at and s["backlog"] == 0 and s["events_backlog"] == 0)
+    if empty is not None:
+        # The first scale-down once the queue is empty; if the policy had already shrunk the fleet while
+        # the tail drained (none after), the last one before: a negative figure.
+        grew = max((d["at"] for d in consumer if d["desired"] > d["current"] and d["at"] < empty["at"]), default=start)
+        shrank = [d for d in consumer if d["desired"] < d["current"] and d["at"] >= grew]
+        down = next((d for d in shrank if d["at"] >= empty["at"]), shrank[-1] if shrank else None)
+        if down is not None:
+            out["scale_down_after_drain_s"] = round(down["at"] - empty["at"], 3)
+        out["drained_at_s"] = round(empty["at"] - start, 3)
+    return out
+
+
+def plot(samples: list[dict[str, Any]], directory: Path, suffix: str) -> list[Path]:
+    """flood-offered, flood-replicas and flood-backlog PNGs (``suffix`` before ``.png``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    t = [s["t_s"] for s in samples]
+    offered = [0.0] + [
+        float(b["offered"] - a["offered"]) / max(1e-6, b["t_s"] - a["t_s"]) for a, b in itertools.pairwise(samples)
+    ]
+    done = [0.0] + [
+        float(b["indexed"] + b["failed"] - a["indexed"] - a["failed"]) / max(1e-6, b["t_s"] - a["t_s"])
+        for a, b in itertools.pairwise(samples)
+    ]
+    deployments = sorted({d for s in samples for d in s["replicas"]})
+    paths = []
+    figures: list[tuple[str, str, list[tuple[str, list[float]]]]] = [
+        ("offered", "videos per second", [("offered (uploads/s)", offered), ("completed (videos/s)", done)]),
+        ("replicas", "running replicas", [(d, [float(running(s, d)) for s in samples]) for d in deployments]),
+        (
+            "backlog",
+            "messages (ready + unacked)",
+            [
+                ("index queue", [float(s["backlog"]) for s in samples]),
+                ("bucket events", [float(s["events_backlog"]) for s in samples]),
+            ],
+        ),
+    ]
+    for name, ylabel, series in figures:
+        fig, ax = plt.subplots(figsize=(8, 3.2), dpi=110)
+        for label, values in series:
+            ax.step(t, values, where="post", label=label)
+        ax.set_xlabel("seconds since the flood started")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper right", fontsize=8)
+        fig.tight_layout()
+        path = directory / f"flood-{name}{suffix}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+# -- the run -----------------------------------------------------------------------------------------
+def run_flood(services: Any, model_dir: Path, tmp: Path, plan: FloodPlan) -> FloodResult:
+    """Start the app over ``services`` (``plan.env`` on top of the test settings), measure its capacity,
+    flood it, wait (bounded) until every upload is indexed, and check bucket against index."""
+    from storage.ids import s3_uri, video_id
+    from storage.tables import IndexStore
+    from tests.faults.harness import start_app, vidx_check
+    from tests.services import unique_prefix
+
+    notes: list[str] = []
+    probe_at = list(range(plan.probe_every - 1, plan.videos, plan.probe_every)) if plan.probe_every else []
+    n_probes = len(probe_at)
+    shared = make_clips(tmp / "clips", plan.distinct_clips, 7000, CLIP_SECONDS)
+    probes = make_clips(tmp / "probes", n_probes, 80_000, CLIP_SECONDS[:1])
+    with start_app(services, unique_prefix(), model_dir, tmp / "state", env=plan.env) as host:
+        settings = host.settings
+        store = IndexStore(settings.s3)
+        uploader = Uploader(services, host.bucket, plan.upload_threads)
+        threads: list[Sampler | Prober] = []
+        try:
+            # Warm-up: one video through every hop, so imports and first commits don't count.
+            uploader.put("warmup/w.mp4", shared[0].data)
+            wait_done(store, [video_id(host.bucket, "warmup/w.mp4")], WARMUP_TIMEOUT_S)
+
+            cap_keys = [f"capacity/c{i:03d}.mp4" for i in range(plan.capacity_videos)]
+            started = time.monotonic()
+            for i, key in enumerate(cap_keys):
+                uploader.submit(key, shared[i % len(shared)].data)
+            done_at = wait_done(store, [video_id(host.bucket, k) for k in cap_keys], CAPACITY_TIMEOUT_S)
+            capacity = len(cap_keys) / (done_at - started)
+            print(f"capacity: {capacity:.2f} videos/s ({len(cap_keys)} videos)", flush=True)
+
+            acks = ack_latencies_ms(
+                host, [s3_uri(host.bucket, k) for k in cap_keys[: plan.ack_requests]], plan.ack_rate_per_s
+            )
+            auto = getattr(settings, "autoscale", None)
+            least = getattr(auto, "consumer_min_replicas", None)
+            # The flood starts from a cold fleet: queue empty, consumers back at their minimum.
+            if not settle(host, least, QUIET_TIMEOUT_S + plan.cooldown_s):
+                notes.append("the queue or the consumers had not settled when the flood started")
+
+            rate, duration = flood_shape(plan, capacity)
+            print(
+                f"flood: {plan.videos} videos over {duration:.0f}s, sustained {rate:.2f}/s, spike {2 * rate:.2f}/s",
+                flush=True,
+            )
+            keys = [f"{plan.key_prefix}v{i:05d}.mp4" for i in range(plan.videos)]
+            probe_of = dict(zip(probe_at, probes, strict=True))
+            content = [probe_of[i] if i in probe_of else shared[i % len(shared)] for i in range(plan.videos)]
+            ids = [video_id(host.bucket, k) for k in keys]
+            base = store.catalog.counts()
+            version_before = catalog_version(store)
+            limit_s = duration + plan.drain_timeout_s + plan.cooldown_s + JOIN_TIMEOUT_S
+            sampler = Sampler(host, uploader, plan.sample_every_s, base, limit_s)
+            prober = Prober(
+                host, uploader, {ids[i]: (keys[i], probe_png(c.seed)) for i, c in probe_of.items()}, limit_s
+            )
+            threads.extend([sampler, prober])
+            with uploader.lock:
+                uploader.offered = 0
+            sampler.start()
+            prober.start()
+            flood_started = time.monotonic()
+            for i, due in enumerate(due_times(plan.videos, duration)):
+                time.sleep(max(0.0, flood_started + due - time.monotonic()))
+                uploader.submit(keys[i], content[i].data)
+            uploader.pool.shutdown(wait=True)
+            last_upload_at = time.time()
+            flood_s = time.monotonic() - flood_started
+            print(f"uploads done after {flood_s:.0f}s; draining", flush=True)
+
+            uploaded_ids = [video_id(host.bucket, k) for k in uploader.uploaded if k.startswith(plan.key_prefix)]
+            try:
+                drained_at = wait_done(store, uploaded_ids, plan.drain_timeout_s, poll_s=2.0)
+                drain_s: float | None = drained_at - flood_started
+            except TimeoutError as exc:
+                notes.append(f"drain: {exc}")
+                drain_s = None
+            version_after = catalog_version(store)
+            # Sampling goes on while the fleet shrinks back (or for a short while without autoscaling).
+            settle(host, least, plan.cooldown_s if auto is not None else min(plan.cooldown_s, 5.0))
+            for thread in threads:
+                thread.stop.set()
+                thread.join(JOIN_TIMEOUT_S)
+            decided = decisions(settings.serve.app_name)
+            check = vidx_check(prefix="")
+            final = statuses(store, ids)
+        finally:
+            uploader.pool.shutdown(wait=False, cancel_futures=True)
+            for thread in threads:
+                thread.stop.set()
+
+    uploads = len(uploaded_ids)
+    indexed = sum(1 for v in uploaded_ids if final.get(v) == "indexed")
+    failed = sum(1 for v in uploaded_ids if final.get(v) == "failed")
+    counts = check.report["counts"]
+    latencies = list(prober.latency_s.values())
+    target = getattr(auto, "consumer_target_per_replica", None)
+    metrics: dict[str, Any] = {
+        "uploads": uploads,
+        "indexed": indexed,
+        "failed": failed,
+        "lost": uploads - indexed - failed,
+        "duplicates": int(counts.get("duplicate_frames", 0)) + int(counts.get("rows_mismatch", 0)),
+        "inconsistencies": check.inconsistencies,
+        "upload_errors": len(uploader.errors),
+        "capacity_videos_per_s": round(capacity, 3),
+        "offered_sustained_per_s": round(rate, 3),
+        "offered_over_capacity": round(rate / capacity, 2),
+        "flood_s": round(flood_s, 1),
+        "drain_s": round(drain_s, 1) if drain_s is not None else None,
+        "catalog_commits_per_video": round((version_after - version_before) / max(1, uploads), 3),
+        "catalog_versions": version_after - version_before,
+        **scaling_figures(
+            sampler.samples,
+            decided,
+            target_per_replica=target,
+            max_replicas={
+                CONSUMER: getattr(auto, "consumer_max_replicas", None),
+                ENCODER: getattr(auto, "encoder_max_replicas", None),
+            },
+            last_upload_at=last_upload_at,
+        ),
+        "latency_probes": n_probes,
+        "latency_timed": len(latencies),
+        "latency_p50_s": round(percentile(latencies, 50), 3) if latencies else None,
+        "latency_p95_s": round(percentile(latencies, 95), 3) if latencies else None,
+        "latency_p99_s": round(percentile(latencies, 99), 3) if latencies else None,
+        "ack_p50_ms": round(percentile(acks, 50), 1) if acks else None,
+        "ack_p99_ms": round(percentile(acks, 99), 1) if acks else None,
+    }
+    if auto is None:
+        notes.append("the app has no autoscale settings: replicas are fixed, scaling figures are None")
+    if len(latencies) < n_probes:
+        notes.append(f"{n_probes - len(latencies)} probe videos were never returned by the image search")
+    notes += [f"upload error: {e}" for e in uploader.errors[:10]]
+    notes += [f"sampler error: {e}" for e in sampler.errors[:5]] + [f"prober error: {e}" for e in prober.errors[:5]]
+    notes.append(
+        f"ack: {len(acks)} POST /v1/index at {plan.ack_rate_per_s:g}/s for already indexed videos, before the flood"
+    )
+    plan_json = {k: v for k, v in asdict(plan).items() if k != "env"}
+    used = {
+        "plan": plan_json,
+        "env": dict(plan.env),
+        "profile": [list(p) for p in PROFILE],
+        "clip": {"size": list(CLIP_SIZE), "fps": CLIP_FPS, "seconds": list(CLIP_SECONDS)},
+        "autoscale": auto.model_dump(mode="json") if auto is not None else None,
+        "serve": settings.serve.model_dump(
+            mode="json", include={"consumer_replicas", "consumer_concurrency", "encoder_replicas"}
+        ),
+    }
+    report = {k: v for k, v in check.report.items() if k != "found"} | {
+        "found": check.found[:20],
+        "exit_code": check.exit_code,
+    }
+    return FloodResult(metrics, used, sampler.samples, decided, report, notes)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.flood", description=__doc__)
+    parser.add_argument("--videos", type=int, default=FloodPlan.videos)
+    parser.add_argument("--duration-s", type=float, default=FloodPlan.duration_s, help="longest flood")
+    parser.add_argument("--overload", type=float, default=FloodPlan.overload, help="offered rate ≥ this × capacity")
+    parser.add_argument("--capacity-videos", type=int, default=FloodPlan.capacity_videos)
+    parser.add_argument("--seed-like", action="store_true", help="poll 2 s, upscale delay 15 s, downscale delay 60 s")
+    parser.add_argument(
+        "--out", type=Path, help="default bench/results/flood.json (flood-seedlike.json with --seed-like)"
+    )
+    parser.add_argument("--plots", default=str(ROOT / "docs" / "img"), help="directory for the PNGs ('' for none)")
+    args = parser.parse_args()
+
+    from infra.dev.tinymodel import build_tiny_siglip
+    from tests.services import start_services
+
+    suffix = "-seedlike" if args.seed_like else ""
+    out = args.out or ROOT / "bench" / "results" / f"flood{suffix}.json"
+    env = {"VIDX_AUTOSCALE__ENABLED": "true", **(SEED_LIKE_ENV if args.seed_like else {})}
+    plan = FloodPlan(
+        videos=args.videos,
+        duration_s=args.duration_s,
+        overload=args.overload,
+        capacity_videos=args.capacity_videos,
+        env=env,
+    )
+    with tempfile.TemporaryDirectory(prefix="vidx-flood-") as tmp_name:
+        tmp = Path(tmp_name)
+        model_dir = build_tiny_siglip(tmp / "tiny", seed=0)
+        with start_services() as services:
+            result = run_flood(services, model_dir, tmp, plan)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result.as_json(), indent=2) + "\n")
+    if args.plots:
+        for path in plot(result.samples, Path(args.plots), suffix):
+            print(f"plot: {path}")
+    for k, v in result.metrics.items():
+        print(f"{k}: {v}")
+    for note in result.notes:
+        print(f"note: {note}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
