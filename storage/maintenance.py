@@ -117,6 +117,15 @@ def ensure_scalar_indexes(store: IndexStore) -> list[str]:
     return created
 
 
+def compact(store: IndexStore, target_rows: int, keep_versions_s: float) -> None:
+    """Merge small fragments: the whole catalog (it is small), and ``frames`` fragments below
+    ``target_rows`` (a full one is not rewritten again). Index upkeep waits for the full round."""
+    frames = store.frames.table()
+    if frames is not None:
+        frames.to_lance().optimize.compact_files(target_rows_per_fragment=target_rows)
+    store.catalog.optimize(keep_versions_s)
+
+
 def optimize(store: IndexStore, keep_versions_s: float) -> None:
     """Compact both tables' small fragments, fold new frames into the ANN index and drop versions older
     than ``keep_versions_s``. Concurrent writers keep working (their commits are retried on conflict)."""
@@ -187,14 +196,31 @@ class IndexMaintainer:
         log.info("vector index %s: %s over %d rows in %.1fs", action.value, self._settings.index_type, rows, took)
         return RoundResult(action, rows, 0, took)
 
+    def compact_once(self) -> bool:
+        """Compact small fragments if this worker holds the lease; returns whether it did."""
+        s = self._settings
+        if not self._store.leases.acquire(LEASE, self._holder, s.lease_ttl_s, self._clock()):
+            return False
+        compact(self._store, s.compact_target_rows, s.keep_versions_s)
+        return True
+
     def run(self, stop: threading.Event) -> None:
-        """Rounds until ``stop`` is set; a failed round is logged and the next one tries again."""
+        """A full round every ``optimize_interval_s`` and compactions every ``compact_interval_s`` in
+        between, until ``stop`` is set; a failed round is logged and the next one tries again."""
+        s = self._settings
+        next_full = 0.0
         while not stop.is_set():
+            full = time.monotonic() >= next_full
             try:
-                self.run_once()
+                if full:
+                    self.run_once()
+                else:
+                    self.compact_once()
             except Exception:  # a transient store error must not end the loop
                 log.warning("index maintenance round failed", exc_info=True)
-            stop.wait(self._settings.optimize_interval_s)
+            if full:
+                next_full = time.monotonic() + s.optimize_interval_s
+            stop.wait(min(s.compact_interval_s, s.optimize_interval_s))
 
     def start(self) -> tuple[threading.Thread, threading.Event]:
         """``run`` in a daemon thread; set the returned event to stop it."""

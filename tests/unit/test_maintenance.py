@@ -171,3 +171,19 @@ def test_the_loop_stops_and_survives_a_failing_round(store: IndexStore) -> None:
     stop.set()
     thread.join(5)
     assert not thread.is_alive()
+
+
+def test_compaction_merges_the_small_fragments_each_commit_left(store: IndexStore) -> None:
+    fill(store, videos=12, frames=3, seed=5)  # one commit (one fragment) per video
+    for i in range(6):
+        store.catalog.write(VideoRecord(video_id=f"c{i}", uri=f"s3://b/c{i}.mp4", status=VideoStatus.INDEXED), 0)
+    frames, videos = store.frames.table(), store.db.open(VIDEOS)
+    assert frames is not None and videos is not None
+    assert len(frames.to_lance().get_fragments()) >= 12 and len(videos.to_lance().get_fragments()) >= 6
+    before = [r["frame_id"] for r in store.frames.search(probe(), 5, SETTINGS)]
+    maintainer = IndexMaintainer(store, SETTINGS.model_copy(update={"compact_target_rows": 1024}))
+    assert maintainer.compact_once()
+    assert len(store.frames.table().to_lance().get_fragments()) == 1  # type: ignore[union-attr]
+    assert len(store.db.open(VIDEOS).to_lance().get_fragments()) == 1  # type: ignore[union-attr]
+    assert store.frames.count() == 36 and store.catalog.get("c3") is not None
+    assert [r["frame_id"] for r in store.frames.search(probe(), 5, SETTINGS)] == before
