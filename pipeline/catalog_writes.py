@@ -16,8 +16,13 @@ from ray.serve.handle import DeploymentHandle
 from storage.catalog import VideoRecord
 from storage.errors import TransientError
 
+#: Room for ``close`` (``storage.catalog_writer.CLOSE_TIMEOUT_S``) when the replica stops.
+SHUTDOWN_TIMEOUT_S = 45.0
 
-@serve.deployment(name="CatalogWriter", num_replicas=1, max_ongoing_requests=4096)
+
+@serve.deployment(
+    name="CatalogWriter", num_replicas=1, max_ongoing_requests=4096, graceful_shutdown_timeout_s=SHUTDOWN_TIMEOUT_S
+)
 class CatalogWriter:
     """Takes compare-and-set writes of catalog rows from every consumer and commits them in groups."""
 
@@ -31,10 +36,17 @@ class CatalogWriter:
         self._writer = GroupedCatalogWriter(
             IndexStore(settings.s3).catalog, min_interval_s=w.catalog_min_interval_s, max_writes=w.catalog_max_writes
         )
+        self._timeout_s = w.catalog_write_timeout_s
 
     async def write(self, record: VideoRecord, expected_rev: int) -> VideoRecord | None:
+        """Raises:
+        TransientError: the commit failed or gave no outcome within ``catalog_write_timeout_s``.
+        """
         pending = self._writer.submit(record, expected_rev)
-        return await asyncio.to_thread(pending.result, 3600.0)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(pending.future), self._timeout_s)
+        except TimeoutError as exc:
+            raise TransientError(f"no outcome of the catalog write of {record.video_id} in time") from exc
 
     def stats(self) -> dict[str, int]:
         s = self._writer.stats
@@ -59,6 +71,7 @@ class _HandleWrite:
         except TransientError:  # the writer's own (Ray re-raises it as a subclass of the cause)
             raise
         except Exception as exc:  # Ray's actor, timeout and task errors alike
+            self._response.cancel()
             raise TransientError(
                 f"catalog write of {self._video_id} failed: {type(exc).__name__} (deadline {timeout_s:g}s)"
             ) from exc

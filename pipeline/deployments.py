@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 #: GPU share of the Encoder and of each consumer replica in the ``fused`` layout when the cluster
 #: has a GPU: the query Encoder and up to four consumers fit on one.
 FUSED_GPU_SHARE = 0.2
-#: Seconds a stopping consumer replica gets beyond its drain (Celery's warm shutdown, the handler's drain).
+#: Seconds a stopping consumer replica gets beyond its drain: Celery's warm shutdown (Ray's
+#: ``stop_consumer`` waits 10 s for it) comes first.
 SHUTDOWN_MARGIN_S = 15.0
 
 
@@ -244,7 +245,10 @@ def consumer_deployment(settings: Settings, num_gpus: float = 0.0) -> Any:
 
         def __del__(self) -> None:
             # Runs after the task consumer's own __del__ asked Celery for a warm shutdown.
-            left = self._handler.drain(self._drain_timeout_s)
+            handler = getattr(self, "_handler", None)  # absent when __init__ failed
+            if handler is None:
+                return
+            left = handler.drain(self._drain_timeout_s)
             if left:
                 log.warning("consumer stopping with %d tasks still running (they will be redelivered)", left)
 
@@ -336,7 +340,10 @@ class Api:
         from storage.catalog_writer import GroupedCatalogWriter
 
         # The `queued` marks of POST /v1/index share commits; the request doesn't wait for them.
-        marks = GroupedCatalogWriter(self._store.catalog, min_interval_s=settings.writer.catalog_min_interval_s)
+        w = settings.writer
+        marks = GroupedCatalogWriter(
+            self._store.catalog, min_interval_s=w.catalog_min_interval_s, max_writes=w.catalog_max_writes
+        )
         self._sink = queueing_sink(settings, self._store, marks)
         self._router = router
         # Held so the consumer is part of the app graph (it takes work from the queue, not from here).

@@ -202,7 +202,9 @@ class Indexer:
         self._settings = settings
         self._embedder = embedder
         self._store = store or IndexStore(settings.s3)
-        self._states = VideoStates(self._store.catalog, catalog_writes)
+        self._states = VideoStates(
+            self._store.catalog, catalog_writes, write_timeout_s=settings.writer.catalog_write_timeout_s
+        )
         self._objects = objects or S3ObjectSource(settings.s3, settings.limits)
         self._writer: FrameWriter = writer or self._store.frames
         self._holder = holder

@@ -156,7 +156,9 @@ class VideoStates:
         video meanwhile. The rows, if any, stay (still searchable, still what ``frames`` holds)."""
         settled = seen is not None and seen.status in (VideoStatus.INDEXED, VideoStatus.DELETED)
         if seen is not None and settled and (version is None or seen.version != version):
-            return seen
+            # Left alone; but a job that must write (``IndexJob.settle``) rewrites it as it is, so a
+            # `queued` mark still in flight loses.
+            return self._write(seen, seen.rev) if job.settle else seen
         base = seen or VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.FAILED)
         failed = base.evolve(status=VideoStatus.FAILED, error=reason, version=version or base.version)
         return self._write(failed, seen.rev if seen else 0)

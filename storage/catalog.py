@@ -9,6 +9,7 @@ draws them.
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -16,7 +17,17 @@ from typing import Any
 
 import pyarrow as pa
 
-from storage.db import PRIMARY_KEY, IndexDatabase, read_errors_are_transient, sql_quote, write_errors_are_transient
+from storage.db import (
+    PRIMARY_KEY,
+    IndexDatabase,
+    merge_on,
+    read_errors_are_transient,
+    sql_quote,
+    write_errors_are_transient,
+)
+from storage.errors import TransientError
+
+log = logging.getLogger(__name__)
 
 VIDEOS = "videos"
 
@@ -185,7 +196,7 @@ class Catalog:
         row = asdict(written)
         row["status"] = written.status.value
         data = pa.Table.from_pylist([row], schema=VIDEOS_SCHEMA)
-        merge = self._videos().merge_insert("video_id")
+        merge = merge_on(self._videos(), "video_id")
         if expected_rev == 0:
             result = merge.when_not_matched_insert_all().execute(data)
         else:
@@ -201,7 +212,8 @@ class Catalog:
 
         Raises:
             ValueError: a video appears twice.
-            TransientError: the store did not take the commit (none of the writes landed).
+            TransientError: the store did not take the commit, or its outcome could not be read back
+                (some writes may have landed: callers treat it like any failed write).
         """
         if not writes:
             return []
@@ -220,13 +232,18 @@ class Catalog:
         # row only where it holds the revision before. Rows are never deleted, so a write of a later
         # revision always finds its row.
         result = (
-            self._videos()
-            .merge_insert("video_id")
+            merge_on(self._videos(), "video_id")
             .when_matched_update_all(where="target.rev + 1 = source.rev")
             .when_not_matched_insert_all()
             .execute(data)
         )
-        landed = int(result.num_updated_rows) + int(result.num_inserted_rows)
+        inserted = int(result.num_inserted_rows)
+        if inserted > sum(1 for _, expected in writes if expected == 0):
+            # An update found no row and inserted one: the catalog broke its own rule (rows are never
+            # deleted, this handle reads the latest version). Loud, so it is never taken for a win.
+            log.error("catalog commit inserted %d rows for updates of existing rows", inserted)
+            raise TransientError("catalog commit inserted rows for updates; the checker will find them")
+        landed = int(result.num_updated_rows) + inserted
         if landed == len(written):
             return list(written)
         if landed == 0:
@@ -239,7 +256,7 @@ class Catalog:
         table = self._db.connection.open_table(VIDEOS)
         table.checkout(version)
         where = f"video_id IN ({', '.join(sql_quote(i) for i in video_ids)})"
-        rows = table.search().where(where).select(["video_id", "rev", "updated_at"]).limit(len(video_ids)).to_list()
+        rows = table.search().where(where).select(["video_id", "rev", "updated_at"]).limit(2 * len(video_ids)).to_list()
         return {str(r["video_id"]): (int(r["rev"]), r["updated_at"]) for r in rows}
 
     def version(self) -> int:

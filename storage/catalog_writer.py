@@ -69,7 +69,7 @@ class FutureWrite:
     """A ``PendingWrite`` over a ``concurrent.futures.Future`` (the grouped writer's own)."""
 
     def __init__(self, future: Future[VideoRecord | None], video_id: str) -> None:
-        self._future = future
+        self.future = future
         self._video_id = video_id
 
     def result(self, timeout_s: float) -> VideoRecord | None:
@@ -78,7 +78,7 @@ class FutureWrite:
             write may still land: callers treat it like any failed write).
         """
         try:
-            return self._future.result(timeout=timeout_s)
+            return self.future.result(timeout=timeout_s)
         except TimeoutError as exc:
             raise TransientError(f"no outcome of the catalog write of {self._video_id} within {timeout_s:g}s") from exc
 
@@ -120,7 +120,7 @@ class GroupedCatalogWriter:
         with self._cond:
             return CatalogWriterStats(self._commits, self._writes, self._lost, self._failed)
 
-    def submit(self, record: VideoRecord, expected_rev: int) -> PendingWrite:
+    def submit(self, record: VideoRecord, expected_rev: int) -> FutureWrite:
         """Queue ``record`` to be written if its row still holds ``expected_rev``; returns at once."""
         pending = _Pending(record, expected_rev)
         with self._cond:
@@ -162,8 +162,8 @@ class GroupedCatalogWriter:
                     continue  # a second write of one video waits for the first one's commit
                 ids.add(pending.record.video_id)
                 group.append(pending)
-            for pending in group:
-                self._queue.remove(pending)
+            taken = set(map(id, group))
+            self._queue = deque(p for p in self._queue if id(p) not in taken)
             return group
 
     def _commit(self, group: list[_Pending]) -> None:

@@ -29,6 +29,13 @@ def sql_quote(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def merge_on(table: Any, key: str) -> Any:
+    """``table.merge_insert(key)``, never through a scalar index: with an index on the key Lance takes
+    a merge plan that records no inserted keys for its conflict check (lance#4585), so two commits
+    inserting one new key would both land. Lookups by id still use the BTREE indexes."""
+    return table.merge_insert(key).use_index(False)
+
+
 def storage_options(s3: S3Settings) -> dict[str, str]:
     return {
         "endpoint": s3.endpoint_url,

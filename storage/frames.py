@@ -19,7 +19,14 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from storage.config import IndexSettings
-from storage.db import PRIMARY_KEY, IndexDatabase, read_errors_are_transient, sql_quote, write_errors_are_transient
+from storage.db import (
+    PRIMARY_KEY,
+    IndexDatabase,
+    merge_on,
+    read_errors_are_transient,
+    sql_quote,
+    write_errors_are_transient,
+)
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +131,7 @@ class FrameTable:
         table = self.table(data.schema.field("vector").type.list_size)
         assert table is not None  # created above: a dimension was given
         (
-            table.merge_insert("frame_id")
+            merge_on(table, "frame_id")
             .when_matched_update_all()
             .when_not_matched_insert_all()
             .when_not_matched_by_source_delete(scope)

@@ -14,6 +14,7 @@ import pytest
 from storage.catalog import VIDEOS, VIDEOS_SCHEMA, VideoRecord, VideoStatus
 from storage.config import S3Settings
 from storage.errors import TransientError
+from storage.maintenance import ensure_scalar_indexes
 from storage.tables import IndexStore
 
 RACERS = 8
@@ -96,10 +97,15 @@ def test_an_update_of_a_missing_row_loses_and_inserts_nothing(store: IndexStore)
     assert store.catalog.get("v1") is None
 
 
+@pytest.mark.parametrize("indexed", [False, True], ids=["no-index", "btree-on-video-id"])
 @pytest.mark.parametrize("from_rev", [0, 2], ids=["insert", "update"])
-def test_racing_writers_from_one_revision_exactly_one_wins(db_dir: Path, from_rev: int) -> None:
-    """RACERS threads, each with its own connection, released together, all write from ``from_rev``."""
+def test_racing_writers_from_one_revision_exactly_one_wins(db_dir: Path, from_rev: int, indexed: bool) -> None:
+    """RACERS threads, each with its own connection, released together, all write from ``from_rev``;
+    also with the BTREE index maintenance puts on ``video_id`` (merges must not go through it)."""
     seed = IndexStore(S3Settings(), uri=str(db_dir))
+    seed.catalog.get("warm")  # the table exists
+    if indexed:
+        assert ensure_scalar_indexes(seed) == ["videos.video_id"]
     racers = [IndexStore(S3Settings(), uri=str(db_dir)) for _ in range(RACERS)]
     for round_ in range(RACE_ROUNDS):
         video_id = f"race-{round_}"

@@ -146,3 +146,46 @@ def test_direct_writes_commit_in_the_callers_thread(store: IndexStore) -> None:
     direct = DirectWrites(store.catalog)
     assert direct.submit(record("a"), 0).result(0) is not None
     assert direct.submit(record("a"), 0).result(0) is None
+
+
+@pytest.mark.parametrize("indexed", [False, True], ids=["no-index", "btree-on-video-id"])
+def test_racing_grouped_commits_inserting_one_new_video_exactly_one_wins(tmp_path: Path, indexed: bool) -> None:
+    """RACERS threads, each with its own connection, released together, each commit a new row of its
+    own and the same new video; the shared video ends with one row, written by one winner."""
+    racers_n, rounds = 4, 5
+    seed = IndexStore(S3Settings(), uri=str(tmp_path / "lance"))
+    seed.catalog.get("warm")
+    if indexed:
+        from storage.maintenance import ensure_scalar_indexes
+
+        assert ensure_scalar_indexes(seed) == ["videos.video_id"]
+    racers = [IndexStore(S3Settings(), uri=str(tmp_path / "lance")) for _ in range(racers_n)]
+    for round_ in range(rounds):
+        shared = f"shared-{round_}"
+        barrier = threading.Barrier(racers_n)
+        results: list[object] = [None] * racers_n
+
+        def race(i: int, shared: str, barrier: threading.Barrier, results: list[object]) -> None:
+            try:
+                barrier.wait(WAIT_S)
+                results[i] = racers[i].catalog.write_many(
+                    [(record(shared, holder=f"racer-{i}"), 0), (record(f"own-{shared}-{i}"), 0)]
+                )
+            except BaseException as exc:
+                results[i] = exc
+
+        threads = [threading.Thread(target=race, args=(i, shared, barrier, results)) for i in range(racers_n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT_S * 2)
+        assert not any(t.is_alive() for t in threads)
+        landed = [r for r in results if isinstance(r, list)]
+        assert all(isinstance(r, (list, TransientError)) for r in results), results
+        winners = [r[0] for r in landed if r[0] is not None]
+        assert len(winners) <= 1, f"round {round_}: {len(winners)} writers of {shared} won"
+        table = seed.db.open("videos")
+        assert table is not None and table.count_rows(f"video_id = '{shared}'") == (1 if winners else 0)
+        if winners:
+            assert seed.catalog.get(shared) == winners[0]
+        assert all(r[1] is not None for r in landed)  # each racer's own row landed with its commit

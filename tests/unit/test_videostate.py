@@ -98,6 +98,19 @@ def test_every_transition_loses_to_a_write_it_did_not_see(states: VideoStates) -
     assert states.read(JOB.video_id) == moved
 
 
+def test_a_settle_job_failing_over_a_settled_row_rewrites_it_so_a_late_queued_mark_loses(
+    states: VideoStates,
+) -> None:
+    done = states.catalog.write(VideoRecord(JOB.video_id, JOB.uri, VideoStatus.INDEXED, version="e2"), 0)
+    assert done is not None
+    settle = JOB.model_copy(update={"settle": True})
+    again = states.fail(settle, done, "gave up", "e1")
+    assert again is not None and again.status is VideoStatus.INDEXED and again.rev == done.rev + 1
+    mark = states.queue_async(JOB, done)  # the API's mark, on the row it read before the submit
+    assert mark is not None and states.wait(mark) is None
+    assert states.read(JOB.video_id) == again
+
+
 def test_a_failure_of_another_version_leaves_a_settled_row_alone(states: VideoStates) -> None:
     done = states.catalog.write(VideoRecord(JOB.video_id, JOB.uri, VideoStatus.INDEXED, version="e2"), 0)
     assert done is not None
