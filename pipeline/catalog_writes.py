@@ -27,7 +27,7 @@ class CatalogWriter:
     """Takes compare-and-set writes of catalog rows from every consumer and commits them in groups."""
 
     def __init__(self, settings: Any) -> None:
-        from pipeline.deployments import route_logs_to_replica
+        from pipeline.replica_logs import route_logs_to_replica
         from storage.catalog_writer import GroupedCatalogWriter
         from storage.tables import IndexStore
 

@@ -23,6 +23,7 @@ from ray.serve.task_consumer import task_consumer, task_handler
 from events.jobs import INDEX_TASK
 from pipeline.autoscale import replica_options
 from pipeline.catalog_writes import CatalogWriter
+from pipeline.replica_logs import route_logs_to_replica
 from pipeline.settings import ModelSettings, Settings
 from pipeline.taskqueue import CeleryJobSink, queueing_sink, task_processor_config
 from storage.errors import EncoderUnavailable
@@ -38,23 +39,6 @@ FUSED_GPU_SHARE = 0.2
 #: Seconds a stopping consumer replica gets beyond its drain: Celery's warm shutdown (Ray's
 #: ``stop_consumer`` waits 10 s for it) comes first.
 SHUTDOWN_MARGIN_S = 15.0
-
-
-#: vidx's own loggers: their INFO lines (one per job, with outcome and stage times) belong in the logs.
-PACKAGE_LOGGERS = ("pipeline", "events", "storage")
-
-
-def route_logs_to_replica(level: int = logging.INFO) -> None:
-    """Send vidx's log lines to the replica's log file: Ray Serve configures only the ``ray.serve``
-    logger in a replica, so without this INFO lines of other loggers are dropped."""
-    serve_logger = logging.getLogger("ray.serve")
-    for name in PACKAGE_LOGGERS:
-        logger = logging.getLogger(name)
-        logger.setLevel(level)
-        for handler in serve_logger.handlers:
-            if handler not in logger.handlers:
-                logger.addHandler(handler)
-        logger.propagate = not serve_logger.handlers
 
 
 @serve.deployment(name="Encoder", max_ongoing_requests=256)
