@@ -242,7 +242,7 @@ class Catalog:
             # An update found no row and inserted one: the catalog broke its own rule (rows are never
             # deleted, this handle reads the latest version). Loud, so it is never taken for a win.
             log.error("catalog commit inserted %d rows for updates of existing rows", inserted)
-            raise TransientError("catalog commit inserted rows for updates; the checker will find them")
+            raise TransientError("catalog commit inserted rows for updates of existing rows")
         landed = int(result.num_updated_rows) + inserted
         if landed == len(written):
             return list(written)
