@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from events.jobs import IndexJob, JobSink
 from storage.catalog import IN_FLIGHT, Catalog, VideoRecord, VideoStatus
@@ -94,22 +95,9 @@ class VideoStates:
         )
         return self._writes.submit(claimed, seen.rev if seen else 0)
 
-    def claim(
-        self,
-        job: IndexJob,
-        seen: VideoRecord | None,
-        *,
-        version: str,
-        model: str,
-        sampling: str,
-        attempt: Attempt | None,
-        crashes: int,
-    ) -> VideoRecord | None:
-        """``claim_async``, waiting for its outcome."""
-        pending = self.claim_async(
-            job, seen, version=version, model=model, sampling=sampling, attempt=attempt, crashes=crashes
-        )
-        return self.wait(pending)
+    def claim(self, job: IndexJob, seen: VideoRecord | None, **marker: Any) -> VideoRecord | None:
+        """``claim_async`` (same keywords), waiting for its outcome."""
+        return self.wait(self.claim_async(job, seen, **marker))
 
     def finish(
         self, seen: VideoRecord, *, version: str, fingerprint: str, frames: int, duration_s: float | None
