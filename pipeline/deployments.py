@@ -323,12 +323,13 @@ class Api:
         self._search = SearchService(settings, self._store, HandleQueryEncoder(encoder, settings.model.query_timeout_s))
         from storage.catalog_writer import GroupedCatalogWriter
 
-        # The `queued` marks of POST /v1/index share commits; the request doesn't wait for them.
+        # POST /v1/index answers once the broker has the job: its `queued` mark is made on a thread
+        # and shares commits with the others.
         w = settings.writer
         marks = GroupedCatalogWriter(
             self._store.catalog, min_interval_s=w.catalog_min_interval_s, max_writes=w.catalog_max_writes
         )
-        self._sink = queueing_sink(settings, self._store, marks)
+        self._sink = queueing_sink(settings, self._store, marks, deferred=True)
         self._router = router
         # Held so the consumer is part of the app graph (it takes work from the queue, not from here).
         self._consumer = consumer

@@ -65,10 +65,19 @@ def task_processor_config(settings: Settings) -> TaskProcessorConfig:
     )
 
 
-def queueing_sink(settings: Settings, store: IndexStore, writes: CatalogWrites | None = None) -> QueueingSink:
+def queueing_sink(
+    settings: Settings, store: IndexStore, writes: CatalogWrites | None = None, *, deferred: bool = False
+) -> QueueingSink:
     """The sink the API, repairs and replays submit through: submits, then marks ``queued`` (through
-    ``writes``: by default one commit per mark)."""
-    return QueueingSink(CeleryJobSink(settings), VideoStates(store.catalog, writes))
+    ``writes``: by default one commit per mark). ``deferred`` (the API): the submit reads nothing and
+    the marks are made on a thread (``pipeline.queued_marks``)."""
+    states = VideoStates(store.catalog, writes)
+    marks = None
+    if deferred:
+        from pipeline.queued_marks import DeferredMarks, VersionClock
+
+        marks = DeferredMarks(states, VersionClock(store.catalog, settings.serve.api_version_refresh_s)).start()
+    return QueueingSink(CeleryJobSink(settings), states, marks)
 
 
 class CeleryJobSink:

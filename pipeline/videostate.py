@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from events.jobs import IndexJob, JobSink
 from storage.catalog import IN_FLIGHT, Catalog, VideoRecord, VideoStatus
@@ -154,27 +154,45 @@ class VideoStates:
 
 class QueueingSink:
     """A ``JobSink`` that marks the video ``queued`` once its job is submitted, without waiting for
-    the mark. The mark is a compare-and-set on the row as read before the submit, so it lands only if
-    nothing changed the row since; and the job it submitted always writes the row (``IndexJob.settle``),
-    even when it finds nothing to do, so the mark can never outlive the job's own outcome: it lands
-    before the job's write (which then loses, and the job settles the row again) or not at all. A
-    failed submit writes nothing. Bucket events don't go through here: the router submits
-    straight away and the row says ``indexing`` once a consumer takes the job."""
+    the mark. The mark is a compare-and-set on the row as it was before the submit, so it lands only
+    if nothing changed the row since; and the job it submitted always writes the row
+    (``IndexJob.settle``), even when it finds nothing to do, so the mark can never outlive the job's
+    own outcome: it lands before the job's write (which then loses, and the job settles the row
+    again) or not at all. A failed submit writes nothing. Bucket events don't go through here: the
+    router submits straight away and the row says ``indexing`` once a consumer takes the job.
 
-    def __init__(self, sink: JobSink, states: VideoStates) -> None:
+    With ``deferred`` (the API), the submit reads nothing: it takes the catalog version the clock
+    last saw and the mark is made on a thread from the row at that version
+    (``pipeline.queued_marks``); without it the row is read before the submit."""
+
+    def __init__(self, sink: JobSink, states: VideoStates, deferred: DeferredQueueing | None = None) -> None:
         self._sink = sink
         self._states = states
+        self._deferred = deferred
 
     def submit(self, job: IndexJob) -> str:
         """Raises:
         TransientError: the task queue did not take the job.
         """
+        settle = job.model_copy(update={"settle": True})
+        if self._deferred is not None and (version := self._deferred.version()) is not None:
+            task_id = self._sink.submit(settle)
+            self._deferred.mark(job, version)
+            return task_id
         try:
             seen = self._states.read(job.video_id)
         except TransientError as exc:  # the job matters, the status is a courtesy
             log.warning("could not read %s before its submit, so it is not marked queued: %s", job.uri, exc)
             return self._sink.submit(job)
         # The job always writes the row (``settle``), so this mark, if still in flight, loses to it.
-        task_id = self._sink.submit(job.model_copy(update={"settle": True}))
+        task_id = self._sink.submit(settle)
         self._states.queue_async(job, seen)
         return task_id
+
+
+class DeferredQueueing(Protocol):
+    """Where ``QueueingSink`` takes a catalog version from before the submit, and leaves the mark."""
+
+    def version(self) -> int | None: ...
+
+    def mark(self, job: IndexJob, version: int) -> None: ...

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -19,6 +20,7 @@ import pyarrow as pa
 
 from storage.db import (
     PRIMARY_KEY,
+    FreshTable,
     IndexDatabase,
     merge_on,
     read_errors_are_transient,
@@ -121,16 +123,28 @@ class Catalog:
     def __init__(self, db: IndexDatabase) -> None:
         self._db = db
         self._table: Any = None
+        self._fresh: FreshTable | None = None
+        self._at_lock = threading.Lock()
+        self._at_table: Any = None
 
     def _videos(self) -> Any:
+        """The handle writes go through (it re-checks the manifest on every call)."""
         if self._table is None:
             self._table = self._db.create(VIDEOS, VIDEOS_SCHEMA)
         return self._table
 
+    def _read(self) -> Any:
+        """A handle for lookups, at a version no older than the latest when the call began (one
+        manifest check shared by concurrent readers, see ``FreshTable``)."""
+        if self._fresh is None:
+            self._videos()  # the table exists from here on
+            self._fresh = self._db.fresh(VIDEOS)
+        return self._fresh.table()
+
     # -- reads ------------------------------------------------------------------------------------
     @read_errors_are_transient
     def get(self, video_id: str) -> VideoRecord | None:
-        rows = self._videos().search().where(f"video_id = {sql_quote(video_id)}").limit(1).to_list()
+        rows = self._read().search().where(f"video_id = {sql_quote(video_id)}").limit(1).to_list()
         return VideoRecord.from_row(rows[0]) if rows else None
 
     @read_errors_are_transient
@@ -140,7 +154,7 @@ class Catalog:
             clauses.append(f"uri = {sql_quote(uri)}")
         if status is not None:
             clauses.append(f"status = {sql_quote(status.value)}")
-        table = self._videos()
+        table = self._read()
         query = table.search()
         if clauses:
             query = query.where(" AND ".join(clauses))
@@ -151,7 +165,7 @@ class Catalog:
 
     @read_errors_are_transient
     def counts(self) -> dict[str, int]:
-        table = self._videos().to_arrow().select(["status"])
+        table = self._read().to_arrow().select(["status"])
         counts: dict[str, int] = {s.value: 0 for s in VideoStatus}
         for value in table.column("status").to_pylist():
             counts[value] = counts.get(value, 0) + 1
@@ -179,7 +193,7 @@ class Catalog:
         states = ", ".join(sql_quote(s.value) for s in IN_FLIGHT)
         bound = before.astimezone(UTC).replace(tzinfo=None).isoformat()
         where = f"status IN ({states}) AND updated_at < timestamp '{bound}'"
-        return [VideoRecord.from_row(r) for r in self._videos().search().where(where).limit(limit).to_list()]
+        return [VideoRecord.from_row(r) for r in self._read().search().where(where).limit(limit).to_list()]
 
     # -- the one write ----------------------------------------------------------------------------
     @write_errors_are_transient
@@ -263,6 +277,22 @@ class Catalog:
         """The table's current version (one more per commit: benchmarks count commits with it)."""
         return int(self._videos().version)
 
+    @read_errors_are_transient
+    def get_many_at(self, video_ids: Sequence[str], version: int) -> dict[str, VideoRecord]:
+        """The rows of those of ``video_ids`` that had one at table version ``version``, by id. Calls
+        take turns on one handle kept for this."""
+        ids = sorted(set(video_ids))
+        if not ids:
+            return {}
+        where = f"video_id IN ({', '.join(sql_quote(i) for i in ids)})"
+        with self._at_lock:
+            if self._at_table is None:
+                self._videos()
+                self._at_table = self._db.connect(None).open_table(VIDEOS)
+            self._at_table.checkout(version)
+            rows = self._at_table.search().where(where).limit(len(ids)).to_list()
+        return {record.video_id: record for record in map(VideoRecord.from_row, rows)}
+
     def optimize(self, keep_versions_s: float) -> None:
         """Compact the table and drop its versions older than ``keep_versions_s``."""
         self._videos().optimize(cleanup_older_than=timedelta(seconds=keep_versions_s))
@@ -274,5 +304,5 @@ class Catalog:
         if not ids:
             return {}
         where = f"video_id IN ({', '.join(sql_quote(i) for i in ids)})"
-        rows = self._videos().search().where(where).limit(len(ids)).to_list()
+        rows = self._read().search().where(where).limit(len(ids)).to_list()
         return {record.video_id: record for record in map(VideoRecord.from_row, rows)}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
@@ -76,6 +78,67 @@ def read_errors_are_transient(read: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+#: Longest a read waits for a manifest check another reader started (then it checks on its own).
+FRESH_WAIT_S = 30.0
+
+
+class FreshTable:
+    """A table handle for reads that must see every commit finished before the read began, at the cost
+    of one manifest check shared by the readers waiting at that moment.
+
+    A connection that re-checks the manifest on every call (``read_consistency_interval=0``) checks
+    it several times per query (the schema alone is asked for three times), each a round trip to the
+    object store, and concurrent readers queue behind each other's checks. This handle never checks
+    on its own (interval None); ``table()`` runs ``checkout_latest`` once and returns the handle to
+    every reader that arrived before that check began — a check begun after a read arrived sees every
+    commit that read must see. Versions only move forward: nothing else may ``checkout`` this handle.
+    """
+
+    def __init__(self, open_table: Callable[[], Any]) -> None:
+        self._open = open_table
+        self._table: Any = None
+        self._cond = threading.Condition()
+        self._began = 0  # checks begun
+        self._done = 0  # the latest check that ended well (checks run one at a time, in order)
+        self._running = False
+
+    def table(self) -> Any:
+        """The handle, at a version no older than the latest when this call began.
+
+        Raises:
+            RuntimeError, OSError: the check failed (Lance's errors, as a read's).
+        """
+        deadline = time.monotonic() + FRESH_WAIT_S
+        with self._cond:
+            want = self._began + 1  # the next check to begin begins after now
+            while self._done < want:
+                if not self._running:
+                    self._running = True
+                    self._began += 1
+                    mine = self._began
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no manifest check ended within {FRESH_WAIT_S:g}s")
+                self._cond.wait(left)
+            else:
+                return self._table
+        ok = False
+        try:
+            if self._table is None:
+                self._table = self._open()  # opening reads the latest manifest
+            else:
+                self._table.checkout_latest()
+            ok = True
+            return self._table
+        finally:
+            with self._cond:
+                self._running = False
+                if ok:
+                    self._done = mine
+                self._cond.notify_all()
+
+
 class IndexDatabase:
     """The LanceDB database at ``uri`` (``s3.index_uri`` by default; a local directory in unit tests)."""
 
@@ -85,12 +148,18 @@ class IndexDatabase:
         # Long-lived handles (API, consumers) must see other processes' commits at once.
         self.connection = self.connect(timedelta(0))
 
-    def connect(self, consistency: timedelta) -> Any:
-        """Another connection to the same database, re-checking the latest version at most every ``consistency``."""
+    def connect(self, consistency: timedelta | None) -> Any:
+        """Another connection to the same database, re-checking the latest version at most every
+        ``consistency`` (None: only when asked, ``checkout_latest``)."""
         return lancedb.connect(self.uri, storage_options=self.storage_options, read_consistency_interval=consistency)
 
     def create(self, name: str, schema: pa.Schema) -> Any:
         return self.connection.create_table(name, schema=schema, exist_ok=True)
+
+    def fresh(self, name: str) -> FreshTable:
+        """A ``FreshTable`` over table ``name`` (which must exist), on a connection of its own."""
+        connection = self.connect(None)
+        return FreshTable(lambda: connection.open_table(name))
 
     def open(self, name: str) -> Any | None:
         """The table ``name``, or None before anything created it."""

@@ -28,6 +28,7 @@ from pipeline.search import MomentOut, SearchResponse, SearchService, decode_que
 from pipeline.settings import LimitSettings, Settings
 from pipeline.videostate import QueueingSink, VideoStates
 from storage.catalog import Catalog, VideoRecord, VideoStatus
+from storage.db import FreshTable
 from storage.errors import InvalidInput, LimitExceeded, TransientError
 from storage.frames import FrameTable
 from storage.ids import video_id
@@ -544,6 +545,9 @@ class BrokenLanceDatabase:
 
     def connect(self, consistency: Any) -> BrokenLanceTable:
         return BrokenLanceTable()
+
+    def fresh(self, name: str) -> FreshTable:
+        return FreshTable(BrokenLanceTable)
 
 
 class LanceStore:

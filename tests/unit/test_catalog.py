@@ -13,6 +13,7 @@ import pytest
 
 from storage.catalog import VIDEOS, VIDEOS_SCHEMA, VideoRecord, VideoStatus
 from storage.config import S3Settings
+from storage.db import FreshTable
 from storage.errors import TransientError
 from storage.maintenance import ensure_scalar_indexes
 from storage.tables import IndexStore
@@ -193,7 +194,8 @@ def test_in_flight_since_finds_only_old_queued_or_indexing_rows(store: IndexStor
 
 
 def _failing_videos_table(store: IndexStore, monkeypatch: pytest.MonkeyPatch, method: str, error: Exception) -> None:
-    """The catalog's table handle, with ``method`` raising ``error`` (handed out by ``db.create``)."""
+    """The catalog's table handle, with ``method`` raising ``error`` (handed out by ``db.create`` and,
+    for reads, ``db.fresh``)."""
     table = store.db.create(VIDEOS, VIDEOS_SCHEMA)
 
     class Failing:
@@ -208,6 +210,7 @@ def _failing_videos_table(store: IndexStore, monkeypatch: pytest.MonkeyPatch, me
 
     monkeypatch.setattr(table, method, lambda *_, **__: Failing())
     monkeypatch.setattr(store.db, "create", lambda name, schema: table)
+    monkeypatch.setattr(store.db, "fresh", lambda name: FreshTable(lambda: table))
 
 
 def test_a_commit_conflict_is_transient(store: IndexStore, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from events.jobs import IndexJob, JobOp, JobSource
+from pipeline.queued_marks import DeferredMarks, VersionClock
 from pipeline.settings import Settings
 from pipeline.videostate import QueueingSink, VideoStates
 from storage.catalog import VideoRecord, VideoStatus
@@ -118,3 +122,118 @@ def test_a_failure_of_another_version_leaves_a_settled_row_alone(states: VideoSt
     assert states.fail(JOB, done, "gave up", None) is done
     failed = states.fail(JOB, done, "decode error", "e2")
     assert failed is not None and failed.status is VideoStatus.FAILED
+
+
+# -- deferred marks (the API: nothing read before the submit) ------------------------------------
+@pytest.fixture
+def deferred(states: VideoStates) -> Iterator[DeferredMarks]:
+    marks = DeferredMarks(states, VersionClock(states.catalog, interval_s=0.01)).start()
+    deadline = time.monotonic() + 10
+    while marks.version() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    yield marks
+    marks.stop()
+
+
+class CountingCatalogReads(Sink):
+    """A sink that counts the catalog reads made between the sink's call and its return."""
+
+    def __init__(self, states: VideoStates) -> None:
+        super().__init__(states)
+        self.reads_before = 0
+        self._real = states.catalog.get
+        states.catalog.get = self._count  # type: ignore[method-assign]
+
+    def _count(self, video_id: str) -> VideoRecord | None:
+        self.reads_before += 1
+        return self._real(video_id)
+
+    def submit(self, job: IndexJob) -> str:
+        self.reads_at_submit = self.reads_before
+        return "task-1"
+
+
+def test_a_deferred_submit_reads_nothing_and_the_mark_follows(states: VideoStates, deferred: DeferredMarks) -> None:
+    sink = CountingCatalogReads(states)
+    assert QueueingSink(sink, states, deferred).submit(JOB) == "task-1"
+    assert sink.reads_at_submit == 0
+    assert deferred.wait_idle(10)
+    record = states.read(JOB.video_id)
+    assert record is not None and record.status is VideoStatus.QUEUED
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new-video", "indexed-video"])
+def test_a_deferred_mark_never_lands_over_the_outcome_of_the_job_it_submitted(
+    states: VideoStates, deferred: DeferredMarks, existing: bool
+) -> None:
+    if existing:
+        states.catalog.write(VideoRecord(JOB.video_id, JOB.uri, VideoStatus.INDEXED, version="e1"), 0)
+        _wait_for_version_past(deferred, states.catalog.version() - 1)
+    assert QueueingSink(JobRunsBeforeTheMark(states), states, deferred).submit(JOB) == "task-2"
+    assert deferred.wait_idle(10)
+    record = states.read(JOB.video_id)
+    assert record is not None and record.status is VideoStatus.INDEXED and record.fingerprint == "fp2"
+
+
+def test_a_row_changed_after_the_clocks_version_is_left_as_it_is(states: VideoStates) -> None:
+    class Frozen:
+        def start(self) -> None: ...
+
+        def stop(self) -> None: ...
+
+        def version(self) -> int:
+            return 1  # the empty table: any row written since makes the mark lose
+
+    marks = DeferredMarks(states, Frozen()).start()  # type: ignore[arg-type]
+    done = states.catalog.write(VideoRecord(JOB.video_id, JOB.uri, VideoStatus.INDEXED, version="e1"), 0)
+    assert done is not None
+    QueueingSink(Sink(states), states, marks).submit(JOB)
+    assert marks.wait_idle(10)
+    assert states.read(JOB.video_id) == done
+    marks.stop()
+
+
+def test_marks_racing_their_jobs_on_threads_never_leave_a_video_queued(
+    states: VideoStates, deferred: DeferredMarks
+) -> None:
+    """Each submit starts its job on a thread at once (claim, then finish): the jobs, the marks'
+    thread and the submits all run concurrently; whatever their order, every video ends indexed."""
+    jobs = [IndexJob(op=JobOp.INDEX, bucket="videos", key=f"race-{i}.mp4", source=JobSource.API) for i in range(12)]
+    running: list[threading.Thread] = []
+
+    class StartsTheJob(Sink):
+        def submit(self, job: IndexJob) -> str:
+            def run() -> None:
+                for _ in range(20):  # the job's rounds: a mark that landed first makes it go again
+                    seen = self.states.read(job.video_id)
+                    claimed = self.states.claim(
+                        job, seen, version="e1", model="m", sampling="s", attempt=None, crashes=0
+                    )
+                    if claimed is None:
+                        continue
+                    time.sleep(0.005)
+                    if self.states.finish(claimed, version="e1", fingerprint="fp", frames=1, duration_s=1.0):
+                        return
+
+            thread = threading.Thread(target=run)
+            thread.start()
+            running.append(thread)
+            return f"task-{job.key}"
+
+    sink = QueueingSink(StartsTheJob(states), states, deferred)
+    submitters = [threading.Thread(target=sink.submit, args=(job,)) for job in jobs]
+    for t in submitters:
+        t.start()
+    for t in submitters:
+        t.join(30)
+    for t in running:
+        t.join(60)
+    assert deferred.wait_idle(30)
+    statuses = {job.key: getattr(states.read(job.video_id), "status", None) for job in jobs}
+    assert set(statuses.values()) == {VideoStatus.INDEXED}, statuses
+
+
+def _wait_for_version_past(marks: DeferredMarks, version: int) -> None:
+    deadline = time.monotonic() + 10
+    while (marks.version() or 0) <= version and time.monotonic() < deadline:
+        time.sleep(0.01)
