@@ -49,6 +49,9 @@ STAGE = re.compile(r"(\w+)=([\d.]+)s")
 WORK_STAGES = frozenset({"fetch", "probe", "decode", "embed", "thumbnails", "write"})
 #: Poll period of the freshness run (status and search); it bounds the error of each figure.
 POLL_S = 0.05
+#: The profiled batch (after the timed one): videos, and how long py-spy records.
+PROFILE_VIDEOS = 20
+PROFILE_S = 30
 #: Moments asked of each freshness search (the clip's own frame is the nearest by far).
 SEARCH_K = 20
 FRESH_TIMEOUT_S = 120.0
@@ -246,11 +249,30 @@ def _stages_alone(settings: Any, model_dir: Path, paths: list[Path], bucket: str
     return seconds
 
 
+def _profiled_batch(host: Any, client: Any, bucket: str, paths: list[Path], out: Path) -> None:
+    """The same videos again under new keys, with py-spy on a consumer replica (not timed)."""
+    pids = host.replica_pids("IndexConsumer")
+    if not pids:
+        return
+    spy = _profile(pids[0], PROFILE_S, out)
+    keys = [f"profiled/v{i:03d}.mp4" for i in range(len(paths))]
+    for key, path in zip(keys, paths, strict=True):
+        client.fput_object(bucket, key, str(path), content_type="video/mp4")
+    _wait_indexed(host, [video_id(bucket, k) for k in keys], INDEX_TIMEOUT_S)
+    try:
+        spy.wait(timeout=PROFILE_S + 60)
+    except subprocess.TimeoutExpired:
+        spy.kill()
+
+
 def _profile(pid: int, seconds: int, out: Path) -> subprocess.Popen[bytes]:
-    """Start py-spy on a replica for ``seconds`` (a flame graph SVG at ``out``)."""
+    """Start py-spy on a replica for ``seconds`` (a flame graph SVG at ``out``; collapsed stacks, one
+    line each, when ``out`` ends in ``.txt``)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     spy = Path(sys.executable).parent / "py-spy"
     cmd = [str(spy), "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "50", "--output", str(out)]
+    if out.suffix == ".txt":
+        cmd += ["--format", "raw"]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -259,7 +281,13 @@ def main() -> None:
     parser.add_argument("--full", action="store_true")
     parser.add_argument("--videos", type=int, help=f"videos in the throughput run (default {DEFAULT_VIDEOS})")
     parser.add_argument("--clips", type=int, help=f"clips in the freshness run (default {FRESHNESS_CLIPS})")
-    parser.add_argument("--profile", type=Path, default=Path("docs/profiles/e2e-consumer.svg"))
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=Path("docs/profiles/e2e-consumer.svg"),
+        help="py-spy output for a second, untimed batch (.txt: collapsed stacks)",
+    )
+    parser.add_argument("--no-profile", dest="profile", action="store_const", const=None)
     args = parser.parse_args()
     n_videos = args.videos or (FULL_VIDEOS if args.full else DEFAULT_VIDEOS)
     n_clips = args.clips or (FULL_FRESHNESS_CLIPS if args.full else FRESHNESS_CLIPS)
@@ -281,7 +309,14 @@ def main() -> None:
         model_dir = build_tiny_siglip(tmp / "tiny", seed=0)
         with start_services() as services:
             prefix = unique_prefix()
-            with start_app(services, prefix, model_dir, tmp / "state") as host:
+            # The fleet starts full (min = max consumer replicas): capacity is what the fleet does,
+            # not how fast it scales (bench.flood measures that, and the capacity once it is full).
+            from pipeline.settings import Settings
+
+            fleet = Settings().autoscale.consumer_max_replicas
+            notes.append(f"the consumer fleet is pinned at its maximum, {fleet} replicas, for the whole run")
+            env = {"VIDX_AUTOSCALE__CONSUMER_MIN_REPLICAS": str(fleet)}
+            with start_app(services, prefix, model_dir, tmp / "state", env=env) as host:
                 client = services.minio_client()
                 bucket = host.bucket
                 tap = _tap(services, prefix)
@@ -309,22 +344,15 @@ def main() -> None:
                         flush=True,
                     )
 
-                    # Throughput: everything at once.
-                    pids = host.replica_pids("IndexConsumer")
-                    spy = None
-                    if pids:
-                        spy = _profile(pids[0], 120 if args.full else 45, args.profile)
+                    # Throughput: everything at once (no profiler running: it would take a core's share).
                     keys = [f"batch/v{i:03d}.mp4" for i in range(n_videos)]
                     with stopwatch() as elapsed:
                         for key, path in zip(keys, paths, strict=True):
                             client.fput_object(bucket, key, str(path), content_type="video/mp4")
                         _wait_indexed(host, [video_id(bucket, k) for k in keys], INDEX_TIMEOUT_S)
                     wall = elapsed()
-                    if spy is not None:
-                        try:
-                            spy.wait(timeout=180)
-                        except subprocess.TimeoutExpired:
-                            spy.kill()
+                    if args.profile is not None:
+                        _profiled_batch(host, client, bucket, paths[:PROFILE_VIDEOS], args.profile)
                 finally:
                     tap.stop()
                 jobs = _job_lines(prefix)
@@ -373,7 +401,11 @@ def main() -> None:
         f"polled on its own thread, {POLL_S * 1000:.0f} ms between polls (each figure is late by up to that "
         "plus one request)."
     )
-    notes.append(f"profile of the consumer during the batch: {args.profile}")
+    if args.profile is not None:
+        notes.append(
+            f"profile of one consumer replica during a second, untimed batch of {PROFILE_VIDEOS} videos "
+            f"(py-spy, {PROFILE_S} s; it would take a core's share from the timed one): {args.profile}"
+        )
     save_section("e2e", metrics, notes)
     for k, v in metrics.items():
         print(f"{k}: {v}")

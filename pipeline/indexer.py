@@ -44,6 +44,9 @@ T = TypeVar("T")
 #: Rounds one job goes (read, HEAD, act) while other writers keep changing the video under it.
 MAX_CONVERGE_ROUNDS = 5
 
+#: Longest a job waits for a decode slot (``serve.consumer_cpu_slots``); then it is retried.
+CPU_SLOT_WAIT_S = 600.0
+
 #: A step boundary of a job and the job: ``hooks(step, job)`` runs there (tests pause jobs at them).
 StepHook = Callable[[str, IndexJob], None]
 
@@ -210,6 +213,8 @@ class Indexer:
         self._holder = holder
         self._holder_alive = holder_alive
         self._hooks = hooks
+        s = settings.serve
+        self._cpu_slots = threading.BoundedSemaphore(s.consumer_cpu_slots or s.consumer_concurrency)
 
     @property
     def sampling_label(self) -> str:
@@ -440,34 +445,49 @@ class Indexer:
         return seen.crashes if self._holder_alive(seen.holder) else seen.crashes + 1
 
     def _embed_object(self, head: ObjectHead, video_id: str, clock: StageClock) -> tuple[list[FrameRow], float | None]:
-        settings = self._settings
         with tempfile.TemporaryDirectory(prefix="vidx-") as tmp:
             path = Path(tmp) / "video"
             with clock.stage("fetch"):
                 self._objects.download(head, path)
-            with clock.stage("decode"):
-                info, sampled = open_sampled(
-                    path,
-                    settings.sampling.every_s,
-                    settings.limits,
-                    max_side=settings.sampling.decode_max_side,
-                    strategy=settings.sampling.decode_strategy,
-                    threads=settings.sampling.decode_threads,
-                )
-            frames = clock.timed("decode", sampled)
-            rows: list[FrameRow] = []
-            for chunk in _chunks(frames, settings.sampling.embed_chunk):
-                with clock.stage("embed"):
-                    vectors = self._embedder.embed_images([f.rgb for f in chunk])
-                with clock.stage("thumbnails"):
-                    rows.extend(
-                        FrameRow(
-                            frame_id=frame_id(video_id, f.index),
-                            ts_s=f.ts_s,
-                            vector=vectors[i],
-                            thumbnail=thumbnail_jpeg(f.rgb, settings.sampling.thumbnail_max_side),
-                        )
-                        for i, f in enumerate(chunk)
+            with self._cpu_slot(clock):
+                return self._decode_embed(path, video_id, clock)
+
+    @contextmanager
+    def _cpu_slot(self, clock: StageClock) -> Iterator[None]:
+        """One of the process's ``consumer_cpu_slots`` while decoding and embedding (bounded wait)."""
+        with clock.stage("cpu_wait"):
+            if not self._cpu_slots.acquire(timeout=CPU_SLOT_WAIT_S):
+                raise TransientError(f"no decode slot within {CPU_SLOT_WAIT_S:g}s")
+        try:
+            yield
+        finally:
+            self._cpu_slots.release()
+
+    def _decode_embed(self, path: Path, video_id: str, clock: StageClock) -> tuple[list[FrameRow], float | None]:
+        settings = self._settings
+        with clock.stage("decode"):
+            info, sampled = open_sampled(
+                path,
+                settings.sampling.every_s,
+                settings.limits,
+                max_side=settings.sampling.decode_max_side,
+                strategy=settings.sampling.decode_strategy,
+                threads=settings.sampling.decode_threads,
+            )
+        frames = clock.timed("decode", sampled)
+        rows: list[FrameRow] = []
+        for chunk in _chunks(frames, settings.sampling.embed_chunk):
+            with clock.stage("embed"):
+                vectors = self._embedder.embed_images([f.rgb for f in chunk])
+            with clock.stage("thumbnails"):
+                rows.extend(
+                    FrameRow(
+                        frame_id=frame_id(video_id, f.index),
+                        ts_s=f.ts_s,
+                        vector=vectors[i],
+                        thumbnail=thumbnail_jpeg(f.rgb, settings.sampling.thumbnail_max_side),
                     )
+                    for i, f in enumerate(chunk)
+                )
         duration_s = info.duration_s if info.duration_s is not None else (rows[-1].ts_s if rows else None)
         return rows, duration_s
