@@ -11,6 +11,8 @@ needs the container engine (``make bench`` sets it up). Writes ``bench/results/f
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import io
 import itertools
 import json
@@ -39,6 +41,8 @@ PROFILE: tuple[tuple[str, float, float, float], ...] = (
 CLIP_SIZE = (160, 90)
 CLIP_FPS = 10
 CLIP_SECONDS = (2.0, 3.0, 4.0)
+#: Logical CPUs of each node of ``--nodes`` (the single-node harness gives its one node 4).
+NODE_CPUS = 2
 #: The seed-like autoscaling settings (its harness: poll 2 s, upscale delay 15 s, downscale delay 60 s).
 SEED_LIKE_ENV = {
     "VIDX_AUTOSCALE__POLL_INTERVAL_S": "2",
@@ -82,6 +86,8 @@ class FloodPlan:
     sample_every_s: float = 1.0
     key_prefix: str = "flood/"
     env: Mapping[str, str] = field(default_factory=dict)
+    #: A running Ray cluster to join (``bench.cluster.local_cluster``); None: a local one-node Ray.
+    ray_address: str | None = None
 
 
 @dataclass
@@ -540,7 +546,7 @@ def run_flood(services: Any, model_dir: Path, tmp: Path, plan: FloodPlan) -> Flo
     n_probes = len(probe_at)
     shared = make_clips(tmp / "clips", plan.distinct_clips, 7000, CLIP_SECONDS)
     probes = make_clips(tmp / "probes", n_probes, 80_000, CLIP_SECONDS[:1])
-    with start_app(services, unique_prefix(), model_dir, tmp / "state", env=plan.env) as host:
+    with start_app(services, unique_prefix(), model_dir, tmp / "state", env=plan.env, address=plan.ray_address) as host:
         settings = host.settings
         store = IndexStore(settings.s3)
         uploader = Uploader(services, host.bucket, plan.upload_threads)
@@ -616,6 +622,10 @@ def run_flood(services: Any, model_dir: Path, tmp: Path, plan: FloodPlan) -> Flo
                 thread.stop.set()
                 thread.join(JOIN_TIMEOUT_S)
             decided = decisions(settings.serve.app_name)
+            from bench.cluster import replica_nodes
+
+            placed = replica_nodes(settings.serve.app_name, CONSUMER)
+            ray_nodes = _alive_nodes()
             check = vidx_check(prefix="")
             final = statuses(store, ids)
         finally:
@@ -655,6 +665,9 @@ def run_flood(services: Any, model_dir: Path, tmp: Path, plan: FloodPlan) -> Flo
             },
             last_upload_at=last_upload_at,
         ),
+        "ray_nodes": ray_nodes,
+        "consumer_nodes": len(placed),
+        "consumer_replicas_by_node": sorted(placed.values(), reverse=True),
         "latency_probes": n_probes,
         "latency_timed": len(latencies),
         "latency_p50_s": round(percentile(latencies, 50), 3) if latencies else None,
@@ -690,6 +703,15 @@ def run_flood(services: Any, model_dir: Path, tmp: Path, plan: FloodPlan) -> Flo
     return FloodResult(metrics, used, sampler.samples, decided, report, notes)
 
 
+def _alive_nodes() -> int:
+    """Nodes of the Ray cluster this driver is connected to."""
+    import ray
+    from ray.util.state import list_nodes
+
+    nodes = list_nodes(address=ray.get_runtime_context().gcs_address, raise_on_missing_output=False)
+    return sum(1 for n in nodes if n.state == "ALIVE")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.flood", description=__doc__)
     parser.add_argument("--videos", type=int, default=FloodPlan.videos)
@@ -701,12 +723,18 @@ def main() -> None:
         "--out", type=Path, help="default bench/results/flood.json (flood-seedlike.json with --seed-like)"
     )
     parser.add_argument("--plots", default=str(ROOT / "docs" / "img"), help="directory for the PNGs ('' for none)")
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="Ray nodes started on this machine (ray start --head, then ray start --address; 2 CPUs each)",
+    )
     args = parser.parse_args()
 
     from infra.dev.tinymodel import build_tiny_siglip
     from tests.services import start_services
 
-    suffix = "-seedlike" if args.seed_like else ""
+    suffix = ("-seedlike" if args.seed_like else "") + (f"-{args.nodes}nodes" if args.nodes > 1 else "")
     out = args.out or ROOT / "bench" / "results" / f"flood{suffix}.json"
     env = {"VIDX_AUTOSCALE__ENABLED": "true", **(SEED_LIKE_ENV if args.seed_like else {})}
     plan = FloodPlan(
@@ -716,9 +744,13 @@ def main() -> None:
         capacity_videos=args.capacity_videos,
         env=env,
     )
-    with tempfile.TemporaryDirectory(prefix="vidx-flood-") as tmp_name:
+    with tempfile.TemporaryDirectory(prefix="vidx-flood-") as tmp_name, contextlib.ExitStack() as stack:
         tmp = Path(tmp_name)
         model_dir = build_tiny_siglip(tmp / "tiny", seed=0)
+        if args.nodes > 1:
+            from bench.cluster import local_cluster
+
+            plan = dataclasses.replace(plan, ray_address=stack.enter_context(local_cluster(args.nodes, NODE_CPUS)))
         with start_services() as services:
             result = run_flood(services, model_dir, tmp, plan)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -64,7 +64,7 @@ class WriterSettings(BaseModel):
     #: at once; under load each commit carries every write that waited). False: each consumer commits
     #: its own writes one by one.
     catalog_grouped: bool = True
-    catalog_min_interval_s: float = Field(default=1.0, ge=0, le=30)
+    catalog_min_interval_s: float = Field(default=1.5, ge=0, le=30)
     catalog_max_writes: int = Field(default=1024, ge=1)
     #: Longest wait of one transition for the outcome of its catalog write; then it counts as failed.
     catalog_write_timeout_s: float = Field(default=60.0, gt=0)

@@ -154,12 +154,18 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def start_app(
-    services: Services, prefix: str, model_dir: Path, state_dir: Path, env: Mapping[str, str] | None = None
+    services: Services,
+    prefix: str,
+    model_dir: Path,
+    state_dir: Path,
+    env: Mapping[str, str] | None = None,
+    address: str | None = None,
 ) -> Iterator[AppHost]:
     """Run the vidx Serve app (tiny model) on a fresh local Ray instance against ``services``, with
     buckets and queues of its own (``prefix``) and any further VIDX_* settings in ``env``. The
     settings stay in ``os.environ`` while the app runs (so ``vidx`` commands run in this process see
-    them); environment changes are undone on exit."""
+    them); environment changes are undone on exit. ``address``: join that running Ray cluster (its
+    nodes started with ``ray start``, their dashboard on) instead of starting a local one."""
     import ray
     from ray import serve
 
@@ -178,7 +184,10 @@ def start_app(
     try:
         settings = Settings()
         # The dashboard serves Ray's state API, which finds replicas' pids for the kill faults.
-        ray.init(address="local", num_cpus=4, include_dashboard=True, configure_logging=False, log_to_driver=False)
+        if address is None:
+            ray.init(address="local", num_cpus=4, include_dashboard=True, configure_logging=False, log_to_driver=False)
+        else:
+            ray.init(address=address, configure_logging=False, log_to_driver=False)
         serve.start(http_options={"host": settings.serve.host, "port": settings.serve.port})
         serve.run(build_app(settings), name=settings.serve.app_name, route_prefix="/", blocking=False)
         with httpx.Client(base_url=settings.api_url, timeout=30) as http:
