@@ -8,9 +8,12 @@ machine: don't run it beside tests or another benchmark.
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,15 +35,12 @@ def _free_port() -> int:
 def _ray(*args: str) -> None:
     ray = Path(sys.executable).parent / "ray"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(":")}
-    subprocess.run(
-        [str(ray), *args],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        timeout=START_TIMEOUT_S,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+    done = subprocess.run(
+        [str(ray), *args], cwd=ROOT, env=env, timeout=START_TIMEOUT_S, capture_output=True, text=True, check=False
     )
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1][:300]
+        raise RuntimeError(f"ray {args[0]} failed ({done.returncode}): {last}")
 
 
 def alive_nodes(address: str) -> int:
@@ -51,9 +51,19 @@ def alive_nodes(address: str) -> int:
 
 @contextmanager
 def local_cluster(nodes: int, cpus_per_node: int) -> Iterator[str]:
-    """Start ``nodes`` Ray nodes of ``cpus_per_node`` logical CPUs each; yields the head's address."""
+    """Start ``nodes`` Ray nodes of ``cpus_per_node`` logical CPUs each; yields the head's address.
+    The nodes and this process share a token of their own (Ray's token authentication, as the local
+    stack does: ``infra/dev/stack/ray.py``), set in ``os.environ`` while the cluster runs."""
     port, dashboard = _free_port(), _free_port()
     address = f"127.0.0.1:{port}"
+    tmp = Path(tempfile.mkdtemp(prefix="vidx-cluster-"))
+    token = tmp / "ray-auth-token"
+    token.touch(mode=0o600)
+    token.write_text(secrets.token_hex(32))
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    saved = {k: os.environ.get(k) for k in [*auth, "RAY_AUTH_TOKEN"]}
+    os.environ.update(auth)
+    os.environ.pop("RAY_AUTH_TOKEN", None)
     try:
         _ray(
             "start",
@@ -73,7 +83,15 @@ def local_cluster(nodes: int, cpus_per_node: int) -> Iterator[str]:
             time.sleep(1)
         yield address
     finally:
-        _ray("stop", "--force")
+        try:
+            _ray("stop", "--force")
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def replica_nodes(app_name: str, deployment: str) -> dict[str, int]:
