@@ -352,7 +352,10 @@ def main() -> None:
                         _wait_indexed(host, [video_id(bucket, k) for k in keys], INDEX_TIMEOUT_S)
                     wall = elapsed()
                     if args.profile is not None:
-                        _profiled_batch(host, client, bucket, paths[:PROFILE_VIDEOS], args.profile)
+                        try:
+                            _profiled_batch(host, client, bucket, paths[:PROFILE_VIDEOS], args.profile)
+                        except (TimeoutError, RuntimeError, OSError) as exc:  # the timed figures stand without it
+                            notes.append(f"the profiled batch failed: {type(exc).__name__}: {exc}")
                 finally:
                     tap.stop()
                 jobs = _job_lines(prefix)

@@ -238,11 +238,12 @@ def wait_done(store: Any, ids: Sequence[str], timeout_s: float, poll_s: float = 
 
 def capacity_run(
     store: Any, ids: Sequence[str], app_name: str, fleet: int | None, timeout_s: float, poll_s: float = 0.5
-) -> tuple[float, float]:
+) -> tuple[float, float, bool]:
     """Wait for a batch (all uploaded at ``time.monotonic()`` of the call) like ``wait_done``; returns
-    (videos/s once ``fleet`` consumer replicas were running, videos/s over the whole batch). The
-    first figure is the fleet's capacity: the whole batch also pays the scale-up from the minimum.
-    It falls back to the whole batch when the fleet never reached ``fleet`` with ≥ 10 videos to go."""
+    (videos/s once ``fleet`` consumer replicas were running, videos/s over the whole batch, whether
+    the first figure is that). The first figure is the fleet's capacity: the whole batch also pays
+    the scale-up from the minimum. It falls back to the whole batch (False) when the fleet never
+    reached ``fleet`` with ≥ 10 videos to go."""
     started = deadline = time.monotonic()
     deadline += timeout_s
     pending = set(ids)
@@ -260,8 +261,8 @@ def capacity_run(
     done_at = time.monotonic()
     whole = len(ids) / (done_at - started)
     if full_at is None or len(ids) - full_at[1] < 10:
-        return whole, whole
-    return (len(ids) - full_at[1]) / (done_at - full_at[0]), whole
+        return whole, whole, False
+    return (len(ids) - full_at[1]) / (done_at - full_at[0]), whole, True
 
 
 def backlog(services: Any, queue: str) -> tuple[int, int]:
@@ -561,7 +562,7 @@ def run_flood(services: Any, model_dir: Path, tmp: Path, plan: FloodPlan) -> Flo
             fleet = auto.consumer_max_replicas if auto is not None and auto.enabled else None
             for i, key in enumerate(cap_keys):
                 uploader.submit(key, shared[i % len(shared)].data)
-            capacity, capacity_cold = capacity_run(
+            capacity, capacity_cold, at_full_fleet = capacity_run(
                 store, [video_id(host.bucket, k) for k in cap_keys], settings.serve.app_name, fleet, CAPACITY_TIMEOUT_S
             )
             print(
@@ -649,6 +650,7 @@ def run_flood(services: Any, model_dir: Path, tmp: Path, plan: FloodPlan) -> Flo
         "upload_errors": len(uploader.errors),
         "capacity_videos_per_s": round(capacity, 3),
         "capacity_with_scale_up_videos_per_s": round(capacity_cold, 3),
+        "capacity_at_full_fleet": at_full_fleet,
         "offered_sustained_per_s": round(rate, 3),
         "offered_over_capacity": round(rate / capacity, 2),
         "flood_s": round(flood_s, 1),

@@ -31,14 +31,21 @@ log = logging.getLogger(__name__)
 MARK_BATCH = 256
 
 
+#: A version looked up longer ago than this many intervals is not handed out (the lookups are
+#: failing): the submit then reads the row itself, as without deferred marks.
+STALE_INTERVALS = 10
+
+
 class VersionClock:
     """The catalog's version, looked up every ``interval_s`` on a thread: whatever ``version()`` returns
-    was the table's version at some moment before the call (None until the first lookup)."""
+    was the table's version at some moment before the call (None until the first lookup, and once
+    the last good lookup is ``STALE_INTERVALS`` intervals old)."""
 
     def __init__(self, catalog: Catalog, interval_s: float) -> None:
         self._catalog = catalog
         self._interval_s = interval_s
         self._version: int | None = None
+        self._seen_at = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="catalog-version", daemon=True)
 
@@ -50,12 +57,15 @@ class VersionClock:
         self._stop.set()
 
     def version(self) -> int | None:
+        if time.monotonic() - self._seen_at > STALE_INTERVALS * self._interval_s:
+            return None
         return self._version
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 self._version = self._catalog.version()
+                self._seen_at = time.monotonic()
             except Exception as exc:  # a store hiccup: keep the older version (still from before)
                 log.warning("catalog version lookup failed: %s", type(exc).__name__)
             self._stop.wait(self._interval_s)

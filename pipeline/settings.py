@@ -160,7 +160,8 @@ class ServeSettings(BaseModel):
     retry_after_s: int = Field(default=5, ge=0, le=3600)
     #: How often the Api looks up the catalog's version; ``POST /v1/index`` marks ``queued`` from the
     #: row at the version last seen (``pipeline.queued_marks``), so a row changed less than this
-    #: before the request is left as it is rather than marked.
+    #: before the request is left as it is rather than marked (a version older than ten of these
+    #: is not used: the request then reads the row before its submit).
     api_version_refresh_s: float = Field(default=0.5, gt=0, le=60)
     api_num_cpus: float = Field(default=0.1, ge=0)
     router_num_cpus: float = Field(default=0.1, ge=0)

@@ -289,7 +289,10 @@ class Catalog:
             if self._at_table is None:
                 self._videos()
                 self._at_table = self._db.connect(None).open_table(VIDEOS)
-            self._at_table.checkout(version)
+            try:
+                self._at_table.checkout(version)
+            except ValueError as exc:  # the version was cleaned up (``optimize``'s cleanup_older_than)
+                raise TransientError(f"catalog version {version} is no longer available") from exc
             rows = self._at_table.search().where(where).limit(len(ids)).to_list()
         return {record.video_id: record for record in map(VideoRecord.from_row, rows)}
 

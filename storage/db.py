@@ -78,7 +78,8 @@ def read_errors_are_transient(read: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-#: Longest a read waits for a manifest check another reader started (then it checks on its own).
+#: Longest a read waits for the manifest check it needs (one another reader runs, or the next one);
+#: past it the read fails as transient.
 FRESH_WAIT_S = 30.0
 
 
@@ -107,6 +108,7 @@ class FreshTable:
 
         Raises:
             RuntimeError, OSError: the check failed (Lance's errors, as a read's).
+            TimeoutError: no check this read can use ended within ``FRESH_WAIT_S``.
         """
         deadline = time.monotonic() + FRESH_WAIT_S
         with self._cond:

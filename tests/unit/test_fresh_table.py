@@ -17,10 +17,11 @@ from storage.tables import IndexStore
 class CountingTable:
     """Stands in for a Lance table handle: counts ``checkout_latest`` calls, each taking ``check_s``."""
 
-    def __init__(self, check_s: float = 0.0, fail: int = 0) -> None:
+    def __init__(self, check_s: float = 0.0, fail: int = 0, fail_checks: frozenset[int] = frozenset()) -> None:
         self.checks = 0
         self.check_s = check_s
         self.fail = fail
+        self.fail_checks = fail_checks  # these checks (1-based) fail
         self.in_check = 0
         self.most_at_once = 0
         self._lock = threading.Lock()
@@ -33,22 +34,40 @@ class CountingTable:
         with self._lock:
             self.in_check -= 1
             self.checks += 1
+            if self.checks in self.fail_checks:
+                raise OSError("connection reset by peer")
             if self.fail:
                 self.fail -= 1
                 raise OSError("connection reset by peer")
 
 
-def test_readers_arriving_during_a_check_share_the_next_one() -> None:
-    table = CountingTable(check_s=0.2)
-    fresh = FreshTable(lambda: table)
-    fresh.table()  # opens (no check)
-    threads = [threading.Thread(target=fresh.table) for _ in range(20)]
+def _readers(fresh: FreshTable, n: int) -> tuple[list[threading.Thread], list[object]]:
+    got: list[object] = []
+
+    def read() -> None:
+        try:
+            got.append(fresh.table())
+        except OSError as exc:
+            got.append(exc)
+
+    threads = [threading.Thread(target=read) for _ in range(n)]
     for t in threads:
         t.start()
+    return threads, got
+
+
+def test_readers_arriving_during_a_check_share_the_next_one() -> None:
+    table = CountingTable(check_s=0.3)
+    fresh = FreshTable(lambda: table)
+    fresh.table()  # opens (no check)
+    threads, got = _readers(fresh, 20)
     for t in threads:
         t.join(10)
-    # The first reader's check, then at most one more for everyone who arrived while it ran.
-    assert 1 <= table.checks <= 2
+    assert not any(t.is_alive() for t in threads)
+    # The first reader's check, then one more for the 19 that arrived while it ran (a check begun
+    # before a reader arrived never serves it).
+    assert table.checks == 2
+    assert got == [table] * 20
     assert table.most_at_once == 1
 
 
@@ -72,6 +91,25 @@ def test_a_failed_check_fails_its_reader_and_the_next_reader_checks_again() -> N
         fresh.table()
     assert fresh.table() is table
     assert table.checks == 2
+
+
+def test_readers_sharing_a_check_that_fails_never_get_the_stale_handle() -> None:
+    """Readers that arrived while check 1 ran share check 2; it fails: only the reader that ran it
+    sees the error, the others must not return until check 3 (begun after they arrived) ends well."""
+    table = CountingTable(check_s=0.3, fail_checks=frozenset({2}))
+    fresh = FreshTable(lambda: table)
+    fresh.table()  # opens (no check)
+    first, first_got = _readers(fresh, 1)  # runs check 1
+    time.sleep(0.1)
+    sharing, got = _readers(fresh, 5)  # arrive during check 1: need check 2 or later
+    for t in [*first, *sharing]:
+        t.join(10)
+    assert not any(t.is_alive() for t in [*first, *sharing])
+    assert first_got == [table]
+    errors = [g for g in got if isinstance(g, OSError)]
+    assert len(errors) == 1  # the one that ran check 2
+    assert got.count(table) == 4
+    assert table.checks == 3
 
 
 def test_a_catalog_read_sees_a_commit_made_through_another_handle(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from events.jobs import IndexJob, JobOp, JobSource
-from pipeline.queued_marks import DeferredMarks, VersionClock
+from pipeline.queued_marks import STALE_INTERVALS, DeferredMarks, VersionClock
 from pipeline.settings import Settings
 from pipeline.videostate import QueueingSink, VideoStates
 from storage.catalog import VideoRecord, VideoStatus
@@ -237,3 +237,14 @@ def _wait_for_version_past(marks: DeferredMarks, version: int) -> None:
     deadline = time.monotonic() + 10
     while (marks.version() or 0) <= version and time.monotonic() < deadline:
         time.sleep(0.01)
+
+
+def test_the_version_clock_stops_handing_out_a_version_it_could_not_refresh(states: VideoStates) -> None:
+    clock = VersionClock(states.catalog, interval_s=0.02).start()
+    deadline = time.monotonic() + 10
+    while clock.version() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert clock.version() is not None
+    clock.stop()  # no more lookups: the last one ages
+    time.sleep(0.02 * (STALE_INTERVALS + 5))
+    assert clock.version() is None  # the submit then reads the row itself
