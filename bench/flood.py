@@ -14,14 +14,12 @@ import argparse
 import contextlib
 import dataclasses
 import io
-import itertools
 import json
-import re
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -29,6 +27,21 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, machine, percentile
+from bench.flood_watch import (
+    CONSUMER,
+    ENCODER,
+    Prober,
+    Sampler,
+    ack_latencies_ms,
+    capacity_run,
+    catalog_version,
+    decisions,
+    plot,
+    scaling_figures,
+    settle,
+    statuses,
+    wait_done,
+)
 
 #: (segment, share of the flood's duration, rate multiplier at its start, at its end).
 PROFILE: tuple[tuple[str, float, float, float], ...] = (
@@ -49,19 +62,11 @@ SEED_LIKE_ENV = {
     "VIDX_AUTOSCALE__UPSCALE_DELAY_S": "15",
     "VIDX_AUTOSCALE__DOWNSCALE_DELAY_S": "60",
 }
-DECISION = re.compile(
-    r"vidx autoscale: deployment=(?P<deployment>\S+) current=(?P<current>\d+) desired=(?P<desired>\d+) "
-    r"backlog=(?P<backlog>\d+) at=(?P<at>[\d.]+)"
-)
-CONSUMER, ENCODER = "IndexConsumer", "Encoder"
-#: Ids per catalog query (one ``IN`` list).
-IDS_PER_QUERY = 500
 UPLOAD_ATTEMPTS = 5
 WARMUP_TIMEOUT_S = 300.0
 #: Longest wait for the capacity batch, and for the queue to empty before the flood starts.
 CAPACITY_TIMEOUT_S = 600.0
 QUIET_TIMEOUT_S = 60.0
-PROBE_POLL_S = 0.5
 #: Thread joins at the end (each).
 JOIN_TIMEOUT_S = 30.0
 
@@ -211,326 +216,6 @@ class Uploader:
         with self.lock:
             self.offered += 1
         self.pool.submit(self.put, key, data)
-
-
-def statuses(store: Any, ids: Iterable[str]) -> dict[str, str]:
-    """video id -> catalog status, for those of ``ids`` with a row."""
-    out: dict[str, str] = {}
-    ids = sorted(ids)
-    for i in range(0, len(ids), IDS_PER_QUERY):
-        out.update({vid: r.status.value for vid, r in store.catalog.get_many(ids[i : i + IDS_PER_QUERY]).items()})
-    return out
-
-
-def wait_done(store: Any, ids: Sequence[str], timeout_s: float, poll_s: float = 0.5) -> float:
-    """Wait until every one of ``ids`` is indexed or failed; the monotonic time it was seen so."""
-    deadline = time.monotonic() + timeout_s
-    pending = set(ids)
-    while pending:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(pending)}/{len(ids)} videos not done after {timeout_s:.0f}s")
-        done = {v for v, s in statuses(store, pending).items() if s in ("indexed", "failed")}
-        pending -= done
-        if pending:
-            time.sleep(poll_s)
-    return time.monotonic()
-
-
-def capacity_run(
-    store: Any, ids: Sequence[str], app_name: str, fleet: int | None, timeout_s: float, poll_s: float = 0.5
-) -> tuple[float, float, bool]:
-    """Wait for a batch (all uploaded at ``time.monotonic()`` of the call) like ``wait_done``; returns
-    (videos/s once ``fleet`` consumer replicas were running, videos/s over the whole batch, whether
-    the first figure is that). The first figure is the fleet's capacity: the whole batch also pays
-    the scale-up from the minimum. It falls back to the whole batch (False) when the fleet never
-    reached ``fleet`` with ≥ 10 videos to go."""
-    started = deadline = time.monotonic()
-    deadline += timeout_s
-    pending = set(ids)
-    full_at: tuple[float, int] | None = None  # (when the fleet was first full, videos done by then)
-    while pending:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(pending)}/{len(ids)} videos not done after {timeout_s:.0f}s")
-        pending -= {v for v, s in statuses(store, pending).items() if s in ("indexed", "failed")}
-        if full_at is None and fleet is not None:
-            running = replicas(app_name).get("IndexConsumer", {}).get("running", 0)
-            if running >= fleet:
-                full_at = (time.monotonic(), len(ids) - len(pending))
-        if pending:
-            time.sleep(poll_s)
-    done_at = time.monotonic()
-    whole = len(ids) / (done_at - started)
-    if full_at is None or len(ids) - full_at[1] < 10:
-        return whole, whole, False
-    return (len(ids) - full_at[1]) / (done_at - full_at[0]), whole, True
-
-
-def backlog(services: Any, queue: str) -> tuple[int, int]:
-    from tests.services import queue_info
-
-    info = queue_info(services, queue)
-    return int(info.get("messages_ready") or 0), int(info.get("messages_unacknowledged") or 0)
-
-
-def replicas(app_name: str) -> dict[str, dict[str, int]]:
-    """deployment -> {"running": n, "total": n} from ``serve.status()``."""
-    from ray import serve
-
-    out = {}
-    for name, status in serve.status().applications[app_name].deployments.items():
-        states = {str(getattr(k, "value", k)): int(v) for k, v in status.replica_states.items()}
-        out[name] = {"running": states.get("RUNNING", 0), "total": sum(states.values())}
-    return out
-
-
-def settle(host: Any, least: int | None, timeout_s: float) -> bool:
-    """Wait until the index queue is empty and (``least`` given) the consumers are at most ``least``;
-    False if that did not happen within ``timeout_s``."""
-    settings = host.settings
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        quiet = sum(backlog(host.services, settings.serve.index_queue)) == 0
-        if quiet and (least is None or replicas(settings.serve.app_name)[CONSUMER]["total"] <= least):
-            return True
-        time.sleep(1.0)
-    return False
-
-
-def catalog_version(store: Any) -> int:
-    from storage.catalog import VIDEOS
-
-    return int(store.db.connection.open_table(VIDEOS).version)
-
-
-def decisions(app_name: str) -> list[dict[str, Any]]:
-    """The autoscaling policy's decision lines from the Serve controller's log of this Ray session."""
-    import ray
-
-    node: Any = ray._private.worker._global_node  # where this Ray instance keeps its logs
-    out = []
-    for path in sorted((Path(node.get_session_dir_path()) / "logs" / "serve").glob("controller_*.log")):
-        for line in path.read_text(errors="replace").splitlines():
-            match = DECISION.search(line)
-            if match:
-                d: dict[str, Any] = {k: int(v) for k, v in match.groupdict().items() if k in ("current", "desired")}
-                d.update(deployment=match["deployment"], backlog=int(match["backlog"]), at=float(match["at"]))
-                out.append(d)
-    return sorted(out, key=lambda d: d["at"])
-
-
-class Sampler(threading.Thread):
-    """Once a second: offered and uploaded so far, queue depths, replicas, indexed and failed."""
-
-    def __init__(self, host: Any, uploader: Uploader, every_s: float, base: dict[str, int], limit_s: float) -> None:
-        super().__init__(name="flood-sampler", daemon=True)
-        from storage.tables import IndexStore
-
-        self._host = host
-        self._uploader = uploader
-        self._every_s = every_s
-        self._base = base
-        self._store = IndexStore(host.settings.s3)
-        self.stop = threading.Event()
-        with uploader.lock:
-            self._uploaded_before = len(uploader.uploaded)
-        self.samples: list[dict[str, Any]] = []
-        self.started_wall = time.time()
-        self._max_samples = int(limit_s / every_s) + 1
-        self.errors: list[str] = []
-
-    def run(self) -> None:
-        settings = self._host.settings
-        for _ in range(self._max_samples):
-            if self.stop.is_set():
-                return
-            try:
-                self.samples.append(self.sample(settings))
-            except Exception as exc:  # one missed sample is not worth the run
-                if len(self.errors) < 20:
-                    self.errors.append(repr(exc)[:300])
-            # On the next tick of the grid (a slow sample skips ticks rather than bunching them).
-            self.stop.wait(self._every_s - (time.time() - self.started_wall) % self._every_s)
-
-    def sample(self, settings: Any) -> dict[str, Any]:
-        now = time.time()
-        ready, unacked = backlog(self._host.services, settings.serve.index_queue)
-        ev_ready, ev_unacked = backlog(self._host.services, settings.amqp.events_queue)
-        counts = self._store.catalog.counts()
-        with self._uploader.lock:
-            offered, uploaded = self._uploader.offered, len(self._uploader.uploaded) - self._uploaded_before
-        return {
-            "t_s": round(now - self.started_wall, 3),
-            "at": round(now, 3),
-            "offered": offered,
-            "uploaded": uploaded,
-            "index_ready": ready,
-            "index_unacked": unacked,
-            "backlog": ready + unacked,
-            "events_backlog": ev_ready + ev_unacked,
-            "replicas": replicas(settings.serve.app_name),
-            "indexed": counts.get("indexed", 0) - self._base.get("indexed", 0),
-            "failed": counts.get("failed", 0) - self._base.get("failed", 0),
-        }
-
-
-class Prober(threading.Thread):
-    """Times probe videos from upload done to the first image search that returns them."""
-
-    def __init__(self, host: Any, uploader: Uploader, probes: dict[str, tuple[str, bytes]], limit_s: float) -> None:
-        super().__init__(name="flood-prober", daemon=True)
-        from storage.tables import IndexStore
-
-        self._host = host
-        self._uploader = uploader
-        self._probes = dict(probes)  # video id -> (key, query PNG)
-        self._store = IndexStore(host.settings.s3)
-        self.stop = threading.Event()
-        self.latency_s: dict[str, float] = {}
-        self.errors: list[str] = []
-        self._limit_s = limit_s
-
-    def run(self) -> None:
-        import httpx
-
-        deadline = time.monotonic() + self._limit_s
-        with httpx.Client(base_url=self._host.settings.api_url, timeout=30) as http:
-            while self._probes and not self.stop.is_set() and time.monotonic() < deadline:
-                try:
-                    self.round(http)
-                except Exception as exc:
-                    if len(self.errors) < 20:
-                        self.errors.append(repr(exc)[:300])
-                self.stop.wait(PROBE_POLL_S)
-
-    def round(self, http: Any) -> None:
-        with self._uploader.lock:
-            up = {vid: self._uploader.uploaded.get(key) for vid, (key, _png) in self._probes.items()}
-        live = {vid: t for vid, t in up.items() if t is not None}
-        for vid, status in statuses(self._store, live).items():
-            if status != "indexed":
-                continue
-            png = self._probes[vid][1]
-            resp = http.post("/v1/search/image?k=5", files={"image": ("q.png", png, "image/png")})
-            if resp.status_code == 200 and vid in {r["video_id"] for r in resp.json()["results"]}:
-                self.latency_s[vid] = time.monotonic() - live[vid]
-                del self._probes[vid]
-
-
-def ack_latencies_ms(host: Any, uris: Sequence[str], rate_per_s: float) -> list[float]:
-    """``POST /v1/index`` for each of ``uris`` at ``rate_per_s`` from a pool; milliseconds to each 202."""
-    import httpx
-
-    def post(uri: str) -> float:
-        with httpx.Client(base_url=host.settings.api_url, timeout=30) as http:
-            started = time.perf_counter()
-            resp = http.post("/v1/index", json={"uri": uri})
-            took = (time.perf_counter() - started) * 1000
-            return took if resp.status_code == 202 else float("nan")
-
-    started = time.monotonic()
-    with ThreadPoolExecutor(max_workers=16, thread_name_prefix="flood-ack") as pool:
-        futures = []
-        for i, uri in enumerate(uris):
-            time.sleep(max(0.0, started + i / rate_per_s - time.monotonic()))
-            futures.append(pool.submit(post, uri))
-        return [f.result(timeout=60) for f in futures]
-
-
-# -- figures from the samples ------------------------------------------------------------------------
-def first(samples: Iterable[dict[str, Any]], holds: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
-    return next((s for s in samples if holds(s)), None)
-
-
-def running(sample: dict[str, Any], deployment: str) -> int:
-    return int(sample["replicas"].get(deployment, {}).get("running", 0))
-
-
-def scaling_figures(
-    samples: list[dict[str, Any]],
-    decided: list[dict[str, Any]],
-    *,
-    target_per_replica: float | None,
-    max_replicas: dict[str, int | None],
-    last_upload_at: float,
-) -> dict[str, Any]:
-    """scale_up_decision_s, time_to_max_replicas_s and scale_down_after_drain_s (None where the run
-    holds no such event), from the samples (wall times ``at``) and the policy's decision lines."""
-    out: dict[str, Any] = {
-        "scale_up_decision_s": None,
-        "time_to_max_replicas_s": None,
-        "scale_down_after_drain_s": None,
-    }
-    consumer = [d for d in decided if d["deployment"] == CONSUMER]
-    start = samples[0]["at"] if samples else 0.0
-    if target_per_replica is not None:
-        over = first(samples, lambda s: s["backlog"] > target_per_replica * max(1, running(s, CONSUMER)))
-        if over is not None:
-            up = next((d for d in consumer if d["desired"] > d["current"] and d["at"] >= over["at"] - 1.0), None)
-            if up is not None:
-                out["scale_up_decision_s"] = round(up["at"] - over["at"], 3)
-    per_deployment: dict[str, float | None] = {}
-    for deployment, most in max_replicas.items():
-        full = None if most is None else next((s for s in samples if running(s, deployment) >= most), None)
-        per_deployment[deployment] = round(full["at"] - start, 3) if full else None
-    out["time_to_max_replicas_s"] = per_deployment.get(CONSUMER)
-    out["time_to_max_replicas_s_by_deployment"] = per_deployment
-    empty = first(samples, lambda s: s["at"] >= last_upload_at and s["backlog"] == 0 and s["events_backlog"] == 0)
-    if empty is not None:
-        # The first scale-down once the queue is empty; if the policy had already shrunk the fleet while
-        # the tail drained (none after), the last one before: a negative figure.
-        grew = max((d["at"] for d in consumer if d["desired"] > d["current"] and d["at"] < empty["at"]), default=start)
-        shrank = [d for d in consumer if d["desired"] < d["current"] and d["at"] >= grew]
-        down = next((d for d in shrank if d["at"] >= empty["at"]), shrank[-1] if shrank else None)
-        if down is not None:
-            out["scale_down_after_drain_s"] = round(down["at"] - empty["at"], 3)
-        out["drained_at_s"] = round(empty["at"] - start, 3)
-    return out
-
-
-def plot(samples: list[dict[str, Any]], directory: Path, suffix: str) -> list[Path]:
-    """flood-offered, flood-replicas and flood-backlog PNGs (``suffix`` before ``.png``)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    directory.mkdir(parents=True, exist_ok=True)
-    t = [s["t_s"] for s in samples]
-    offered = [0.0] + [
-        float(b["offered"] - a["offered"]) / max(1e-6, b["t_s"] - a["t_s"]) for a, b in itertools.pairwise(samples)
-    ]
-    done = [0.0] + [
-        float(b["indexed"] + b["failed"] - a["indexed"] - a["failed"]) / max(1e-6, b["t_s"] - a["t_s"])
-        for a, b in itertools.pairwise(samples)
-    ]
-    deployments = sorted({d for s in samples for d in s["replicas"]})
-    paths = []
-    figures: list[tuple[str, str, list[tuple[str, list[float]]]]] = [
-        ("offered", "videos per second", [("offered (uploads/s)", offered), ("completed (videos/s)", done)]),
-        ("replicas", "running replicas", [(d, [float(running(s, d)) for s in samples]) for d in deployments]),
-        (
-            "backlog",
-            "messages (ready + unacked)",
-            [
-                ("index queue", [float(s["backlog"]) for s in samples]),
-                ("bucket events", [float(s["events_backlog"]) for s in samples]),
-            ],
-        ),
-    ]
-    for name, ylabel, series in figures:
-        fig, ax = plt.subplots(figsize=(8, 3.2), dpi=110)
-        for label, values in series:
-            ax.step(t, values, where="post", label=label)
-        ax.set_xlabel("seconds since the flood started")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(loc="upper right", fontsize=8)
-        fig.tight_layout()
-        path = directory / f"flood-{name}{suffix}.png"
-        fig.savefig(path)
-        plt.close(fig)
-        paths.append(path)
-    return paths
 
 
 # -- the run -----------------------------------------------------------------------------------------

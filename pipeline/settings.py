@@ -130,11 +130,10 @@ class ServeSettings(BaseModel):
     #: Fixed replica counts, used when ``autoscale.enabled`` is off.
     consumer_replicas: int = Field(default=1, ge=1)
     #: Tasks one consumer replica runs at once (Celery threads; each holds one unacked task).
-    #: Measured on 2 cores, 4 warm replicas (``python -m bench.e2e``): 2 → 2.7 videos/s, 4 → 3.4,
-    #: 8 → 2.4 (docs/benchmarks.md).
+    #: Chosen with ``python -m bench.e2e`` (docs/architecture.md has the figures).
     consumer_concurrency: int = Field(default=4, ge=1, le=64)
     #: Of those, how many decode and embed at once (the rest fetch, or wait on catalog and frame
-    #: commits meanwhile); 0: as many as ``consumer_concurrency``. At concurrency 4: 1 → 3.1, 2 → 3.4.
+    #: commits meanwhile); 0: as many as ``consumer_concurrency``.
     consumer_cpu_slots: int = Field(default=2, ge=0, le=64)
     encoder_replicas: int = Field(default=1, ge=1)
     #: Fractions of a CPU each deployment asks Ray for (small machines can't give each a whole core).
