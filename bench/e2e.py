@@ -172,7 +172,7 @@ def _stages_alone(settings: Any, model_dir: Path, paths: list[Path], bucket: str
     """Seconds for all ``paths`` per stage, each stage run alone over all of them."""
     from pipeline.decode import sample_frames
     from pipeline.embed import SiglipEncoder
-    from pipeline.indexer import thumbnail_jpeg
+    from pipeline.stages import thumbnail_jpeg
     from storage.catalog import VideoRecord, VideoStatus
     from storage.frames import FrameRow, VideoFrames
     from storage.ids import frame_id

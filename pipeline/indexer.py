@@ -6,7 +6,6 @@ them, or fetch, decode, embed and replace them — each catalog change a compare
 from __future__ import annotations
 
 import enum
-import io
 import logging
 import tempfile
 import threading
@@ -14,32 +13,28 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from itertools import islice
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
-from PIL import Image
 
 from events.jobs import IndexJob, JobOp
-from pipeline.decode import SampledFrame, open_sampled
-from pipeline.settings import LimitSettings, Settings
+from pipeline.decode import open_sampled
+from pipeline.objects import ObjectSource, S3ObjectSource
+from pipeline.settings import Settings
+from pipeline.stages import StageClock, chunks, thumbnail_jpeg
 from pipeline.videostate import Attempt, VideoStates
 from storage.catalog import IN_FLIGHT, VideoRecord, VideoStatus
 from storage.catalog_writer import CatalogWrites, PendingWrite
-from storage.config import S3Settings
 from storage.errors import PermanentError, TransientError
 from storage.frames import FrameRow, VideoFrames
 from storage.ids import fingerprint, frame_id
-from storage.s3 import BlockingObjectStore, ObjectHead
+from storage.s3 import ObjectHead
 from storage.tables import IndexStore
 from storage.writer import FrameWriter
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
 
 #: Rounds one job goes (read, HEAD, act) while other writers keep changing the video under it.
 MAX_CONVERGE_ROUNDS = 5
@@ -72,47 +67,6 @@ class FrameEmbedder(Protocol):
     def embed_images(self, images: Sequence[NDArray[np.uint8]]) -> NDArray[np.float32]: ...
 
 
-class ObjectSource(Protocol):
-    """The object store as the indexer sees it (synchronous: jobs run in worker threads)."""
-
-    def head(self, bucket: str, key: str) -> ObjectHead | None: ...
-
-    def download(self, head: ObjectHead, dest: Path) -> int: ...
-
-
-class S3ObjectSource:
-    """``ObjectSource`` over one long-lived aiobotocore client (``BlockingObjectStore``). At most
-    ``limits.max_concurrent_downloads`` downloads run at once through one source (one per consumer
-    process), each bounded by ``limits.max_bytes``."""
-
-    def __init__(self, s3: S3Settings, limits: LimitSettings) -> None:
-        self._store = BlockingObjectStore(s3)
-        self._limits = limits
-        self._download_slots = threading.BoundedSemaphore(limits.max_concurrent_downloads)
-
-    def head(self, bucket: str, key: str) -> ObjectHead | None:
-        return self._store.head(bucket, key)
-
-    def download(self, head: ObjectHead, dest: Path) -> int:
-        """Download ``head``'s version to ``dest`` once a download slot is free.
-
-        Raises:
-            TransientError: no slot within ``download_slot_wait_s``, or the store's transient errors.
-            LimitExceeded: the object is larger than ``max_bytes``.
-            PermanentError.
-        """
-        limits = self._limits
-        if not self._download_slots.acquire(timeout=limits.download_slot_wait_s):
-            raise TransientError(
-                f"no download slot within {limits.download_slot_wait_s:g}s "
-                f"(max concurrent downloads {limits.max_concurrent_downloads})"
-            )
-        try:
-            return self._store.download(head, dest, limits.max_bytes)
-        finally:
-            self._download_slots.release()
-
-
 class Outcome(enum.StrEnum):
     INDEXED = "indexed"
     UNCHANGED = "unchanged"
@@ -128,46 +82,6 @@ class JobResult:
     reason: str | None = None
     #: Seconds spent per stage (head, catalog, fetch, decode, embed, thumbnails, write).
     stages: dict[str, float] = field(default_factory=dict, compare=False)
-
-
-class StageClock:
-    """Adds up wall time per pipeline stage of one job."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-
-    def timed(self, name: str, items: Iterator[T]) -> Iterator[T]:
-        """``items``, with the time spent producing each one counted under ``name``."""
-        while True:
-            with self.stage(name):
-                item = next(items, None)
-            if item is None:
-                return
-            yield item
-
-    def summary(self) -> str:
-        return " ".join(f"{k}={v:.2f}s" for k, v in self.seconds.items())
-
-
-def _chunks(frames: Iterator[SampledFrame], size: int) -> Iterator[list[SampledFrame]]:
-    while chunk := list(islice(frames, size)):
-        yield chunk
-
-
-def thumbnail_jpeg(rgb: NDArray[np.uint8], max_side: int) -> bytes:
-    image = Image.fromarray(rgb)
-    image.thumbnail((max_side, max_side))
-    out = io.BytesIO()
-    image.save(out, format="JPEG", quality=75)
-    return out.getvalue()
 
 
 @dataclass(slots=True)
@@ -476,7 +390,7 @@ class Indexer:
             )
         frames = clock.timed("decode", sampled)
         rows: list[FrameRow] = []
-        for chunk in _chunks(frames, settings.sampling.embed_chunk):
+        for chunk in chunks(frames, settings.sampling.embed_chunk):
             with clock.stage("embed"):
                 vectors = self._embedder.embed_images([f.rgb for f in chunk])
             with clock.stage("thumbnails"):

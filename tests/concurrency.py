@@ -26,7 +26,8 @@ from numpy.typing import NDArray
 
 from events.jobs import IndexJob, JobOp, JobSource
 from pipeline.check import Checker, S3PageLister
-from pipeline.indexer import STEPS, Indexer, ObjectSource, S3ObjectSource
+from pipeline.indexer import STEPS, Indexer
+from pipeline.objects import ObjectSource, S3ObjectSource
 from pipeline.settings import Settings
 from storage.catalog import VideoStatus
 from storage.catalog_writer import GroupedCatalogWriter

@@ -28,7 +28,8 @@ from PIL import Image
 from events.jobs import IndexJob, JobOp
 from events.router import EventRouter
 from pipeline.embed import SiglipEncoder
-from pipeline.indexer import Indexer, JobResult, Outcome, S3ObjectSource
+from pipeline.indexer import Indexer, JobResult, Outcome
+from pipeline.objects import S3ObjectSource
 from pipeline.settings import LimitSettings, Settings
 from storage.catalog import VideoStatus
 from storage.db import storage_options
