@@ -437,7 +437,8 @@ def _overhead(fresh: list[dict[str, Any]], jobs: dict[str, dict[str, Any]], note
     notes.append(
         "overhead_ms_per_video (p50 over the freshness clips) = event receipt -> status indexed, minus the "
         f"job's {', '.join(sorted(WORK_STAGES))} stages (its log line); = outside_job_ms (router, index "
-        "queue, consumer pick-up, the status poll) + in_job_overhead_ms (catalog reads/writes, HEADs). "
+        "queue, consumer pick-up, the status poll) + in_job_overhead_ms (catalog reads/writes, HEADs, the "
+        "wait for a decode slot). "
         "event_delivery_ms (upload done -> event on a queue bound beside the router's) is not in it."
     )
     return out | {
