@@ -35,47 +35,48 @@ def statuses(store: Any, ids: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def wait_done(store: Any, ids: Sequence[str], timeout_s: float, poll_s: float = 0.5) -> float:
-    """Wait until every one of ``ids`` is indexed or failed; the monotonic time it was seen so."""
+def wait_done(
+    store: Any,
+    ids: Sequence[str],
+    timeout_s: float,
+    poll_s: float = 0.5,
+    each_poll: Callable[[int], None] | None = None,
+) -> float:
+    """Wait until every one of ``ids`` is indexed or failed; the monotonic time it was seen so.
+    ``each_poll(done)`` runs after every poll with the count done so far."""
     deadline = time.monotonic() + timeout_s
     pending = set(ids)
     while pending:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{len(pending)}/{len(ids)} videos not done after {timeout_s:.0f}s")
-        done = {v for v, s in statuses(store, pending).items() if s in ("indexed", "failed")}
-        pending -= done
+        pending -= {v for v, s in statuses(store, pending).items() if s in ("indexed", "failed")}
+        if each_poll is not None:
+            each_poll(len(ids) - len(pending))
         if pending:
             time.sleep(poll_s)
     return time.monotonic()
 
 
 def capacity_run(
-    store: Any, ids: Sequence[str], app_name: str, fleet: int | None, timeout_s: float, poll_s: float = 0.5
+    store: Any, ids: Sequence[str], app_name: str, fleet: int | None, timeout_s: float
 ) -> tuple[float, float, bool]:
     """Wait for a batch (all uploaded at ``time.monotonic()`` of the call) like ``wait_done``; returns
     (videos/s once ``fleet`` consumer replicas were running, videos/s over the whole batch, whether
     the first figure is that). The first figure is the fleet's capacity: the whole batch also pays
     the scale-up from the minimum. It falls back to the whole batch (False) when the fleet never
     reached ``fleet`` with ≥ 10 videos to go."""
-    started = deadline = time.monotonic()
-    deadline += timeout_s
-    pending = set(ids)
-    full_at: tuple[float, int] | None = None  # (when the fleet was first full, videos done by then)
-    while pending:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(pending)}/{len(ids)} videos not done after {timeout_s:.0f}s")
-        pending -= {v for v, s in statuses(store, pending).items() if s in ("indexed", "failed")}
-        if full_at is None and fleet is not None:
-            running = replicas(app_name).get("IndexConsumer", {}).get("running", 0)
-            if running >= fleet:
-                full_at = (time.monotonic(), len(ids) - len(pending))
-        if pending:
-            time.sleep(poll_s)
-    done_at = time.monotonic()
+    started = time.monotonic()
+    full_at: list[tuple[float, int]] = []  # (when the fleet was first full, videos done by then)
+
+    def look(done: int) -> None:
+        if not full_at and fleet is not None and replicas(app_name).get(CONSUMER, {}).get("running", 0) >= fleet:
+            full_at.append((time.monotonic(), done))
+
+    done_at = wait_done(store, ids, timeout_s, each_poll=look)
     whole = len(ids) / (done_at - started)
-    if full_at is None or len(ids) - full_at[1] < 10:
+    if not full_at or len(ids) - full_at[0][1] < 10:
         return whole, whole, False
-    return (len(ids) - full_at[1]) / (done_at - full_at[0]), whole, True
+    return (len(ids) - full_at[0][1]) / (done_at - full_at[0][0]), whole, True
 
 
 def backlog(services: Any, queue: str) -> tuple[int, int]:

@@ -330,6 +330,8 @@ class Api:
             self._store.catalog, min_interval_s=w.catalog_min_interval_s, max_writes=w.catalog_max_writes
         )
         self._sink = queueing_sink(settings, self._store, marks, deferred=True)
+        # Repairs and replays submit in bulk: each reads its row first, no mark is dropped.
+        self._bulk_sink = queueing_sink(settings, self._store, marks)
         self._router = router
         # Held so the consumer is part of the app graph (it takes work from the queue, not from here).
         self._consumer = consumer
@@ -389,12 +391,12 @@ class Api:
         from pipeline.deadletters import DeadLetterQueue
 
         settings, store = self._settings, self._store
-        checker = build_checker(settings, store, self._sink)
+        checker = build_checker(settings, store, self._bulk_sink)
         admin = admin_router(
             settings.s3.buckets,
             DeadLetterQueue(settings.amqp.url.get_secret_value(), settings.serve.failed_queue),
             ParkedQueue(settings.amqp),
-            self._sink,
+            self._bulk_sink,
             lambda bucket, prefix, dry_run: checker.run([bucket], prefix=prefix, repair=not dry_run),
         )
         return create_app(

@@ -88,7 +88,6 @@ class DeferredMarks:
         self._clock = clock
         self._pending: queue.Queue[_Mark | None] = queue.Queue(maxsize=max_pending)
         self._thread = threading.Thread(target=self._run, name="queued-marks", daemon=True)
-        self.dropped = 0
 
     def start(self) -> DeferredMarks:
         self._clock.start()
@@ -108,7 +107,6 @@ class DeferredMarks:
         try:
             self._pending.put_nowait(_Mark(job, version))
         except queue.Full:
-            self.dropped += 1
             log.warning("%s: too many queued marks waiting, this one is dropped", job.uri)
 
     def wait_idle(self, timeout_s: float) -> bool:

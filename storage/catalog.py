@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -263,15 +263,10 @@ class Catalog:
         if landed == 0:
             return [None] * len(written)
         # Some lost: the table as this commit left it says which (later commits may have moved on).
-        at = self._revisions_at(int(result.version), ids)
-        return [w if at.get(w.video_id) == (w.rev, w.updated_at) else None for w in written]
-
-    def _revisions_at(self, version: int, video_ids: Sequence[str]) -> dict[str, tuple[int, datetime]]:
-        table = self._db.connection.open_table(VIDEOS)
-        table.checkout(version)
-        where = f"video_id IN ({', '.join(sql_quote(i) for i in video_ids)})"
-        rows = table.search().where(where).select(["video_id", "rev", "updated_at"]).limit(2 * len(video_ids)).to_list()
-        return {str(r["video_id"]): (int(r["rev"]), r["updated_at"]) for r in rows}
+        at = self.get_many_at(ids, int(result.version))
+        return [
+            w if (r := at.get(w.video_id)) and (r.rev, r.updated_at) == (w.rev, w.updated_at) else None for w in written
+        ]
 
     def version(self) -> int:
         """The table's current version (one more per commit: benchmarks count commits with it)."""
@@ -281,10 +276,6 @@ class Catalog:
     def get_many_at(self, video_ids: Sequence[str], version: int) -> dict[str, VideoRecord]:
         """The rows of those of ``video_ids`` that had one at table version ``version``, by id. Calls
         take turns on one handle kept for this."""
-        ids = sorted(set(video_ids))
-        if not ids:
-            return {}
-        where = f"video_id IN ({', '.join(sql_quote(i) for i in ids)})"
         with self._at_lock:
             if self._at_table is None:
                 self._videos()
@@ -293,8 +284,7 @@ class Catalog:
                 self._at_table.checkout(version)
             except ValueError as exc:  # the version was cleaned up (``optimize``'s cleanup_older_than)
                 raise TransientError(f"catalog version {version} is no longer available") from exc
-            rows = self._at_table.search().where(where).limit(len(ids)).to_list()
-        return {record.video_id: record for record in map(VideoRecord.from_row, rows)}
+            return _by_ids(lambda: self._at_table, video_ids)
 
     def optimize(self, keep_versions_s: float) -> None:
         """Compact the table and drop its versions older than ``keep_versions_s``."""
@@ -303,9 +293,14 @@ class Catalog:
     @read_errors_are_transient
     def get_many(self, video_ids: Iterable[str]) -> dict[str, VideoRecord]:
         """The rows of those of ``video_ids`` that have one, by id (one filtered query)."""
-        ids = sorted(set(video_ids))
-        if not ids:
-            return {}
-        where = f"video_id IN ({', '.join(sql_quote(i) for i in ids)})"
-        rows = self._read().search().where(where).limit(len(ids)).to_list()
-        return {record.video_id: record for record in map(VideoRecord.from_row, rows)}
+        return _by_ids(self._read, video_ids)
+
+
+def _by_ids(table: Callable[[], Any], video_ids: Iterable[str]) -> dict[str, VideoRecord]:
+    """The rows of those of ``video_ids`` that ``table()`` holds, by id (one filtered query)."""
+    ids = sorted(set(video_ids))
+    if not ids:
+        return {}
+    where = f"video_id IN ({', '.join(sql_quote(i) for i in ids)})"
+    rows = table().search().where(where).limit(len(ids)).to_list()
+    return {record.video_id: record for record in map(VideoRecord.from_row, rows)}
