@@ -25,8 +25,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from events.jobs import IndexJob, JobOp, JobSource
+from pipeline.media_links import S3Links, media_signer
 from pipeline.search import SearchResponse, SearchService
 from pipeline.settings import Settings
+from pipeline.web import is_page_path, web_router
 from storage.catalog import VideoRecord, VideoStatus
 from storage.errors import InvalidInput, LimitExceeded, TransientError, VidxError
 from storage.ids import parse_s3_uri, video_id
@@ -97,6 +99,8 @@ PUBLIC_PATH = "/healthz"
 #: Paths under this prefix need the admin key (dead letters, reindex).
 ADMIN_PREFIX = "/v1/admin"
 IMAGE_SEARCH_PATH = "/v1/search/image"
+#: Thumbnails open with a key or with a live signed link (``pipeline.media_links``).
+THUMBNAIL_PATH = re.compile(r"/v1/frames/[^/]+/thumbnail")
 #: Paths answered whatever the load: probes must tell "busy" from "down".
 UNSHED_PATHS = frozenset({PUBLIC_PATH, "/metrics"})
 
@@ -251,11 +255,13 @@ def create_app(
     check_state: Callable[[], Awaitable[dict[str, Any]]] | None = None,
     replicas: Callable[[], Awaitable[dict[str, dict[str, int]]]] | None = None,
     backlog: Callable[[], Awaitable[int | None]] | None = None,
+    links: S3Links | None = None,
 ) -> FastAPI:
     """Build the API over its services (plain objects: testable without Ray). ``admin``: the
     ``/v1/admin`` routes (``pipeline.api_admin``), guarded by the admin key; ``check_state``: the
     scheduled check's last round (``/v1/status``, ``/metrics``); ``replicas``: replicas by
-    deployment and state, ``backlog``: tasks on the index queue (both ``/metrics``)."""
+    deployment and state, ``backlog``: tasks on the index queue (both ``/metrics``); ``links``: the
+    presigned-link signer for uploads (the search's, to share one client)."""
     app = FastAPI(title="vidx", version="1", docs_url="/docs", redoc_url=None)
     keys = BearerKeys(settings.api_keys, settings.admin_key)
     limits = settings.limits
@@ -266,11 +272,15 @@ def create_app(
 
     # Added first, so it runs inside ``auth``: no body is read before the key is checked.
     app.add_middleware(BodyLimit, max_bytes_for=max_body_bytes)
+    thumbnails = media_signer(settings)
 
     @app.middleware("http")
     async def auth(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         path = route_path(request.scope)
-        if path == PUBLIC_PATH:
+        if path == PUBLIC_PATH or (request.method in ("GET", "HEAD") and is_page_path(path)):
+            return await call_next(request)
+        signed = THUMBNAIL_PATH.fullmatch(path) and thumbnails.verify(path, dict(request.query_params))
+        if signed and request.method in ("GET", "HEAD"):
             return await call_next(request)
         if is_admin_path(path) and not keys.admin_enabled:
             # Dead letters and reconcile are never open: without an admin key they are off.
@@ -358,11 +368,14 @@ def create_app(
         return await search.search_image(data, k, str(request.base_url))
 
     @app.get("/v1/frames/{frame_id}/thumbnail")
-    async def thumbnail(frame_id: str) -> Response:
-        data = await asyncio.to_thread(store.frames.thumbnail, frame_id)
+    async def thumbnail(frame_id: str, v: str | None = None) -> Response:
+        """The frame's JPEG; ``v`` (the content version, in the links search hands out) makes the
+        link one picture's: it is cached as such, and finds nothing once the video is overwritten."""
+        data = await asyncio.to_thread(store.frames.thumbnail, frame_id, v)
         if not data:
-            raise HTTPException(404, f"no thumbnail for {frame_id}")
-        return Response(content=data, media_type="image/jpeg", headers={"Cache-Control": "max-age=3600"})
+            raise HTTPException(404, f"no thumbnail for {frame_id}" + (f" at version {v}" if v else ""))
+        cache = f"private, max-age={settings.s3.presign_ttl_s}, immutable" if v else "private, no-cache"
+        return Response(content=data, media_type="image/jpeg", headers={"Cache-Control": cache})
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -394,6 +407,7 @@ def create_app(
         """What the app knows of itself: the scheduled check's last round."""
         return {"check": await check_state() if check_state is not None else None}
 
+    app.include_router(web_router(settings, links or S3Links(settings.s3)))
     if admin is not None:
         app.include_router(admin)
     return app

@@ -409,6 +409,7 @@ class Api:
             self._check_state,
             replicas=self._replicas,
             backlog=self._backlog,
+            links=self._search.links,
         )
 
 

@@ -12,15 +12,17 @@ from numpy.typing import NDArray
 from PIL import Image, ImageOps, UnidentifiedImageError
 from pydantic import BaseModel
 
+from pipeline.media_links import MediaSigner, S3Links, media_signer
 from pipeline.moments import FrameHit, merge_moments
 from pipeline.settings import Settings
 from storage.errors import InvalidInput, LimitExceeded
-from storage.s3 import ObjectStore
 from storage.tables import IndexStore
 
 #: Frames fetched per requested moment: neighbours of one moment collapse into it.
 CANDIDATES_PER_MOMENT = 20
 MAX_CANDIDATES = 2000
+#: Most matching frame times listed per moment (``hits_s``).
+MAX_HITS_PER_MOMENT = 50
 #: Image formats a query may use. Pillow's other plugins stay off: some hand the file to outside
 #: programs (EPS runs Ghostscript) and rarely used decoders are where parser bugs live.
 QUERY_IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
@@ -41,6 +43,10 @@ class MomentOut(BaseModel):
     ts_s: float
     thumbnail_url: str
     video_url: str
+    #: The video's length when the catalog knows it, and the times of its frames among the search's
+    #: candidates (best first): where else in the video the query matches (the page's timeline strip).
+    duration_s: float | None = None
+    hits_s: list[float] = []
 
 
 class SearchResponse(BaseModel):
@@ -75,28 +81,18 @@ def decode_query_image(data: bytes, max_bytes: int, max_pixels: int) -> NDArray[
 class SearchService:
     """Searches the frames table and shapes results as moments with playable links."""
 
-    def __init__(self, settings: Settings, store: IndexStore, encoder: QueryEncoder) -> None:
+    def __init__(
+        self, settings: Settings, store: IndexStore, encoder: QueryEncoder, links: S3Links | None = None
+    ) -> None:
         self._settings = settings
         self._store = store
         self._encoder = encoder
-        # One signing client for the service's life: opening one costs hundreds of ms of CPU (botocore
-        # loads its service models), more than the whole search; signing itself needs no request.
-        self._links: ObjectStore | None = None
-        self._links_lock = asyncio.Lock()
-
-    async def _link_signer(self) -> ObjectStore:
-        if self._links is None:
-            async with self._links_lock:
-                if self._links is None:
-                    s3 = self._settings.s3
-                    self._links = await ObjectStore(s3, endpoint_url=s3.public_endpoint_url).__aenter__()
-        return self._links
+        self.links = links or S3Links(settings.s3)
+        self._thumbnails: MediaSigner = media_signer(settings)
 
     async def aclose(self) -> None:
         """Close the signing client (it is reopened if the service is used again)."""
-        links, self._links = self._links, None
-        if links is not None:
-            await links.__aexit__(None, None, None)
+        await self.links.aclose()
 
     def check_k(self, k: int) -> int:
         if not 1 <= k <= self._settings.limits.max_k:
@@ -135,14 +131,20 @@ class SearchService:
             )
             for r in rows
         ]
+        versions = {r["frame_id"]: r["version"] for r in rows}
+        hits_s: dict[str, list[float]] = {}
+        for hit in hits:  # best first
+            hits_s.setdefault(hit.video_id, []).append(hit.ts_s)
         records = await asyncio.to_thread(self._store.catalog.get_many, {h.video_id for h in hits}) if hits else {}
         durations_s = {vid: r.duration_s for vid, r in records.items() if r.duration_s is not None}
         moments = merge_moments(hits, self._settings.sampling.every_s, k, durations_s=durations_s)
         results: list[MomentOut] = []
-        signer = await self._link_signer()
+        base = base_url.rstrip("/")
         for m in moments:
             bucket, _, key = m.uri.removeprefix("s3://").partition("/")
-            link = await signer.presign_get(bucket, key, self._settings.s3.presign_ttl_s)
+            link = await self.links.presign_get(bucket, key)
+            # The content version is in the link: a video overwritten gets new thumbnail links.
+            thumbnail = self._thumbnails.sign(f"/v1/frames/{m.frame_id}/thumbnail", {"v": versions[m.frame_id]})
             results.append(
                 MomentOut(
                     video_id=m.video_id,
@@ -151,9 +153,11 @@ class SearchService:
                     start_s=m.start_s,
                     end_s=m.end_s,
                     ts_s=m.ts_s,
-                    thumbnail_url=f"{base_url.rstrip('/')}/v1/frames/{m.frame_id}/thumbnail",
+                    thumbnail_url=base + thumbnail,
                     # A media fragment makes players start at the best frame.
                     video_url=f"{link}#t={m.ts_s:g}",
+                    duration_s=durations_s.get(m.video_id),
+                    hits_s=hits_s[m.video_id][:MAX_HITS_PER_MOMENT],
                 )
             )
         return SearchResponse(results=results, took_ms=round((time.perf_counter() - started) * 1000, 2))

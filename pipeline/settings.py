@@ -269,6 +269,9 @@ class Settings(BaseSettings):
     #: Once validated it holds the key in ``admin_key_file`` when that is set.
     admin_key: SecretStr | None = None
     admin_key_file: Path | None = None
+    #: Signs the short-lived thumbnail links the API hands out (``pipeline.media_links``); unset, a
+    #: key derived from the API keys (rotating them retires old links).
+    media_key: SecretStr | None = None
 
     @model_validator(mode="after")
     def _consumer_target(self) -> Settings:

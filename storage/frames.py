@@ -197,11 +197,16 @@ class FrameTable:
         yield from by_video.items()
 
     @read_errors_are_transient
-    def thumbnail(self, frame_id: str) -> bytes | None:
+    def thumbnail(self, frame_id: str, version: str | None = None) -> bytes | None:
+        """The frame's JPEG; with ``version``, only while the frame is of that content version (a link
+        to a video's old version finds nothing once the video is overwritten)."""
         table = self.table()
         if table is None:
             return None
-        rows = table.search().where(f"frame_id = {sql_quote(frame_id)}").select(["thumbnail"]).limit(1).to_list()
+        where = f"frame_id = {sql_quote(frame_id)}"
+        if version is not None:
+            where += f" AND version = {sql_quote(version)}"
+        rows = table.search().where(where).select(["thumbnail"]).limit(1).to_list()
         return rows[0]["thumbnail"] if rows else None
 
     def _search_handle(self, consistency_s: float) -> Any | None:
@@ -231,7 +236,7 @@ class FrameTable:
         query = (
             table.search(vector.astype(np.float32), vector_column_name="vector")
             .distance_type("cosine")
-            .select(["frame_id", "video_id", "uri", "ts_s", "_distance"])
+            .select(["frame_id", "video_id", "uri", "version", "ts_s", "_distance"])
             .limit(limit)
         )
         if exact:

@@ -175,6 +175,14 @@ class ObjectStore:
         )
         return url
 
+    async def presign_put(self, bucket: str, key: str, ttl_s: int, content_type: str) -> str:
+        """A short-lived PUT link for one object; the uploader must send ``Content-Type: content_type``
+        (it is signed). Signed locally: no request is made."""
+        url: str = await self._client.generate_presigned_url(
+            "put_object", Params={"Bucket": bucket, "Key": key, "ContentType": content_type}, ExpiresIn=ttl_s
+        )
+        return url
+
     async def put(self, bucket: str, key: str, body: bytes, content_type: str | None = None) -> None:
         """Raises: TransientError (also past ``upload_timeout_s``), PermanentError."""
         what = f"PUT s3://{bucket}/{key}"

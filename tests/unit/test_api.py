@@ -103,10 +103,10 @@ class FakeFrames:
     def __init__(self) -> None:
         self.fail: Exception | None = None
 
-    def thumbnail(self, frame_id: str) -> bytes | None:
+    def thumbnail(self, frame_id: str, version: str | None = None) -> bytes | None:
         if self.fail is not None:
             raise self.fail
-        return b"\xff\xd8jpeg" if frame_id == "f1" else None
+        return b"\xff\xd8jpeg" if frame_id == "f1" and version in (None, "v1") else None
 
     def search(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
         if self.fail is not None:
@@ -240,6 +240,8 @@ def test_search_shapes() -> None:
         "ts_s",
         "thumbnail_url",
         "video_url",
+        "duration_s",
+        "hits_s",
     }
     image = http.post("/v1/search/image", files={"image": ("q.png", b"png", "image/png")})
     assert image.status_code == 200 and image.json()["took_ms"] == 2.5
