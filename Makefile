@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3.11
 ENGINE = eval "$$(infra/containers/engine.sh)"
 
-.PHONY: install system venv minio images lint typecheck test test-unit bench demo down clean help
+.PHONY: install system venv minio schemas images lint typecheck test test-unit bench demo down clean help
 
 help:
 	@echo "make demo   install everything, start the stack, index sample videos, search them"
@@ -14,7 +14,7 @@ help:
 	@echo "make bench  run every benchmark; writes bench/results/latest.json and docs/benchmarks.md"
 	@echo "make down   stop the local stack"
 
-install: system venv minio
+install: system venv minio schemas
 
 system:
 	infra/local/install-system.sh
@@ -29,6 +29,10 @@ venv: $(VENV)/.installed
 
 minio:
 	@infra/local/install-minio.sh >/dev/null
+
+# The schemas the manifest tests check against (Go module downloads, no build).
+schemas:
+	@infra/local/install-schemas.sh >/dev/null
 
 images: system minio
 	$(ENGINE) && infra/images/build.sh

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the system packages vidx needs on a Debian machine (idempotent): RabbitMQ, podman with
-# runc and a Docker-compatible API for testcontainers, debootstrap for base images, ffmpeg (bench). MinIO is built
-# from source separately (install-minio.sh). Needs root (or sudo) and Debian's package mirror.
+# runc and a Docker-compatible API for testcontainers, debootstrap for base images, ffmpeg (bench),
+# Chromium (browser tests). MinIO is built from source separately (install-minio.sh). Needs root (or
+# sudo) and Debian's package mirror.
 set -euo pipefail
 need=()
 command -v rabbitmq-server >/dev/null 2>&1 || [ -x /usr/sbin/rabbitmq-server ] || need+=(rabbitmq-server)
@@ -10,6 +11,8 @@ command -v runc >/dev/null 2>&1 || need+=(runc)
 command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
 dpkg -s uidmap slirp4netns fuse-overlayfs >/dev/null 2>&1 || need+=(uidmap slirp4netns fuse-overlayfs)
 command -v go >/dev/null 2>&1 || need+=(golang-go)
+# The web page's browser tests (tests/e2e/test_web_page.py) drive it through Playwright.
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 # The decode benchmark's baseline: what a user would otherwise write (ffmpeg's fps filter).
 command -v ffmpeg >/dev/null 2>&1 || need+=(ffmpeg)
 if [ ${#need[@]} -gt 0 ]; then

@@ -17,6 +17,7 @@ from PIL import Image
 
 from pipeline.settings import Settings
 from storage.ids import video_id
+from tests.e2e.test_metrics import metric_sum
 from tests.faults.harness import start_app
 from tests.media import frame_at, write_corrupt_mp4, write_video
 from tests.services import Services, eventually, unique_prefix
@@ -24,7 +25,18 @@ from tests.services import Services, eventually, unique_prefix
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 INDEX_TIMEOUT_S = 120.0
-MOMENT_KEYS = {"video_id", "uri", "score", "start_s", "end_s", "ts_s", "thumbnail_url", "video_url"}
+MOMENT_KEYS = {
+    "video_id",
+    "uri",
+    "score",
+    "start_s",
+    "end_s",
+    "ts_s",
+    "thumbnail_url",
+    "video_url",
+    "duration_s",
+    "hits_s",
+}
 VIDEO_KEYS = {"video_id", "uri", "status", "error", "frames", "duration_s", "model", "updated_at"}
 
 
@@ -130,9 +142,11 @@ def test_bad_objects_are_answered_and_good_ones_still_indexed(app: App, tmp_path
     app.wait_status(good, "indexed")
     assert app.video(video_id(app.bucket, "e2e/notes.txt")) is None
     eventually(
-        lambda: 'vidx_router_events{kind="ignored_not_video"} 1.0' in app.http.get("/metrics").text,
+        lambda: (
+            metric_sum(app.http.get("/metrics").text, "ray_vidx_bucket_events_total", kind="ignored_not_video") == 1
+        ),
         "the .txt to be counted as ignored",
-        10,
+        30,
     )
     failed_list = app.http.get("/v1/videos", params={"status": "failed"}).json()["videos"]
     assert bad in [v["video_id"] for v in failed_list]

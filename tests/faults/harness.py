@@ -140,8 +140,10 @@ class AppHost:
         eventually(running, f"{deployment} to be healthy", REPLICA_BACK_TIMEOUT_S, poll_s=0.5)
 
     def router_connected(self) -> bool:
+        keys = self.settings.api_keys
+        headers = {"Authorization": f"Bearer {keys[0].get_secret_value()}"} if keys else {}
         try:
-            return self.http.get("/metrics").text.count('kind="connected"} 1.0') == 1
+            return "\nvidx_router_connected 1.0" in self.http.get("/metrics", headers=headers).text
         except httpx.HTTPError:
             return False
 
@@ -177,6 +179,8 @@ def start_app(
         "VIDX_MODEL__ID": str(model_dir),
         "VIDX_STATE_DIR": str(state_dir),
         "VIDX_SERVE__PORT": str(_free_port()),
+        # Replicas' metrics reach the nodes' endpoints within a second (Ray's default: 10 s).
+        "RAY_metrics_report_interval_ms": "1000",
         **(env or {}),
     }
     saved = {k: os.environ.get(k) for k in env}

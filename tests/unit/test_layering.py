@@ -31,6 +31,7 @@ FORBIDDEN = {
 #: The Serve app's module and what its deployments import lazily (in their constructors).
 SERVE_MODULES = (
     "pipeline.deployments",
+    "pipeline.serve_config",
     "pipeline.consumer",
     "pipeline.indexer",
     "pipeline.api",

@@ -1,0 +1,238 @@
+"""The web page in a real browser (Debian's Chromium, headless, driven by Playwright) over the real
+Ray Serve app, MinIO and RabbitMQ, with API keys on: the key prompt, a text query's grid of moments,
+the player at the moment's second, image search by file, and a video uploaded from the page going
+``queued → indexing → indexed``. Screenshots are kept as test artifacts (``VIDX_ARTIFACTS_DIR``, else
+pytest's temp dir) and, with ``VIDX_UPDATE_SCREENSHOTS=1``, written to docs/img/."""
+
+from __future__ import annotations
+
+import io
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from PIL import Image
+
+from pipeline.settings import Settings
+from storage.ids import video_id
+from tests.faults.harness import start_app
+from tests.media import frame_at, write_corrupt_mp4, write_video
+from tests.services import Services, eventually, unique_prefix
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+INDEX_TIMEOUT_S = 120.0
+#: Longest wait for the page to show something (a search embeds the query on a CPU).
+UI_TIMEOUT_MS = 30_000
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
+SEEDS = {"harbour at dusk.mp4": 701, "city traffic.mp4": 702, "forest walk.mp4": 703}
+
+
+def chromium_path() -> str:
+    """Debian's Chromium (``infra/local/install-system.sh`` installs it); no browser download."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.fail("chromium is not installed: run `make system` (Debian package `chromium`)")
+    return found
+
+
+@dataclass
+class Site:
+    settings: Settings
+    services: Services
+    http: httpx.Client
+    api_key: str
+    admin_key: str
+    browser: Any
+    artifacts: Path
+
+    @property
+    def url(self) -> str:
+        return self.settings.api_url + "/"
+
+    @property
+    def bucket(self) -> str:
+        return self.settings.s3.upload_bucket
+
+    def page(self, key: str | None) -> Any:
+        """A fresh tab (its own session storage); with ``key``, already entered through the prompt."""
+        context = self.browser.new_context(viewport={"width": 1280, "height": 860})
+        page = context.new_page()
+        urls: list[str] = []
+        page.on("request", lambda request: urls.append(request.url))
+        page.vidx_urls = urls  # every URL this tab asked for: the key must never be in one
+        page.goto(self.url)
+        if key is not None:
+            page.locator("#key-dialog").wait_for(state="visible", timeout=UI_TIMEOUT_MS)
+            page.fill("#api-key", key)
+            page.click("#key-form button[type=submit]")
+            page.locator("#key-dialog").wait_for(state="hidden", timeout=UI_TIMEOUT_MS)
+        return page
+
+    def shot(self, page: Any, name: str) -> None:
+        path = self.artifacts / name
+        page.screenshot(path=str(path), full_page=False)
+        if os.environ.get("VIDX_UPDATE_SCREENSHOTS") == "1":
+            DOCS_IMG.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, DOCS_IMG / name)
+
+    def status(self, vid: str) -> str | None:
+        resp = self.http.get(f"/v1/videos/{vid}", headers={"Authorization": f"Bearer {self.api_key}"})
+        return resp.json()["status"] if resp.status_code == 200 else None
+
+
+@pytest.fixture(scope="module")
+def site(
+    services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Site]:
+    from playwright.sync_api import sync_playwright
+
+    api_key, admin_key = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    env = {"VIDX_API_KEY": api_key, "VIDX_ADMIN_KEY": admin_key}
+    media = tmp_path_factory.mktemp("media")
+    artifacts = Path(os.environ.get("VIDX_ARTIFACTS_DIR") or tmp_path_factory.mktemp("screenshots"))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    with (
+        start_app(services, unique_prefix(), tiny_model_dir, tmp_path_factory.mktemp("state"), env=env) as host,
+        sync_playwright() as playwright,
+    ):
+        browser = playwright.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+        site = Site(host.settings, services, host.http, api_key, admin_key, browser, artifacts)
+        minio = services.minio_client()
+        for name, seed in SEEDS.items():
+            minio.fput_object(site.bucket, name, str(write_video(media / name, seconds=10, seed=seed)))
+        for name in SEEDS:
+            vid = video_id(site.bucket, name)
+            eventually(lambda vid=vid: site.status(vid) == "indexed", f"{name} to be indexed", INDEX_TIMEOUT_S)
+        try:
+            yield site
+        finally:
+            browser.close()
+            print(f"\nscreenshots: {artifacts}")
+
+
+def test_the_page_asks_for_the_api_key_and_keeps_it_for_the_tab_only(site: Site) -> None:
+    page = site.page(key=None)
+    page.locator("#key-dialog").wait_for(state="visible", timeout=UI_TIMEOUT_MS)
+    site.shot(page, "web-key-prompt.png")
+    page.fill("#api-key", site.api_key)
+    page.click("#key-form button[type=submit]")
+    page.locator("#key-dialog").wait_for(state="hidden", timeout=UI_TIMEOUT_MS)
+    assert page.evaluate("sessionStorage.getItem('vidx.apiKey')") == site.api_key
+    assert page.evaluate("localStorage.length") == 0
+    # A user key does not open the dead letters.
+    page.locator("#tab-dlq").wait_for(state="hidden", timeout=UI_TIMEOUT_MS)
+    page.reload()
+    page.wait_for_timeout(1000)
+    assert not page.locator("#key-dialog").is_visible()
+    # A new tab has its own session storage: it asks again.
+    assert site.page(key=None).locator("#key-dialog").is_visible()
+    page.context.close()
+
+
+def test_a_text_query_shows_moments_and_a_click_plays_from_the_moments_start(site: Site) -> None:
+    page = site.page(site.api_key)
+    page.fill("#q", "boats in a harbour at dusk")
+    page.press("#q", "Enter")
+    moments = page.locator("#results .moment")
+    moments.first.wait_for(timeout=UI_TIMEOUT_MS)
+    assert moments.count() >= 3
+    # Every thumbnail loaded: an <img> sends no Authorization header, so each came through its signed link.
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#results img')].every(i => i.complete && i.naturalWidth > 0)",
+        timeout=UI_TIMEOUT_MS,
+    )
+    assert page.locator("#results .moment .timeline .hit").count() >= moments.count()
+    names = set(page.locator("#results .moment .name").all_inner_texts())
+    assert names <= set(SEEDS) and len(names) == len(SEEDS)
+    site.shot(page, "web-search.png")
+
+    # A moment well into its video: a player that ignored the start would sit at 0.
+    starts = [float(s) for s in (moments.nth(i).get_attribute("data-start-s") for i in range(moments.count()))]
+    later = max(range(len(starts)), key=lambda i: starts[i])
+    start_s = starts[later]
+    assert start_s >= 2.0, starts
+    moments.nth(later).locator("button.open").click()
+    page.locator("#player").wait_for(state="visible", timeout=UI_TIMEOUT_MS)
+    page.wait_for_function("() => document.querySelector('#player-video').readyState >= 2", timeout=UI_TIMEOUT_MS)
+    page.evaluate("document.querySelector('#player-video').pause()")
+    current_s = page.evaluate("document.querySelector('#player-video').currentTime")
+    # Paused right after loading: at the moment's start (the media fragment), within one frame or so.
+    assert abs(current_s - start_s) < 0.5, (current_s, start_s)
+    site.shot(page, "web-player.png")
+    assert all(site.api_key not in url and site.admin_key not in url for url in page.vidx_urls)
+    page.context.close()
+
+
+def test_image_search_by_file_finds_the_video_at_that_second(site: Site, tmp_path: Path) -> None:
+    query = tmp_path / "frame.png"
+    Image.fromarray(frame_at(6, SEEDS["city traffic.mp4"])).save(query)
+    page = site.page(site.api_key)
+    page.set_input_files("#image-file", str(query))
+    top = page.locator("#results .moment").first
+    top.wait_for(timeout=UI_TIMEOUT_MS)
+    assert top.get_attribute("data-video-id") == video_id(site.bucket, "city traffic.mp4")
+    assert "06.0" in top.locator(".span").inner_text()  # best frame at 00:06.0
+    assert "image frame.png" in page.locator("#search-summary").inner_text()
+    page.context.close()
+
+
+def test_a_video_uploaded_from_the_page_goes_from_queued_to_indexed(site: Site, tmp_path: Path) -> None:
+    clip = write_video(tmp_path / "from the page.mp4", seconds=6, seed=704)
+    page = site.page(site.api_key)
+    page.click(".tabs [data-view=videos]")
+    seen: list[str] = []
+    page.expose_function("vidxSeen", lambda status: seen.append(status))
+    # Record every status the upload row shows, as it shows it.
+    page.evaluate(
+        """new MutationObserver(() => {
+             const row = document.querySelector('#uploads li');
+             if (row && row.dataset.status) window.vidxSeen(row.dataset.status);
+           }).observe(document.querySelector('#uploads'), {subtree: true, attributes: true, childList: true})"""
+    )
+    page.set_input_files("#upload-file", str(clip))
+    row = page.locator("#uploads li[data-status=indexed]")
+    row.wait_for(timeout=INDEX_TIMEOUT_S * 1000)
+    assert "6 frames" in row.inner_text()
+    assert site.status(video_id(site.bucket, "from the page.mp4")) == "indexed"
+    # The object came from the browser: it is in the bucket under the file's name.
+    assert site.services.minio_client().stat_object(site.bucket, "from the page.mp4").size == clip.stat().st_size
+    statuses = list(dict.fromkeys(seen))
+    assert statuses[0] == "uploaded" and statuses[-1] == "indexed", statuses
+    assert set(statuses) <= {"uploading", "uploaded", "queued", "indexing", "indexed"}, statuses
+    page.locator("#videos tbody tr[data-status=indexed]").nth(len(SEEDS)).wait_for(timeout=UI_TIMEOUT_MS)
+    site.shot(page, "web-videos.png")
+    page.context.close()
+
+
+def test_the_admin_key_sees_a_failed_video_in_the_dead_letters_and_replays_it(site: Site, tmp_path: Path) -> None:
+    broken = write_corrupt_mp4(tmp_path / "broken.mp4")
+    site.services.minio_client().fput_object(site.bucket, "broken upload.mp4", str(broken))
+    vid = video_id(site.bucket, "broken upload.mp4")
+    eventually(lambda: site.status(vid) == "failed", "the broken video to fail", INDEX_TIMEOUT_S)
+    page = site.page(site.admin_key)
+    page.click(".tabs [data-view=videos]")
+    failed = page.locator(f"#videos tbody tr[data-video-id='{vid}']")
+    failed.wait_for(timeout=UI_TIMEOUT_MS)
+    assert "decode error" in failed.locator(".reason").inner_text()
+    page.locator("#tab-dlq").wait_for(state="visible", timeout=UI_TIMEOUT_MS)
+    page.click("#tab-dlq")
+    letter = page.locator("#dlq tbody tr", has_text="broken upload.mp4")
+    letter.wait_for(timeout=UI_TIMEOUT_MS)
+    letter.locator("button").click()
+    page.locator("#notice", has_text="Replayed 1").wait_for(timeout=UI_TIMEOUT_MS)
+    page.context.close()
+
+
+def test_the_page_is_public_but_nothing_it_shows_is(site: Site) -> None:
+    assert site.http.get("/").status_code == 200
+    assert site.http.get("/v1/videos").status_code == 401
+    buf = io.BytesIO()
+    Image.fromarray(frame_at(2, 701)).save(buf, format="PNG")
+    assert site.http.post("/v1/search/image", files={"image": ("q.png", buf.getvalue(), "image/png")}).status_code == 401
