@@ -255,7 +255,11 @@ async function loadVideos() {
   const body = $("#videos tbody");
   body.replaceChildren();
   for (const v of videos) {
-    const reindex = el("button", { type: "button", onclick: () => reindexVideo(v.uri) }, "Re-index");
+    const reindex = el("button", {
+      type: "button",
+      title: "Submit an index job: it re-runs unless this content is already indexed with the current model and sampling",
+      onclick: () => reindexVideo(v.uri),
+    }, "Re-index");
     body.append(el("tr", { dataset: { videoId: v.video_id, status: v.status } },
       el("td", {}, chip(v.status)),
       el("td", { title: v.uri }, videoName(v.uri)),

@@ -149,7 +149,7 @@ def secure(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.Te
             eventually(healthy, "the API to answer /healthz", STARTUP_TIMEOUT_S)
             auth = {"Authorization": f"Bearer {api_key}"}
             eventually(
-                lambda: http.get("/metrics", headers=auth).text.count('kind="connected"} 1.0') == 1,
+                lambda: http.get("/metrics", headers=auth).text.count("\nvidx_router_connected 1.0") == 1,
                 "the event router to connect",
                 60,
             )
@@ -175,6 +175,7 @@ GUARDED = [
     ("POST", "/v1/index"),
     ("POST", "/v1/search/image"),
     ("GET", "/v1/frames/f0/thumbnail"),
+    ("POST", "/v1/uploads"),
     ("GET", "/metrics"),
     ("GET", "/docs"),
     ("GET", "/v1/admin/dlq"),
