@@ -117,7 +117,10 @@ def test_uploaded_videos_are_found_by_image_and_text(app: App, tmp_path: Path) -
 def test_delete_and_overwrite_follow_the_bucket(app: App, tmp_path: Path) -> None:
     vid = app.upload("e2e/changing.mp4", write_video(tmp_path / "a.mp4", seconds=5, seed=400))
     app.wait_status(vid, "indexed")
-    assert app.image_search(frame_at(3, 400))["results"][0]["video_id"] == vid
+    before = app.image_search(frame_at(3, 400))["results"][0]
+    assert before["video_id"] == vid
+    old_thumbnail = before["thumbnail_url"].replace(app.settings.api_url, "")
+    assert app.http.get(old_thumbnail).status_code == 200
     # Overwrite with different content: search follows the new content.
     app.upload("e2e/changing.mp4", write_video(tmp_path / "b.mp4", seconds=6, seed=401))
     eventually(
@@ -127,6 +130,9 @@ def test_delete_and_overwrite_follow_the_bucket(app: App, tmp_path: Path) -> Non
     )
     top = app.image_search(frame_at(5, 401))["results"][0]
     assert top["video_id"] == vid and top["ts_s"] == 5.0
+    # Frame ids repeat across versions; thumbnail links don't: the old one no longer shows a picture.
+    assert app.http.get(old_thumbnail).status_code == 404
+    assert app.http.get(top["thumbnail_url"].replace(app.settings.api_url, "")).status_code == 200
     # Delete: status deleted and gone from results within 10 s.
     app.services.minio_client().remove_object(app.bucket, "e2e/changing.mp4")
     app.wait_status(vid, "deleted", timeout_s=10)
