@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import logging
 import mimetypes
-import sys
-import time
+import webbrowser
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,25 +17,18 @@ from pydantic import ValidationError
 
 from pipeline.cli_admin import dlq_app, parked_app, reconcile
 from pipeline.cli_check import check
-from pipeline.cli_common import (
-    WAIT_LIST_LIMIT,
-    WAIT_POLL_S,
-    ApiClient,
-    CliError,
-    errors,
-    fail,
-    format_moment,
-    hms,
-    print_json,
-    settings_of,
-)
+from pipeline.cli_common import ApiClient, CliError, hms, settings_of
+from pipeline.cli_deploy import serve_config
+from pipeline.cli_errors import errors, fail, minio, rabbitmq
+from pipeline.cli_output import Column, print_json, table
+from pipeline.cli_upload import upload, wait
 from pipeline.settings import Settings
 
 app = typer.Typer(
     name="vidx",
     help="Video moment search: MinIO bucket events -> RabbitMQ -> Ray Serve -> SigLIP -> LanceDB.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
@@ -90,9 +82,23 @@ def status(ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json", h
             [*(c.to_dict() for c in components), {"name": "check", "detail": _describe_check(check), "state": check}]
         )
         return
-    for c in components:
-        typer.echo(f"{c.name:<9} {'running' if c.running else 'stopped':<8} {c.detail}")
-    typer.echo(f"{'check':<9} {_describe_check(check)}")
+    rows = [
+        (c.name, "running" if c.running else "stopped", None if c.detail == "stopped" else c.detail) for c in components
+    ]
+    table(
+        [Column("COMPONENT"), Column("STATE"), Column("DETAIL", fold=True)],
+        [*rows, ("check", _check_verdict(check), _describe_check(check))],
+        empty="no components",
+    )
+
+
+def _check_verdict(state: dict[str, Any] | None) -> str:
+    if state is None:
+        return "unknown"
+    last = state.get("last")
+    if not last:
+        return "pending"
+    return "drift" if last["inconsistencies"] else "ok"
 
 
 def _check_state(settings: Settings) -> dict[str, Any] | None:
@@ -120,67 +126,9 @@ def _describe_check(state: dict[str, Any] | None) -> str:
 
 # -- data -----------------------------------------------------------------------------------------------
 
-
-def _files(paths: list[Path]) -> list[tuple[Path, str]]:
-    """(file, key suffix) for each file, directories expanded recursively."""
-    out: list[tuple[Path, str]] = []
-    for path in paths:
-        if path.is_dir():
-            files = sorted(f for f in path.rglob("*") if f.is_file())
-            out += [(f, f.relative_to(path.parent).as_posix()) for f in files]
-        elif path.is_file():
-            out.append((path, path.name))
-        else:
-            raise CliError(f"no such file: {path}")
-    return out
-
-
-class _Progress:
-    """minio-py's progress protocol over one tqdm bar (bytes of all files)."""
-
-    def __init__(self, bar: Any) -> None:
-        self._bar = bar
-
-    def set_meta(self, object_name: str, total_length: int) -> None:
-        self._bar.set_postfix_str(object_name, refresh=False)
-
-    def update(self, size: int) -> None:
-        self._bar.update(size)
-
-
-@app.command()
-def upload(
-    ctx: typer.Context,
-    paths: Annotated[list[Path], typer.Argument(help="Files or directories to upload.")],
-    bucket: Annotated[str | None, typer.Option(help="Target bucket (default: the first watched).")] = None,
-    prefix: Annotated[str, typer.Option(help="Key prefix, e.g. 'holiday/'.")] = "",
-) -> None:
-    """Upload videos to a watched bucket; each upload is indexed through its bucket event."""
-    from minio.error import MinioException
-    from tqdm import tqdm
-
-    from infra.dev.stack import minio_client
-
-    settings = settings_of(ctx)
-    target = bucket or settings.s3.upload_bucket
-    with errors():
-        files = _files(paths)
-        client = minio_client(settings)
-        total = sum(f.stat().st_size for f, _ in files)
-        uris: list[str] = []
-        with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr) as bar:
-            for path, name in files:
-                key = f"{prefix}{name}"
-                content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-                try:
-                    client.fput_object(target, key, str(path), content_type=content_type, progress=_Progress(bar))
-                except (MinioException, ValueError) as exc:
-                    raise CliError(f"upload of {path} to s3://{target}/{key} failed: {exc}") from exc
-                except OSError as exc:  # urllib3 connection errors
-                    raise CliError(f"object store not reachable at {settings.s3.endpoint_url}: run 'vidx up'") from exc
-                uris.append(f"s3://{target}/{key}")
-        for uri in uris:
-            typer.echo(uri)
+# Uploading and waiting for indexing live in their own module.
+app.command()(upload)
+app.command()(wait)
 
 
 @app.command()
@@ -208,10 +156,20 @@ def search(
         print_json(answer)
         return
     results = answer.get("results", [])
-    if not results:
-        typer.echo("no moments found")
-    for r in results:
-        typer.echo(format_moment(r))
+    table(
+        [
+            Column("SCORE", right=True),
+            Column("VIDEO", fold=True),
+            Column("MOMENT"),
+            Column("BEST"),
+            Column("PLAY", fold=True),
+        ],
+        [
+            (f"{r['score']:.3f}", r["uri"], f"{hms(r['start_s'])}–{hms(r['end_s'])}", hms(r["ts_s"]), r["video_url"])
+            for r in results
+        ],
+        empty="no moments found",
+    )
     typer.echo(f"({len(results)} moments in {answer.get('took_ms', 0):.0f} ms)", err=True)
 
 
@@ -235,19 +193,36 @@ def videos(
         print_json(answer)
         return
     rows = answer.get("videos", [])
-    if not rows:
-        typer.echo("no videos")
-    for v in rows:
-        duration = hms(v["duration_s"]) if v.get("duration_s") is not None else "-"
-        line = f"{v['status']:<9} {v['frames']:>6} frames  {duration:>10}  {v['uri']}"
-        typer.echo(line + (f"  ({v['error']})" if v.get("error") else ""))
+    columns = [Column("STATUS"), Column("FRAMES", right=True), Column("DURATION", right=True), Column("URI", fold=True)]
+    errors_seen = any(v.get("error") for v in rows)
+    table(
+        columns + ([Column("ERROR", fold=True)] if errors_seen else []),
+        [
+            (
+                v["status"],
+                v["frames"],
+                hms(v["duration_s"]) if v.get("duration_s") is not None else None,
+                v["uri"],
+                *([v.get("error")] if errors_seen else []),
+            )
+            for v in rows
+        ],
+        empty="no videos",
+    )
 
 
 @app.command()
-def index(ctx: typer.Context, uri: Annotated[str, typer.Argument(help="s3://bucket/key of a video")]) -> None:
+def index(
+    ctx: typer.Context,
+    uri: Annotated[str, typer.Argument(help="s3://bucket/key of a video")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
+) -> None:
     """Queue a video for (re)indexing."""
     with errors():
         answer = ApiClient(settings_of(ctx)).request("POST", "/v1/index", json={"uri": uri})
+    if as_json:
+        print_json(answer)
+        return
     typer.echo(f"{answer['status']}: {uri} (video {answer['video_id']}, task {answer['task_id']})")
 
 
@@ -263,36 +238,6 @@ def tiny_model(
         path = build_tiny_siglip(directory, seed=seed).resolve()
     typer.echo(f"tiny SigLIP checkpoint written to {path}")
     typer.echo(f"use it with: export VIDX_MODEL__ID={path}")
-
-
-@app.command()
-def wait(
-    ctx: typer.Context,
-    timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 600.0,
-    count: Annotated[int, typer.Option(help="At least this many videos indexed.")] = 1,
-) -> None:
-    """Wait until COUNT videos are indexed and none is queued or indexing."""
-    deadline = time.monotonic() + timeout
-    with errors():
-        api = ApiClient(settings_of(ctx))
-        counts: dict[str, int] = {}
-        last_error = "no answer yet"
-        while True:
-            try:
-                rows = api.request("GET", "/v1/videos", params={"limit": WAIT_LIST_LIMIT})["videos"]
-                counts = {}
-                for v in rows:
-                    counts[v["status"]] = counts.get(v["status"], 0) + 1
-                busy = counts.get("queued", 0) + counts.get("indexing", 0)
-                if counts.get("indexed", 0) >= count and busy == 0:
-                    break
-            except CliError as exc:  # the API may still be starting
-                last_error = str(exc)
-            if time.monotonic() >= deadline:
-                summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or last_error
-                raise CliError(f"not done after {timeout:.0f}s: {summary}")
-            time.sleep(WAIT_POLL_S)
-    typer.echo(", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
 
 
 def _prepare_services(settings: Settings) -> None:
@@ -312,13 +257,13 @@ def _prepare_services(settings: Settings) -> None:
 def serve(ctx: typer.Context) -> None:
     """Run the Ray Serve app in the foreground on a local Ray instance (containers; see infra/compose.yaml).
     MinIO and RabbitMQ must already be reachable at the configured URLs."""
-    with errors():
+    settings = settings_of(ctx)
+    with errors(rabbitmq(settings), minio(settings)):
         import ray
         from ray import serve as ray_serve
 
         from pipeline.deployments import build_app
 
-        settings = settings_of(ctx)
         _prepare_services(settings)
         ray.init(address="local", num_cpus=settings.serve.ray_num_cpus, include_dashboard=False)
         ray_serve.start(http_options={"host": settings.serve.host, "port": settings.serve.port})
@@ -336,10 +281,27 @@ def demo(ctx: typer.Context) -> None:
         run_demo(settings_of(ctx), typer.echo)
 
 
+@app.command("open")
+def open_page(
+    ctx: typer.Context,
+    print_only: Annotated[bool, typer.Option("--print", help="Only print the URL; open no browser.")] = False,
+) -> None:
+    """Open the web page (search, moments, player, uploads) in a browser; prints its URL."""
+    url = settings_of(ctx).api_url.rstrip("/") + "/"
+    typer.echo(url)
+    if print_only:
+        return
+    with errors():
+        opened = webbrowser.open(url)
+    if not opened:
+        fail("no web browser found (set BROWSER, or open the URL above yourself; `vidx open --print` only prints it)")
+
+
 # The operator commands live in their own module; registered here, after the helpers they import.
 
 app.command()(reconcile)
 app.command()(check)
+app.command("serve-config")(serve_config)
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(parked_app, name="parked")
 

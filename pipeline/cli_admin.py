@@ -7,12 +7,16 @@ they work while the app is down — which is when they are needed most.
 
 from __future__ import annotations
 
-from typing import Annotated
+from datetime import datetime
+from typing import Annotated, Any
 
 import typer
 
 from events.parked import ParkedQueue
-from pipeline.cli_common import errors, print_json, settings_of
+from pipeline.cli_check import configured_buckets, print_findings
+from pipeline.cli_common import settings_of
+from pipeline.cli_errors import errors, minio, rabbitmq
+from pipeline.cli_output import Column, print_json, table
 from pipeline.deadletters import DeadLetterQueue
 from pipeline.settings import Settings
 from storage.errors import InvalidInput
@@ -25,8 +29,21 @@ parked_app = typer.Typer(
 )
 
 
+#: What ``--json`` says of each option.
+JSON_HELP = "Print JSON."
+
+
 def dead_letter_queue(settings: Settings) -> DeadLetterQueue:
     return DeadLetterQueue(settings.amqp.url.get_secret_value(), settings.serve.failed_queue)
+
+
+def _ids_or_all(ids: list[str] | None, replay_all: bool, what: str) -> None:
+    if bool(ids) == replay_all:
+        raise InvalidInput(f"name {what} or pass --all (not both)")
+
+
+def _when(at: datetime | None) -> str | None:
+    return at.strftime("%Y-%m-%d %H:%M:%S") if at else None
 
 
 def reconcile(
@@ -38,48 +55,62 @@ def reconcile(
     prefix: Annotated[str, typer.Option(help="Only keys under this prefix.")] = "",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Report the drift; submit nothing.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="One line per change.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print each bucket's report as JSON.")] = False,
 ) -> None:
     """Compare buckets with the index and queue the jobs that repair drift: objects never indexed,
     indexed at an old version, index entries whose object is gone, rows that disagree with the
     catalog (``vidx check --repair``, one summary per bucket)."""
+    settings = settings_of(ctx)
+    uses = (minio(settings),) if dry_run else (minio(settings), rabbitmq(settings))
+    reports = []
     with errors():
+        buckets = configured_buckets(settings, bucket)
+    with errors(*uses):
         from pipeline.check import build_checker
         from pipeline.taskqueue import queueing_sink
         from storage.tables import IndexStore
 
-        settings = settings_of(ctx)
-        buckets = bucket or settings.s3.buckets
-        foreign = [b for b in buckets if b not in settings.s3.buckets]
-        if foreign:
-            raise InvalidInput(f"not a configured bucket: {', '.join(foreign)} (VIDX_S3__BUCKETS)")
         store = IndexStore(settings.s3)
         checker = build_checker(settings, store, None if dry_run else queueing_sink(settings, store))
         for name in buckets:
             report = checker.run([name], prefix=prefix, repair=not dry_run)
-            if verbose:
-                for item in report.found:
-                    typer.echo(f"{item.finding.value:<16} {item.uri or item.video_id}  ({item.detail})")
-            typer.echo(report.summary())
+            reports.append(report)
+            if not as_json:
+                if verbose:
+                    print_findings(report.found)
+                typer.echo(report.summary())
+    if as_json:
+        print_json([report.as_json() for report in reports])
 
 
 @dlq_app.command("list")
 def dlq_list(
     ctx: typer.Context,
     limit: Annotated[int, typer.Option(help="List at most this many.", min=1)] = 100,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Failed jobs: id, when, attempts, uri, reason. The queue is left as it was."""
-    with errors():
-        letters = dead_letter_queue(settings_of(ctx)).list(limit)
+    settings = settings_of(ctx)
+    with errors(rabbitmq(settings)):
+        letters = dead_letter_queue(settings).list(limit)
     if as_json:
         print_json([letter.summary() for letter in letters])
         return
-    if not letters:
-        typer.echo("no dead letters")
-    for letter in letters:
-        when = letter.failed_at.strftime("%Y-%m-%d %H:%M:%S") if letter.failed_at else "-"
-        attempts = letter.attempts if letter.attempts is not None else "?"
-        typer.echo(f"{letter.id}  {when}  {attempts} attempts  {letter.uri or '-'}  {letter.reason}")
+    table(
+        [
+            Column("ID"),
+            Column("FAILED AT"),
+            Column("ATTEMPTS", right=True),
+            Column("KIND"),
+            Column("VIDEO", fold=True),
+            Column("REASON", fold=True),
+        ],
+        [
+            (letter.id, _when(letter.failed_at), letter.attempts, letter.kind.value, letter.uri, letter.reason)
+            for letter in letters
+        ],
+        empty="no dead letters",
+    )
 
 
 @dlq_app.command("replay")
@@ -87,22 +118,31 @@ def dlq_replay(
     ctx: typer.Context,
     ids: Annotated[list[str] | None, typer.Argument(help="Dead-letter ids (from 'vidx dlq list').")] = None,
     replay_all: Annotated[bool, typer.Option("--all", help="Replay every dead letter.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Queue the jobs of dead letters again (after fixing their cause) and remove those letters."""
+    settings = settings_of(ctx)
     with errors():
-        if bool(ids) == replay_all:
-            raise InvalidInput("name dead-letter ids or pass --all (not both)")
+        _ids_or_all(ids, replay_all, "dead-letter ids")
+    with errors(rabbitmq(settings), minio(settings)):
         from pipeline.taskqueue import queueing_sink
         from storage.tables import IndexStore
 
-        settings = settings_of(ctx)
         report = dead_letter_queue(settings).replay(
             queueing_sink(settings, IndexStore(settings.s3)), None if replay_all else ids
         )
         missing = sorted(set(ids or []) - {letter.id for letter in report.replayed})
-    for letter in report.replayed:
-        typer.echo(f"replayed {letter.id}  {letter.uri}")
-    typer.echo(f"{len(report.replayed)} replayed, {report.remaining} left in the dead-letter queue")
+    replayed = [{"id": letter.id, "uri": letter.uri} for letter in report.replayed]
+    _replayed(replayed, report.remaining, missing, "dead-letter queue", as_json)
+
+
+def _replayed(replayed: list[dict[str, Any]], remaining: int, missing: list[str], queue: str, as_json: bool) -> None:
+    if as_json:
+        print_json({"replayed": replayed, "remaining": remaining, "missing": missing})
+    else:
+        for item in replayed:
+            typer.echo(f"replayed {item['id']}  {item.get('uri') or ' '.join(item.get('uris', [])) or '-'}")
+        typer.echo(f"{len(replayed)} replayed, {remaining} left in the {queue}")
     if missing:
         typer.echo(f"vidx: not found: {', '.join(missing)}", err=True)
         raise typer.Exit(1)
@@ -112,20 +152,26 @@ def dlq_replay(
 def parked_list(
     ctx: typer.Context,
     limit: Annotated[int, typer.Option(help="List at most this many.", min=1)] = 100,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Parked events: id, when, attempts, objects, reason. The queue is left as it was."""
-    with errors():
-        events = ParkedQueue(settings_of(ctx).amqp).list(limit)
+    settings = settings_of(ctx)
+    with errors(rabbitmq(settings)):
+        events = ParkedQueue(settings.amqp).list(limit)
     if as_json:
         print_json([event.summary() for event in events])
         return
-    if not events:
-        typer.echo("no parked events")
-    for event in events:
-        when = event.parked_at.strftime("%Y-%m-%d %H:%M:%S") if event.parked_at else "-"
-        attempts = event.attempts if event.attempts is not None else "?"
-        typer.echo(f"{event.id}  {when}  {attempts} attempts  {' '.join(event.uris) or '-'}  {event.reason}")
+    table(
+        [
+            Column("ID"),
+            Column("PARKED AT"),
+            Column("ATTEMPTS", right=True),
+            Column("OBJECTS", fold=True),
+            Column("REASON", fold=True),
+        ],
+        [(e.id, _when(e.parked_at), e.attempts, " ".join(e.uris), e.reason) for e in events],
+        empty="no parked events",
+    )
 
 
 @parked_app.command("replay")
@@ -133,16 +179,14 @@ def parked_replay(
     ctx: typer.Context,
     ids: Annotated[list[str] | None, typer.Argument(help="Parked event ids (from 'vidx parked list').")] = None,
     replay_all: Annotated[bool, typer.Option("--all", help="Replay every parked event.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Hand parked events to the router again (after fixing their cause) and remove them from the parked queue."""
+    settings = settings_of(ctx)
     with errors():
-        if bool(ids) == replay_all:
-            raise InvalidInput("name parked event ids or pass --all (not both)")
-        report = ParkedQueue(settings_of(ctx).amqp).replay(None if replay_all else ids)
+        _ids_or_all(ids, replay_all, "parked event ids")
+    with errors(rabbitmq(settings)):
+        report = ParkedQueue(settings.amqp).replay(None if replay_all else ids)
         missing = sorted(set(ids or []) - {event.id for event in report.replayed})
-    for event in report.replayed:
-        typer.echo(f"replayed {event.id}  {' '.join(event.uris) or '-'}")
-    typer.echo(f"{len(report.replayed)} replayed, {report.remaining} left in the parked queue")
-    if missing:
-        typer.echo(f"vidx: not found: {', '.join(missing)}", err=True)
-        raise typer.Exit(1)
+    replayed = [{"id": event.id, "uris": list(event.uris)} for event in report.replayed]
+    _replayed(replayed, report.remaining, missing, "parked queue", as_json)

@@ -88,9 +88,7 @@ class Site:
 
 
 @pytest.fixture(scope="module")
-def site(
-    services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Site]:
+def site(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     from playwright.sync_api import sync_playwright
 
     api_key, admin_key = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
@@ -235,4 +233,6 @@ def test_the_page_is_public_but_nothing_it_shows_is(site: Site) -> None:
     assert site.http.get("/v1/videos").status_code == 401
     buf = io.BytesIO()
     Image.fromarray(frame_at(2, 701)).save(buf, format="PNG")
-    assert site.http.post("/v1/search/image", files={"image": ("q.png", buf.getvalue(), "image/png")}).status_code == 401
+    assert (
+        site.http.post("/v1/search/image", files={"image": ("q.png", buf.getvalue(), "image/png")}).status_code == 401
+    )

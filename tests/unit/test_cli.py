@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import stat
 from pathlib import Path
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 
 from events.config import AmqpSettings
 from pipeline.cli import app
+from tests.unit.cli_fakes import services_reachable
 
 COMMANDS = ["up", "down", "status", "upload", "search", "videos", "index", "tiny-model", "wait"]
 
@@ -85,7 +87,8 @@ def test_status_of_stopped_stack(offline: Path) -> None:
 def test_status_table(offline: Path) -> None:
     result = CliRunner().invoke(app, ["status"])
     assert result.exit_code == 0
-    rows = result.stdout.strip().splitlines()
+    header, *rows = result.stdout.strip().splitlines()
+    assert header.split() == ["COMPONENT", "STATE", "DETAIL"]
     assert len(rows) == 5 and all(" stopped " in row for row in rows[:4])
     assert rows[4].startswith("check ") and "unknown" in rows[4]
 
@@ -227,7 +230,7 @@ def test_a_refused_key_is_one_line_that_says_what_to_set(offline: Path, monkeypa
     result = CliRunner().invoke(app, ["videos"])
     assert result.exit_code == 1
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "(401)" in lines[0] and "VIDX_API_KEY" in lines[0], result.stderr
+    assert len(lines) == 1 and "(401: " in lines[0] and "VIDX_API_KEY" in lines[0], result.stderr
 
 
 # -- vidx parked list|replay (the sub-app, over a stand-in broker) ---------------------------------------
@@ -246,6 +249,7 @@ def parked_broker(offline: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     from tests.unit.test_parked import VIDEO, FakeChannel, patch_broker
 
     broker = patch_broker(monkeypatch)
+    services_reachable(monkeypatch)  # the stand-in broker answers; nothing listens on the port
     queue = AmqpSettings().parked_queue
     park(FakeChannel(broker), queue, b"\xffnot json", "not JSON: Expecting value", 1)
     park(FakeChannel(broker), queue, VIDEO, "gave up after 5 attempts: task queue unavailable", 5)
@@ -258,10 +262,12 @@ def test_parked_list_shows_each_event_with_its_reason(parked_broker: Any) -> Non
 
     result = _parked(["list"])
     assert result.exit_code == 0, result.output
-    first, second = result.stdout.strip().splitlines()
-    assert first.startswith(parked_id(b"\xffnot json")) and "1 attempts  -  not JSON: Expecting value" in first
+    header, first, second = result.stdout.strip().splitlines()
+    assert header.split() == ["ID", "PARKED", "AT", "ATTEMPTS", "OBJECTS", "REASON"]
+    assert first.startswith(parked_id(b"\xffnot json"))
+    assert first.split()[3:] == ["1", "-", "not", "JSON:", "Expecting", "value"]
     assert second.startswith(parked_id(VIDEO))
-    assert "5 attempts  s3://videos/clips/a b.mp4  gave up after 5 attempts: task queue unavailable" in second
+    assert second.endswith("5  s3://videos/clips/a b.mp4  gave up after 5 attempts: task queue unavailable")
     listed = json.loads(_parked(["list", "--json"]).stdout)
     assert [e["attempts"] for e in listed] == [1, 5] and listed[1]["uris"] == ["s3://videos/clips/a b.mp4"]
     assert len(parked_broker.queues[AmqpSettings().parked_queue]) == 2  # listing changed nothing
@@ -291,4 +297,7 @@ def test_parked_replay_needs_ids_or_all_not_both(offline: Path) -> None:
 def test_parked_list_without_a_broker_fails_in_one_line(offline: Path) -> None:
     result = _parked(["list"])
     assert result.exit_code == 1
-    assert result.stderr.strip().splitlines() == ["vidx: parked queue unreachable: AMQPConnectionError"]
+    port = AmqpSettings.model_validate({"url": os.environ["VIDX_AMQP__URL"]}).url.get_secret_value().rsplit(":", 1)[1]
+    assert result.stderr.strip().splitlines() == [
+        f"vidx: RabbitMQ is not reachable at 127.0.0.1:{port.split('/')[0]} — run `vidx up`, or set VIDX_AMQP__URL"
+    ]
