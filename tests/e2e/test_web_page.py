@@ -105,9 +105,10 @@ def site(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.Temp
         minio = services.minio_client()
         for name, seed in SEEDS.items():
             minio.fput_object(site.bucket, name, str(write_video(media / name, seconds=10, seed=seed)))
-        for name in SEEDS:
-            vid = video_id(site.bucket, name)
-            eventually(lambda vid=vid: site.status(vid) == "indexed", f"{name} to be indexed", INDEX_TIMEOUT_S)
+        ids = [video_id(site.bucket, name) for name in SEEDS]
+        eventually(
+            lambda: all(site.status(v) == "indexed" for v in ids), "the sample videos to be indexed", INDEX_TIMEOUT_S
+        )
         try:
             yield site
         finally:
