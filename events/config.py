@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import posixpath
+
 from pydantic import BaseModel, Field, SecretStr
 
 
@@ -69,3 +71,10 @@ class VideoFilterSettings(BaseModel):
         ]
     )
     content_type_prefixes: list[str] = Field(default_factory=lambda: ["video/"])
+
+    def matches(self, key: str, content_type: str | None) -> bool:
+        """Whether an object with this key and content type counts as a video."""
+        suffix = posixpath.splitext(key)[1].lower()
+        if suffix in {e.lower() for e in self.extensions}:
+            return True
+        return any((content_type or "").lower().startswith(p) for p in self.content_type_prefixes)

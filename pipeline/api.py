@@ -407,7 +407,7 @@ def create_app(
         """What the app knows of itself: the scheduled check's last round."""
         return {"check": await check_state() if check_state is not None else None}
 
-    app.include_router(web_router(settings, links or S3Links(settings.s3)))
+    app.include_router(web_router(settings, links or S3Links(settings.s3), store))
     if admin is not None:
         app.include_router(admin)
     return app

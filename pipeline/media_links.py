@@ -14,6 +14,7 @@ import base64
 import hashlib
 import hmac
 import math
+import mimetypes
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 
 #: Expiries are multiples of this: links minted within one step are the same link.
 EXPIRY_STEP_S = 60
+#: Longest ``exp`` accepted (Unix seconds have 10 digits until 2286).
+MAX_EXP_DIGITS = 12
 #: What the derived key is for (a key derived from the API keys signs nothing else).
 _KEY_CONTEXT = b"vidx media links v1"
 
@@ -67,7 +70,8 @@ class MediaSigner:
         now_s = time.time() if now_s is None else now_s
         params = {k: v for k, v in query.items() if k not in ("exp", "sig")}
         exp, sig = query.get("exp", ""), query.get("sig", "")
-        if not exp.isdigit() or not sig or int(exp) < now_s:
+        # isdigit alone lets other scripts' digits through ("²"), which int() refuses.
+        if not (exp.isascii() and exp.isdigit() and len(exp) <= MAX_EXP_DIGITS) or not sig or int(exp) < now_s:
             return False
         # A link can't be made to outlive what the server would mint (a leaked key aside).
         if int(exp) > now_s + self.ttl_s + EXPIRY_STEP_S:
@@ -104,10 +108,15 @@ class S3Links:
         return self._store
 
     async def presign_get(self, bucket: str, key: str) -> str:
-        return await (await self._signer()).presign_get(bucket, key, self._s3.presign_ttl_s)
+        """A playback link; the store answers with a video type guessed from the key (or
+        ``application/octet-stream``), never a type an uploader chose, such as ``text/html``."""
+        guessed = mimetypes.guess_type(key)[0] or ""
+        content_type = guessed if guessed.startswith("video/") else "application/octet-stream"
+        return await (await self._signer()).presign_get(bucket, key, self._s3.presign_ttl_s, content_type)
 
-    async def presign_put(self, bucket: str, key: str, content_type: str) -> str:
-        return await (await self._signer()).presign_put(bucket, key, self._s3.presign_ttl_s, content_type)
+    async def presign_put(self, bucket: str, key: str, content_type: str, size_bytes: int) -> str:
+        signer = await self._signer()
+        return await signer.presign_put(bucket, key, self._s3.presign_ttl_s, content_type, size_bytes)
 
     async def aclose(self) -> None:
         """Close the signing client (it is reopened if used again)."""

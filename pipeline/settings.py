@@ -314,7 +314,8 @@ class Settings(BaseSettings):
 
     @property
     def api_url(self) -> str:
-        return f"http://{self.serve.host}:{self.serve.port}"
+        """Where clients reach the app: its host, port and route prefix (no trailing slash)."""
+        return f"http://{self.serve.host}:{self.serve.port}{self.serve.route_prefix.rstrip('/')}"
 
     @property
     def celery_backend_url(self) -> str:

@@ -7,8 +7,11 @@ starts from the bucket event, exactly as for any other client.
 
 from __future__ import annotations
 
+import asyncio
 import posixpath
 import re
+import unicodedata
+from datetime import datetime
 from importlib import resources
 from urllib.parse import urlsplit
 
@@ -16,11 +19,11 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
-from events.config import VideoFilterSettings
 from pipeline.media_links import S3Links
 from pipeline.settings import Settings
 from storage.errors import InvalidInput, LimitExceeded
 from storage.ids import video_id
+from storage.tables import IndexStore
 
 #: The page's files and their media types: nothing else under /ui/ is served.
 ASSETS = {
@@ -32,12 +35,14 @@ PAGE_PATHS = frozenset({"/", "/index.html"})
 ASSET_PREFIX = "/ui/"
 #: Longest object key an upload may choose (S3's own limit is 1024 bytes).
 MAX_KEY_BYTES = 1024
-_UNSAFE_KEY_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
+#: Content types an upload may declare (it is signed into the PUT and stored with the object).
+UPLOAD_CONTENT_TYPE = re.compile(r"video/[A-Za-z0-9][A-Za-z0-9.+-]*|application/octet-stream")
 
 
 def is_page_path(path: str) -> bool:
-    """The page and its assets: served without a key (they hold no data; the page asks for one)."""
-    return path in PAGE_PATHS or (path.startswith(ASSET_PREFIX) and path[len(ASSET_PREFIX) :] in ASSETS)
+    """The page and its assets: served without a key (they hold no data; the page asks for one).
+    ``""`` is the app's mount point without its slash (a route prefix such as ``/vidx``)."""
+    return path in PAGE_PATHS or path == "" or (path.startswith(ASSET_PREFIX) and path[len(ASSET_PREFIX) :] in ASSETS)
 
 
 class UploadRequest(BaseModel):
@@ -54,30 +59,25 @@ class UploadLink(BaseModel):
     method: str
     headers: dict[str, str]
     expires_in_s: int
+    #: ``updated_at`` of the video's record when the link was made (None: no record): an upload
+    #: over an existing object is settled only by a newer record.
+    previous_updated_at: datetime | None
 
 
 def upload_key(name: str) -> str:
     """The object key for an uploaded file: its base name (a browser sends no directories).
 
     Raises:
-        InvalidInput: empty, a control character, or longer than ``MAX_KEY_BYTES``.
+        InvalidInput: empty, a control or format character (bidi overrides), or over ``MAX_KEY_BYTES``.
     """
     base = posixpath.basename(name.replace("\\", "/")).strip()
     if not base or base in (".", ".."):
         raise InvalidInput("name must be a file name")
-    if _UNSAFE_KEY_CHARS.search(base):
-        raise InvalidInput("name must not contain control characters or backslashes")
+    if any(unicodedata.category(c) in ("Cc", "Cf") for c in base):
+        raise InvalidInput("name must not contain control or format characters")
     if len(base.encode()) > MAX_KEY_BYTES:
         raise InvalidInput(f"name exceeds {MAX_KEY_BYTES} bytes")
     return base
-
-
-def counts_as_video(key: str, content_type: str, videos: VideoFilterSettings) -> bool:
-    """The event router's own test (``events.router.is_video``) on what an upload will create."""
-    suffix = posixpath.splitext(key)[1].lower()
-    if suffix in {e.lower() for e in videos.extensions}:
-        return True
-    return any(content_type.lower().startswith(p) for p in videos.content_type_prefixes)
 
 
 def _origin(url: str) -> str:
@@ -91,13 +91,14 @@ def content_security_policy(settings: Settings) -> str:
     return "; ".join(
         [
             "default-src 'self'",
-            "img-src 'self' data: blob:",
+            "img-src 'self' data:",
             f"media-src 'self' {s3}",
             f"connect-src 'self' {s3}",
             "style-src 'self'",
             "script-src 'self'",
             "object-src 'none'",
             "base-uri 'none'",
+            "form-action 'self'",
             "frame-ancestors 'none'",
         ]
     )
@@ -107,7 +108,7 @@ def _read(name: str) -> bytes:
     return resources.files("pipeline").joinpath("webui", name).read_bytes()
 
 
-def web_router(settings: Settings, links: S3Links) -> APIRouter:
+def web_router(settings: Settings, links: S3Links, store: IndexStore) -> APIRouter:
     """The page, its assets and ``POST /v1/uploads`` (a user key, like any other API call)."""
     router = APIRouter()
     csp = content_security_policy(settings)
@@ -137,17 +138,22 @@ def web_router(settings: Settings, links: S3Links) -> APIRouter:
         if body.size_bytes > settings.limits.max_bytes:
             raise LimitExceeded(f"file exceeds max bytes {settings.limits.max_bytes}")
         content_type = body.content_type.strip() or "application/octet-stream"
-        if not counts_as_video(key, content_type, settings.videos):
+        if not UPLOAD_CONTENT_TYPE.fullmatch(content_type):
+            raise InvalidInput("content_type must be video/* or application/octet-stream")
+        if not settings.videos.matches(key, content_type):
             raise InvalidInput(f"not a video by name or type: {key!r} ({content_type}); see VIDX_VIDEOS__EXTENSIONS")
         bucket = settings.s3.upload_bucket
-        url = await links.presign_put(bucket, key, content_type)
+        vid = video_id(bucket, key)
+        previous = await asyncio.to_thread(store.catalog.get, vid)
+        url = await links.presign_put(bucket, key, content_type, body.size_bytes)
         return UploadLink(
             uri=f"s3://{bucket}/{key}",
-            video_id=video_id(bucket, key),
+            video_id=vid,
             url=url,
             method="PUT",
             headers={"Content-Type": content_type},
             expires_in_s=links.ttl_s,
+            previous_updated_at=previous.updated_at if previous else None,
         )
 
     return router

@@ -168,18 +168,22 @@ class ObjectStore:
             raise convert_error(exc, what) from exc
         return written
 
-    async def presign_get(self, bucket: str, key: str, ttl_s: int) -> str:
-        """A short-lived GET link for one object (signed locally: no request is made)."""
-        url: str = await self._client.generate_presigned_url(
-            "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=ttl_s
-        )
+    async def presign_get(self, bucket: str, key: str, ttl_s: int, content_type: str | None = None) -> str:
+        """A short-lived GET link for one object (signed locally: no request is made); with
+        ``content_type`` the store answers with that type whatever the object was stored with."""
+        params = {"Bucket": bucket, "Key": key}
+        if content_type is not None:
+            params["ResponseContentType"] = content_type
+        url: str = await self._client.generate_presigned_url("get_object", Params=params, ExpiresIn=ttl_s)
         return url
 
-    async def presign_put(self, bucket: str, key: str, ttl_s: int, content_type: str) -> str:
-        """A short-lived PUT link for one object; the uploader must send ``Content-Type: content_type``
-        (it is signed). Signed locally: no request is made."""
+    async def presign_put(self, bucket: str, key: str, ttl_s: int, content_type: str, size_bytes: int) -> str:
+        """A short-lived PUT link for one object of exactly ``size_bytes``, sent with ``Content-Type:
+        content_type`` (both are signed: the store refuses any other). Signed locally: no request."""
         url: str = await self._client.generate_presigned_url(
-            "put_object", Params={"Bucket": bucket, "Key": key, "ContentType": content_type}, ExpiresIn=ttl_s
+            "put_object",
+            Params={"Bucket": bucket, "Key": key, "ContentType": content_type, "ContentLength": size_bytes},
+            ExpiresIn=ttl_s,
         )
         return url
 

@@ -7,7 +7,15 @@ const KEY_STORAGE = "vidx.apiKey";
 const POLL_MS = 1000;
 // An upload is followed until it is settled, for at most this long.
 const UPLOAD_FOLLOW_MS = 15 * 60 * 1000;
+// A PUT that sends nothing for this long is abandoned.
+const UPLOAD_STALL_MS = 60 * 1000;
+// Files sent at once; the others wait their turn.
+const MAX_PARALLEL_UPLOADS = 3;
+// A re-upload of the very same content changes no record: after this long its record is the answer.
+const UNCHANGED_SETTLE_MS = 60 * 1000;
 const SETTLED = new Set(["indexed", "failed", "deleted"]);
+// Answers that mean "try again shortly": the API shedding load, or not reachable for a moment.
+const RETRYABLE = new Set([0, 502, 503, 504]);
 
 const $ = (sel) => document.querySelector(sel);
 const el = (tag, props = {}, ...children) => {
@@ -70,7 +78,7 @@ function reportError(err) {
 // -- formatting -------------------------------------------------------------------------------------
 
 function hms(seconds) {
-  const s = Math.max(0, seconds);
+  const s = Math.round(Math.max(0, seconds) * 10) / 10; // rounded first: 59.96 is 01:00.0, not 00:60.0
   const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), rest = s % 60;
   const mm = String(m).padStart(2, "0"), ss = rest.toFixed(1).padStart(4, "0");
   return h ? `${h}:${mm}:${ss}` : `${mm}:${ss}`;
@@ -123,17 +131,22 @@ function show(view) {
 
 // -- search -----------------------------------------------------------------------------------------
 
+// Each search gets a number; an answer is shown only if no later search was started meanwhile.
+let searches = 0;
+
 async function searchText(q) {
-  const k = $("#k").value;
-  renderResults(await api(`v1/search?q=${encodeURIComponent(q)}&k=${k}`), `“${q}”`);
+  const k = $("#k").value, mine = ++searches;
+  const response = await api(`v1/search?q=${encodeURIComponent(q)}&k=${k}`);
+  if (mine === searches) renderResults(response, `“${q}”`);
 }
 
 async function searchImage(file) {
   const form = new FormData();
   form.append("image", file, file.name || "image");
   $("#search-summary").textContent = "Searching by image…";
-  const k = $("#k").value;
-  renderResults(await api(`v1/search/image?k=${k}`, { method: "POST", body: form }), `image ${file.name || ""}`.trim());
+  const k = $("#k").value, mine = ++searches;
+  const response = await api(`v1/search/image?k=${k}`, { method: "POST", body: form });
+  if (mine === searches) renderResults(response, `image ${file.name || ""}`.trim());
 }
 
 function timeline(moment) {
@@ -186,13 +199,39 @@ function play(moment) {
 function putFile(link, file, onProgress) {
   return new Promise((resolve, reject) => {
     const xhr = new XMLHttpRequest();
+    let lastProgress = Date.now();
+    const stalled = setInterval(() => Date.now() - lastProgress > UPLOAD_STALL_MS && xhr.abort(), 1000);
+    const done = (fn) => (arg) => { clearInterval(stalled); fn(arg); };
     xhr.open(link.method, link.url);
     for (const [name, value] of Object.entries(link.headers)) xhr.setRequestHeader(name, value);
-    xhr.upload.onprogress = (e) => e.lengthComputable && onProgress(e.loaded / e.total);
-    xhr.onload = () => (xhr.status < 300 ? resolve() : reject(new Error(`the bucket refused the upload (${xhr.status})`)));
-    xhr.onerror = () => reject(new Error("the object store is not reachable from this browser (check VIDX_S3__PUBLIC_ENDPOINT_URL)"));
+    xhr.upload.onprogress = (e) => {
+      lastProgress = Date.now();
+      if (e.lengthComputable) onProgress(e.loaded / e.total);
+    };
+    xhr.onload = done(() => (xhr.status < 300 ? resolve() : reject(new Error(`the bucket refused the upload (${xhr.status})`))));
+    xhr.onerror = done(() => reject(new Error("the object store is not reachable from this browser (check VIDX_S3__PUBLIC_ENDPOINT_URL)")));
+    xhr.onabort = done(() => reject(new Error(`the upload sent nothing for ${UPLOAD_STALL_MS / 1000} s and was abandoned`)));
     xhr.send(file);
   });
+}
+
+// Uploads wait here for one of the MAX_PARALLEL_UPLOADS slots.
+const waiting = [];
+let sending = 0;
+
+function enqueueUpload(file) {
+  waiting.push(file);
+  pumpUploads();
+}
+
+function pumpUploads() {
+  while (sending < MAX_PARALLEL_UPLOADS && waiting.length) {
+    sending += 1;
+    upload(waiting.shift()).finally(() => {
+      sending -= 1;
+      pumpUploads();
+    });
+  }
 }
 
 async function upload(file) {
@@ -217,41 +256,49 @@ async function upload(file) {
     await putFile(link, file, (f) => (bar.value = f));
     bar.value = 1;
     set("uploaded", "waiting for the bucket event");
-    await follow(link.video_id, set);
+    await follow(link.video_id, link.previous_updated_at, set);
   } catch (err) {
     set("failed", err.message);
   }
 }
 
-async function follow(videoId, set) {
-  const deadline = Date.now() + UPLOAD_FOLLOW_MS;
+// Follows the video's record until this upload has settled it. With ``previous`` (the record's
+// updated_at when the upload began) only a newer record counts: an overwrite's old "indexed" is not its answer.
+async function follow(videoId, previous, set) {
+  const started = Date.now(), deadline = started + UPLOAD_FOLLOW_MS;
   while (Date.now() < deadline) {
     await new Promise((r) => setTimeout(r, POLL_MS));
     let video;
     try {
       video = await api(`v1/videos/${encodeURIComponent(videoId)}`);
     } catch (err) {
-      if (err.status === 404) continue; // the event has not reached the catalog yet
+      // 404: the event has not reached the catalog yet; a shed or unreachable API: ask again.
+      if (err.status === 404 || RETRYABLE.has(err.status)) continue;
       throw err;
     }
+    const changed = previous === null || video.updated_at !== previous;
+    if (!changed && Date.now() - started < UNCHANGED_SETTLE_MS) continue;
     const text = video.status === "indexed" ? `${video.frames} frames, ${hms(video.duration_s || 0)}` : video.error || "";
-    set(video.status, text);
+    set(video.status, changed ? text : `${text} (the same content was already indexed)`.trim());
     if (SETTLED.has(video.status)) {
       if (currentView() === "videos") loadVideos();
       return;
     }
   }
-  set("failed", "not settled within 15 minutes: see the Videos tab");
+  set("failed", `not settled within ${UPLOAD_FOLLOW_MS / 60000} minutes: see the Videos tab`);
 }
 
 // -- videos -----------------------------------------------------------------------------------------
 
+let videoListings = 0;
+
 async function loadVideos() {
-  const status = $("#status-filter").value;
+  const status = $("#status-filter").value, mine = ++videoListings;
   const { videos } = await api(`v1/videos?limit=500${status ? `&status=${status}` : ""}`).catch((err) => {
     reportError(err);
     return { videos: [] };
   });
+  if (mine !== videoListings) return; // a later listing (another filter) is on its way
   const body = $("#videos tbody");
   body.replaceChildren();
   for (const v of videos) {
@@ -335,7 +382,7 @@ document.addEventListener("DOMContentLoaded", () => {
     const item = [...(e.clipboardData?.items || [])].find((i) => i.type.startsWith("image/"));
     if (item && currentView() === "search") searchImage(item.getAsFile()).catch(reportError);
   });
-  dropZone($("#upload-drop"), $("#upload-file"), (files) => files.forEach(upload));
+  dropZone($("#upload-drop"), $("#upload-file"), (files) => files.forEach(enqueueUpload));
   $("#status-filter").addEventListener("change", loadVideos);
   $("#videos-refresh").addEventListener("click", loadVideos);
   $("#dlq-refresh").addEventListener("click", loadDeadLetters);

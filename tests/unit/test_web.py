@@ -3,16 +3,21 @@ thumbnail links, over the API's stand-ins (no Ray, no storage)."""
 
 from __future__ import annotations
 
+import asyncio
+from datetime import UTC, datetime
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from pipeline.media_links import EXPIRY_STEP_S, MediaSigner, derive_key, media_signer
+from pipeline.media_links import EXPIRY_STEP_S, MediaSigner, S3Links, derive_key, media_signer
 from pipeline.settings import Settings
 from pipeline.web import ASSETS, upload_key
+from storage.catalog import VideoRecord, VideoStatus
+from storage.config import S3Settings
 from storage.errors import InvalidInput
+from storage.ids import video_id
 from tests.unit.test_api import ADMIN_KEY, KEY, OTHER_KEY, bearer, client
 
 NOW = 1_800_000_000.0
@@ -99,11 +104,34 @@ def test_the_page_and_its_assets_load_without_a_key_and_nothing_else_under_ui(gu
     assert guarded.post("/").status_code == 401
 
 
-def test_the_page_never_writes_server_data_as_html() -> None:
+HTML_SINKS = (
+    "innerHTML",
+    "outerHTML",
+    "insertAdjacentHTML",
+    "document.write",
+    "srcdoc",
+    "DOMParser",
+    "createContextualFragment",
+    "eval(",
+    "new Function",
+    'setAttribute("href',
+)
+
+
+def test_app_js_uses_no_html_sinks() -> None:
     from importlib import resources
 
     script = resources.files("pipeline").joinpath("webui", "app.js").read_text()
-    assert "innerHTML" not in script and "insertAdjacentHTML" not in script and "document.write" not in script
+    assert [sink for sink in HTML_SINKS if sink in script] == []
+
+
+def test_under_a_route_prefix_the_mount_point_redirects_to_the_page(guarded: TestClient) -> None:
+    http = TestClient(guarded.app, root_path="/vidx", raise_server_exceptions=False)
+    bare = http.get("/vidx", follow_redirects=False)
+    assert bare.status_code == 307 and bare.headers["location"].endswith("/vidx/")
+    assert http.get("/vidx/").status_code == 200
+    assert http.get("/vidx/ui/app.js").status_code == 200
+    assert http.get("/vidx/v1/videos").status_code == 401
 
 
 # -- thumbnails -------------------------------------------------------------------------------------
@@ -122,6 +150,22 @@ def test_a_signed_thumbnail_link_opens_without_a_key_and_only_for_its_version(gu
     link = s.sign("/v1/frames/f1/thumbnail", {"v": "v1"})
     assert guarded.get("/v1/videos?" + urlsplit(link).query).status_code == 401
     assert guarded.get(link.replace("sig=", "sig=x")).status_code == 401
+    assert guarded.head(link).status_code == 405  # let through (not 401); the route answers GET only
+    assert guarded.post(link).status_code == 401
+    # A second value of a signed parameter: both the check and the route read the last one.
+    assert guarded.get(link + "&v=v0").status_code == 401
+    assert guarded.get(link + "&sig=" + query(link)["sig"]).status_code == 200
+    # The same link under the app's route prefix (Serve's root_path): signed below the mount point.
+    prefixed = TestClient(guarded.app, root_path="/vidx", raise_server_exceptions=False)
+    assert prefixed.get("/vidx" + link).status_code == 200
+
+
+@pytest.mark.parametrize("exp", ["²", "1" * 40, "-5", " 1"])
+def test_a_malformed_expiry_is_refused_not_an_error(guarded: TestClient, exp: str) -> None:
+    s = media_signer(Settings(api_keys=[SecretStr(KEY)], admin_key=SecretStr(ADMIN_KEY)))
+    q = {**query(s.sign("/v1/frames/f1/thumbnail", {"v": "v1"})), "exp": exp}
+    resp = guarded.get("/v1/frames/f1/thumbnail", params=q)
+    assert resp.status_code == 401, resp.text
 
 
 # -- uploads ----------------------------------------------------------------------------------------
@@ -138,17 +182,33 @@ def test_an_upload_link_is_a_presigned_put_into_the_upload_bucket(guarded: TestC
     url = urlsplit(link["url"])
     assert url.netloc == "127.0.0.1:9000" and url.path == "/videos/holiday%20clip.mp4"
     signed = query(link["url"])
-    assert "X-Amz-Signature" in signed and "content-type" in signed["X-Amz-SignedHeaders"]
-    assert signed["X-Amz-Expires"] == str(link["expires_in_s"])
+    # The store refuses a PUT of another type or size than the one checked here.
+    assert set(signed["X-Amz-SignedHeaders"].split(";")) == {"content-length", "content-type", "host"}
+    assert "X-Amz-Signature" in signed and signed["X-Amz-Expires"] == str(link["expires_in_s"])
+    assert link["previous_updated_at"] is None
+
+
+def test_an_upload_over_an_existing_video_names_the_record_it_replaces() -> None:
+    http, store, _, _ = client(api_keys=[KEY])
+    vid = video_id("videos", "a.mp4")
+    store.catalog.rows[vid] = VideoRecord(
+        video_id=vid, uri="s3://videos/a.mp4", status=VideoStatus.INDEXED, updated_at=datetime(2026, 1, 2, tzinfo=UTC)
+    )
+    body = {"name": "a.mp4", "size_bytes": 10, "content_type": "video/mp4"}
+    link = http.post("/v1/uploads", json=body, headers=bearer(KEY)).json()
+    assert link["video_id"] == vid and link["previous_updated_at"].startswith("2026-01-02T00:00:00")
 
 
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
-        ({"name": "notes.txt", "size_bytes": 10, "content_type": "text/plain"}, 400, "not a video"),
+        ({"name": "notes.txt", "size_bytes": 10, "content_type": "application/octet-stream"}, 400, "not a video"),
         ({"name": "huge.mp4", "size_bytes": 9 * 1024**3}, 413, "max bytes"),
         ({"name": "../", "size_bytes": 1}, 400, "file name"),
         ({"name": "a\x00.mp4", "size_bytes": 1}, 400, "control"),
+        ({"name": "evil\u202egpj.mp4", "size_bytes": 1}, 400, "format characters"),
+        ({"name": "a.mp4", "size_bytes": 1, "content_type": "text/html"}, 400, "content_type"),
+        ({"name": "a.mp4", "size_bytes": 1, "content_type": "video/mp4\r\nX-Evil: 1"}, 400, "content_type"),
         ({"name": "a.mp4", "size_bytes": -1}, 422, "size_bytes"),
     ],
 )
@@ -162,6 +222,20 @@ def test_an_upload_that_would_not_be_indexed_is_refused_with_its_reason(
 def test_a_file_with_an_unknown_suffix_but_a_video_type_is_accepted(guarded: TestClient) -> None:
     body = {"name": "capture.bin", "size_bytes": 10, "content_type": "video/quicktime"}
     assert guarded.post("/v1/uploads", json=body, headers=bearer(KEY)).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("key", "served_as"), [("a.mp4", "video/mp4"), ("b.webm", "video/webm"), ("c.html", "application/octet-stream")]
+)
+def test_a_playback_link_makes_the_store_answer_with_a_video_type(key: str, served_as: str) -> None:
+    async def link() -> str:
+        links = S3Links(S3Settings())
+        try:
+            return await links.presign_get("videos", key)
+        finally:
+            await links.aclose()
+
+    assert query(asyncio.run(link()))["response-content-type"] == served_as
 
 
 def test_upload_keys_are_base_names() -> None:
