@@ -125,14 +125,17 @@ class EventRouter:
         buckets: list[str],
         executor: concurrent.futures.Executor | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_count: Callable[[str, int], None] | None = None,
     ) -> None:
-        """``executor`` runs the submits (default: one worker thread per ``run``)."""
+        """``executor`` runs the submits (default: one worker thread per ``run``); ``on_count(kind, n)``
+        sees every count as it is made (the app's metrics)."""
         self._amqp = amqp
         self._videos = videos
         self._sink = sink
         self._buckets = set(buckets)
         self._executor = executor
         self._clock = clock
+        self._on_count = on_count
         self._stats: Counter[str] = Counter()
         self._stats_lock = threading.Lock()
         self._connected = threading.Event()
@@ -157,6 +160,8 @@ class EventRouter:
     def _count(self, kind: str, n: int = 1) -> None:
         with self._stats_lock:
             self._stats[kind] += n
+        if self._on_count is not None:
+            self._on_count(kind, n)
 
     # -- routing (any thread) ------------------------------------------------------------------------
 

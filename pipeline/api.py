@@ -13,12 +13,12 @@ import posixpath
 import re
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Annotated, Any, Protocol, TypeVar
+from typing import Annotated, Any, Protocol
 
 from fastapi import APIRouter, FastAPI, File, HTTPException, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.metrics_core import Metric
 from pydantic import BaseModel, SecretStr
 from starlette._utils import get_route_path
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from events.jobs import IndexJob, JobOp, JobSource
 from pipeline.media_links import S3Links, media_signer
+from pipeline.metrics_page import exposition
 from pipeline.search import SearchResponse, SearchService
 from pipeline.settings import Settings
 from pipeline.web import is_page_path, web_router
@@ -35,7 +36,6 @@ from storage.ids import parse_s3_uri, video_id
 from storage.tables import IndexStore
 
 log = logging.getLogger(__name__)
-_T = TypeVar("_T")
 
 
 class JobSubmitter(Protocol):
@@ -236,15 +236,6 @@ class Admission:
             self.in_flight -= 1
 
 
-async def _optional(what: str, call: Callable[[], Awaitable[_T]], default: _T) -> _T:
-    """``call()``, or ``default`` when it fails: a part of /metrics missing must not fail it all."""
-    try:
-        return await call()
-    except Exception:
-        log.warning("%s unavailable for /metrics", what, exc_info=True)
-        return default
-
-
 def create_app(
     settings: Settings,
     search: SearchService,
@@ -254,14 +245,16 @@ def create_app(
     admin: APIRouter | None = None,
     check_state: Callable[[], Awaitable[dict[str, Any]]] | None = None,
     replicas: Callable[[], Awaitable[dict[str, dict[str, int]]]] | None = None,
-    backlog: Callable[[], Awaitable[int | None]] | None = None,
+    queues: Callable[[], Awaitable[dict[str, int]]] | None = None,
+    recorded: Callable[[], Awaitable[list[Metric]]] | None = None,
     links: S3Links | None = None,
 ) -> FastAPI:
     """Build the API over its services (plain objects: testable without Ray). ``admin``: the
     ``/v1/admin`` routes (``pipeline.api_admin``), guarded by the admin key; ``check_state``: the
     scheduled check's last round (``/v1/status``, ``/metrics``); ``replicas``: replicas by
-    deployment and state, ``backlog``: tasks on the index queue (both ``/metrics``); ``links``: the
-    presigned-link signer for uploads (the search's, to share one client)."""
+    deployment and state, ``queues``: messages per queue role, ``recorded``: the metrics every
+    replica recorded (all three ``/metrics``); ``links``: the presigned-link signer for uploads
+    (the search's, to share one client)."""
     app = FastAPI(title="vidx", version="1", docs_url="/docs", redoc_url=None)
     keys = BearerKeys(settings.api_keys, settings.admin_key)
     limits = settings.limits
@@ -379,28 +372,8 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        registry = CollectorRegistry()
-        videos = Gauge("vidx_videos", "Videos in the catalog by status", ["status"], registry=registry)
-        for status_name, count in (await asyncio.to_thread(store.catalog.counts)).items():
-            videos.labels(status=status_name).set(count)
-        router = Gauge("vidx_router_events", "EventRouter counters since start", ["kind"], registry=registry)
-        for kind, count in (await stats()).items():
-            router.labels(kind=kind).set(count)
-        if check_state is not None:
-            check_metrics(registry, await check_state())
-        if replicas is not None:
-            counts = Gauge(
-                "vidx_serve_replicas", "Replicas by deployment and state", ["deployment", "state"], registry=registry
-            )
-            known: dict[str, dict[str, int]] = await _optional("replica counts", replicas, {})
-            for deployment, states in known.items():
-                for state, count in states.items():
-                    counts.labels(deployment=deployment, state=state).set(count)
-        depth = await _optional("queue depth", backlog, None) if backlog is not None else None
-        if depth is not None:
-            queue = Gauge("vidx_index_queue_messages", "Tasks on the index queue (ready + unacked)", registry=registry)
-            queue.set(depth)
-        return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
+        text = await exposition(stats, check_state, replicas, queues, recorded)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/status")
     async def status() -> dict[str, Any]:
@@ -411,27 +384,3 @@ def create_app(
     if admin is not None:
         app.include_router(admin)
     return app
-
-
-def check_metrics(registry: CollectorRegistry, state: dict[str, Any]) -> None:
-    """The scheduled check's state as gauges: rounds, and the last round's time and findings."""
-    Gauge("vidx_check_rounds", "Scheduled check rounds this worker ran", registry=registry).set(state.get("rounds", 0))
-    Gauge("vidx_check_leader", "1 while this worker holds the check lease", registry=registry).set(
-        1 if state.get("leader") else 0
-    )
-    last = state.get("last")
-    if not last:
-        return
-    started = datetime.fromisoformat(last["started_at"]).timestamp()
-    Gauge("vidx_check_last_run_timestamp_seconds", "When the last check round started", registry=registry).set(started)
-    found = Gauge(
-        "vidx_check_last_inconsistencies", "Inconsistencies the last round found", ["finding"], registry=registry
-    )
-    for finding, count in last["counts"].items():
-        found.labels(finding=finding).set(count)
-    Gauge("vidx_check_last_in_flight", "Videos queued/indexing within the grace", registry=registry).set(
-        last["in_flight"]
-    )
-    Gauge("vidx_check_last_submitted", "Repairing jobs the last round submitted", registry=registry).set(
-        last["submitted"]
-    )

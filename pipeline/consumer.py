@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from events.jobs import IndexJob
 from pipeline.deadletters import DeadLetter, FailureKind
 from pipeline.indexer import ConsumerKilled, JobResult
+from pipeline.metrics import FailureReason, Metrics, failure_reason
 from storage.errors import PermanentError, TransientError, VidxError
 
 log = logging.getLogger(__name__)
@@ -57,12 +58,16 @@ class TaskContext:
 
 
 class IndexTaskHandler:
-    """Runs index tasks; ``max_retries`` is the task queue's retry budget."""
+    """Runs index tasks; ``max_retries`` is the task queue's retry budget; ``metrics`` counts each
+    task's outcome, each failure's reason class and each dead letter."""
 
-    def __init__(self, runner: JobRunner, dead_letters: DeadLetterSink, max_retries: int) -> None:
+    def __init__(
+        self, runner: JobRunner, dead_letters: DeadLetterSink, max_retries: int, metrics: Metrics | None = None
+    ) -> None:
         self._runner = runner
         self._dead_letters = dead_letters
         self._max_retries = max_retries
+        self._metrics = metrics or Metrics()
         self._running = 0
         self._idle = threading.Condition()
 
@@ -74,9 +79,14 @@ class IndexTaskHandler:
         """
         with self._idle:
             self._running += 1
+        started = time.monotonic()
+        outcome = "retry"  # what a raise means: Celery runs the task again
         try:
-            return self._handle(payload, task)
+            answer = self._handle(payload, task)
+            outcome = str(answer.get("outcome", "unknown"))
+            return answer
         finally:
+            self._metrics.job(outcome, time.monotonic() - started)
             with self._idle:
                 self._running -= 1
                 self._idle.notify_all()
@@ -105,6 +115,7 @@ class IndexTaskHandler:
                     raw_job=repr(payload)[:2000],
                 )
             )
+            self._metrics.failed(FailureReason.MALFORMED_JOB, FailureKind.MALFORMED.value)
             log.warning("task %s dead-lettered: %s", task.task_id, reason)
             return {"outcome": "failed", "reason": reason}
         if task.redelivered:
@@ -114,8 +125,10 @@ class IndexTaskHandler:
         except PermanentError as exc:
             # Usually recorded already (decode, limits); not when the object store refused a HEAD.
             self._record_failure(job, exc.reason)
-            kind = FailureKind.CRASH_LOOP if isinstance(exc, ConsumerKilled) else FailureKind.PERMANENT
+            killed = isinstance(exc, ConsumerKilled)
+            kind = FailureKind.CRASH_LOOP if killed else FailureKind.PERMANENT
             self._dead_letter(job, task, kind, exc.reason)
+            self._metrics.failed(FailureReason.CRASH_LOOP if killed else failure_reason(exc), kind.value)
             return {"video_id": job.video_id, "outcome": "failed", "reason": exc.reason}
         except Exception as exc:
             cause = str(exc) if isinstance(exc, VidxError) else f"internal error ({type(exc).__name__})"
@@ -126,6 +139,7 @@ class IndexTaskHandler:
             reason = f"gave up after {attempt} attempts: {cause}"
             self._record_failure(job, reason)
             self._dead_letter(job, task, FailureKind.EXHAUSTED, reason)
+            self._metrics.failed(failure_reason(exc), FailureKind.EXHAUSTED.value)
             return {"video_id": job.video_id, "outcome": "failed", "reason": reason}
         return {
             "video_id": result.video_id,

@@ -23,7 +23,8 @@ from ray.serve.task_consumer import task_consumer, task_handler
 from events.jobs import INDEX_TASK
 from pipeline.autoscale import replica_options
 from pipeline.catalog_writes import CatalogWriter
-from pipeline.replica_logs import route_logs_to_replica
+from pipeline.metrics import Metrics, RayBackend
+from pipeline.replica_logs import logging_config, route_logs_to_replica
 from pipeline.settings import ModelSettings, Settings
 from pipeline.taskqueue import CeleryJobSink, queueing_sink, task_processor_config
 from storage.errors import EncoderUnavailable
@@ -49,7 +50,7 @@ class Encoder:
         from pipeline.embed import SiglipEncoder  # torch is imported only where the model runs
 
         route_logs_to_replica()
-
+        self._metrics = Metrics(RayBackend())
         self._encoder = SiglipEncoder(model)
         batched: list[tuple[Any, int]] = [
             (self.embed_image, model.max_batch_size),
@@ -67,16 +68,20 @@ class Encoder:
     async def embed_chunk(self, chunks: list[list[NDArray[np.uint8]]]) -> list[NDArray[np.float32]]:
         """Whole chunks of frames, one per caller: one run over all their frames (the encoder cuts
         it into batches of ``max_batch_size``), each caller gets its own rows back in order."""
-        vectors = await asyncio.to_thread(self._encoder.embed_images, [frame for chunk in chunks for frame in chunk])
+        frames = [frame for chunk in chunks for frame in chunk]
+        self._metrics.encoder_batch("frames", len(frames))
+        vectors = await asyncio.to_thread(self._encoder.embed_images, frames)
         return split_rows(vectors, [len(chunk) for chunk in chunks])
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.02)
     async def embed_image(self, images: list[NDArray[np.uint8]]) -> list[NDArray[np.float32]]:
+        self._metrics.encoder_batch("image", len(images))
         vectors = await asyncio.to_thread(self._encoder.embed_images, images)
         return list(vectors)
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.02)
     async def embed_text(self, texts: list[str]) -> list[NDArray[np.float32]]:
+        self._metrics.encoder_batch("text", len(texts))
         vectors = await asyncio.to_thread(self._encoder.embed_texts, texts)
         return list(vectors)
 
@@ -179,6 +184,7 @@ def consumer_deployment(settings: Settings, num_gpus: float = 0.0) -> Any:
         # Room for __del__ to drain the running tasks (Celery's warm shutdown stops new ones first).
         graceful_shutdown_timeout_s=settings.serve.drain_timeout_s + SHUTDOWN_MARGIN_S,
         ray_actor_options={"num_cpus": settings.serve.consumer_num_cpus, "num_gpus": num_gpus},
+        logging_config=logging_config(settings.serve.log_encoding),
         **replica_options(settings, "IndexConsumer"),
     )
     @task_consumer(task_processor_config=task_processor_config(settings))
@@ -195,6 +201,7 @@ def consumer_deployment(settings: Settings, num_gpus: float = 0.0) -> Any:
             from storage.writer import GroupedFrameWriter
 
             route_logs_to_replica()
+            metrics = Metrics(RayBackend())
             store = IndexStore(settings.s3)
             # The Celery threads of this replica share frame commits; each task is acked only after
             # the commit holding its rows.
@@ -222,9 +229,10 @@ def consumer_deployment(settings: Settings, num_gpus: float = 0.0) -> Any:
                 catalog_writes=HandleCatalogWrites(catalog_writer) if catalog_writer is not None else None,
                 holder=process_holder(),
                 holder_alive=holder_alive,
+                metrics=metrics,
             )
             dead_letters = DeadLetterQueue(settings.amqp.url.get_secret_value(), settings.serve.failed_queue)
-            self._handler = IndexTaskHandler(indexer, dead_letters, settings.serve.max_retries)
+            self._handler = IndexTaskHandler(indexer, dead_letters, settings.serve.max_retries, metrics)
             self._drain_timeout_s = settings.serve.drain_timeout_s
 
         def __del__(self) -> None:
@@ -263,7 +271,14 @@ class EventRouterDeployment:
         from storage.tables import IndexStore
 
         route_logs_to_replica()
-        self._router = EventRouter(settings.amqp, settings.videos, CeleryJobSink(settings), buckets=settings.s3.buckets)
+        metrics = Metrics(RayBackend())
+        self._router = EventRouter(
+            settings.amqp,
+            settings.videos,
+            CeleryJobSink(settings),
+            buckets=settings.s3.buckets,
+            on_count=metrics.bucket_event,
+        )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._router.run, args=(self._stop,), name="event-router", daemon=True)
         self._thread.start()
@@ -284,6 +299,7 @@ class EventRouterDeployment:
             objects_per_round=c.objects_per_round,
             lease_ttl_s=c.lease_ttl_s,
             repair=c.repair,
+            metrics=metrics,
         )
         self._check_stop = threading.Event()
         if c.interval_s > 0:
@@ -320,7 +336,12 @@ class Api:
         route_logs_to_replica()
         self._settings = settings
         self._store = IndexStore(settings.s3)
-        self._search = SearchService(settings, self._store, HandleQueryEncoder(encoder, settings.model.query_timeout_s))
+        self._search = SearchService(
+            settings,
+            self._store,
+            HandleQueryEncoder(encoder, settings.model.query_timeout_s),
+            metrics=Metrics(RayBackend()),
+        )
         from storage.catalog_writer import GroupedCatalogWriter
 
         # POST /v1/index answers once the broker has the job: its `queued` mark is made on a thread
@@ -337,10 +358,17 @@ class Api:
         self._consumer = consumer
         from pipeline.autoscale import management_queue_depth
 
-        a = settings.amqp
-        self._queue_depth = management_queue_depth(
-            a.url.get_secret_value(), a.management_url, settings.serve.index_queue, settings.serve.stats_timeout_s
-        )
+        a, s = settings.amqp, settings.serve
+        queues = {"events": a.events_queue, "index": s.index_queue, "failed": s.failed_queue, "parked": a.parked_queue}
+        readers = {
+            role: management_queue_depth(a.url.get_secret_value(), a.management_url, name, s.stats_timeout_s)
+            for role, name in queues.items()
+        }
+        from pipeline.metrics_scrape import NodeMetrics, QueueDepths, ray_node_endpoints
+
+        self._queues = QueueDepths(readers, s.stats_timeout_s)
+
+        self._node_metrics = NodeMetrics(ray_node_endpoints, s.metrics_node_timeout_s)
 
     async def _replicas(self) -> dict[str, dict[str, int]]:
         """Replicas of each deployment of this app by state (``serve.status()``); {} when unknown."""
@@ -354,14 +382,6 @@ class Api:
         return {
             d: {str(getattr(k, "value", k)): n for k, n in o.replica_states.items()} for d, o in deployments.items()
         }
-
-    async def _backlog(self) -> int | None:
-        """Tasks on the index queue (ready + unacked); None when the management API doesn't answer."""
-        try:
-            return await asyncio.wait_for(asyncio.to_thread(self._queue_depth), self._settings.serve.stats_timeout_s)
-        except Exception as exc:  # never the exception text: only its kind (it names no credentials anyway)
-            log.warning("index queue depth unavailable: %s", type(exc).__name__)
-            return None
 
     async def _stats(self) -> dict[str, Any]:
         try:
@@ -408,7 +428,8 @@ class Api:
             admin,
             self._check_state,
             replicas=self._replicas,
-            backlog=self._backlog,
+            queues=self._queues,
+            recorded=self._node_metrics.families if settings.serve.metrics_from_nodes else None,
             links=self._search.links,
         )
 
@@ -418,20 +439,22 @@ def build_app(settings: Settings) -> Any:
     from ray.serve.config import BackpressureConfig
 
     s = settings.serve
+    logs = logging_config(s.log_encoding)
     encoder_gpus, consumer_gpus = gpu_shares(settings, _cluster_has_gpu())
     # serve.deployment returns a Deployment; its decorators are untyped, hence the ignores.
     encoder = Encoder.options(  # type: ignore[attr-defined]
         ray_actor_options={"num_cpus": s.encoder_num_cpus, "num_gpus": encoder_gpus},
+        logging_config=logs,
         **replica_options(settings, "Encoder"),
     ).bind(settings.model)
     catalog_writer = (
-        CatalogWriter.options(ray_actor_options={"num_cpus": s.router_num_cpus}).bind(settings)  # type: ignore[attr-defined]
+        CatalogWriter.options(ray_actor_options={"num_cpus": s.router_num_cpus}, logging_config=logs).bind(settings)  # type: ignore[attr-defined]
         if settings.writer.catalog_grouped
         else None
     )
     consumer = consumer_deployment(settings, consumer_gpus).bind(settings, encoder, catalog_writer)
     router = EventRouterDeployment.options(  # type: ignore[attr-defined]
-        ray_actor_options={"num_cpus": s.router_num_cpus}
+        ray_actor_options={"num_cpus": s.router_num_cpus}, logging_config=logs
     ).bind(settings)
     # Past max_queued_requests the proxy answers 503 itself; the app sheds earlier (api_max_in_flight).
     api = Api.options(  # type: ignore[attr-defined]
@@ -439,5 +462,6 @@ def build_app(settings: Settings) -> Any:
         max_ongoing_requests=s.api_max_ongoing_requests,
         max_queued_requests=s.api_max_queued_requests,
         backpressure_config=BackpressureConfig(status_code=503, retry_after_s=s.retry_after_s),
+        logging_config=logs,
     )
     return api.bind(settings, encoder, router, consumer)

@@ -21,6 +21,8 @@ from numpy.typing import NDArray
 
 from events.jobs import IndexJob, JobOp
 from pipeline.decode import open_sampled
+from pipeline.joblog import log_job
+from pipeline.metrics import Metrics
 from pipeline.objects import ObjectSource, S3ObjectSource
 from pipeline.settings import Settings
 from pipeline.stages import StageClock, chunks, thumbnail_jpeg
@@ -110,12 +112,14 @@ class Indexer:
         holder: str = "local",
         holder_alive: Callable[[str], bool] = lambda holder: True,
         hooks: StepHook = _no_hook,
+        metrics: Metrics | None = None,
     ) -> None:
         """``writer`` replaces a video's frames (a ``GroupedFrameWriter`` shares commits between the
         jobs of one process); by default the frames table itself, one commit per video;
         ``catalog_writes`` takes the catalog's writes (by default one commit each). ``holder``
         names this consumer process in the started-marker; ``holder_alive`` tells whether another
-        holder's process still runs (a claim it left behind while dead counts as a crash)."""
+        holder's process still runs (a claim it left behind while dead counts as a crash); ``metrics``
+        gets each job's stage times and the frames embedded."""
         self._settings = settings
         self._embedder = embedder
         self._store = store or IndexStore(settings.s3)
@@ -127,6 +131,7 @@ class Indexer:
         self._holder = holder
         self._holder_alive = holder_alive
         self._hooks = hooks
+        self._metrics = metrics or Metrics()
         s = settings.serve
         self._cpu_slots = threading.BoundedSemaphore(s.consumer_cpu_slots or s.consumer_concurrency)
 
@@ -159,19 +164,14 @@ class Indexer:
                 break
             else:
                 raise TransientError(f"{job.uri} kept changing under the job ({MAX_CONVERGE_ROUNDS} rounds)")
-        except Exception:
+        except Exception as exc:
             if dirty.rows_changed:
                 self._unsettle(job)
+            self._metrics.stages(clock.seconds)
+            log_job(job, task_id, clock, time.monotonic() - started, error=exc)
             raise
-        log.info(
-            "job %s %s -> %s (%d frames) in %.2fs: %s",
-            job.op.value,
-            job.uri,
-            result.outcome.value,
-            result.frames,
-            time.monotonic() - started,
-            clock.summary(),
-        )
+        self._metrics.stages(clock.seconds)
+        log_job(job, task_id, clock, time.monotonic() - started, outcome=result.outcome.value, frames=result.frames)
         return replace(result, stages=dict(clock.seconds))
 
     def record_failure(self, job: IndexJob, reason: str, version: str | None = None) -> None:
@@ -393,6 +393,7 @@ class Indexer:
         for chunk in chunks(frames, settings.sampling.embed_chunk):
             with clock.stage("embed"):
                 vectors = self._embedder.embed_images([f.rgb for f in chunk])
+            self._metrics.frames_embedded(len(chunk))
             with clock.stage("thumbnails"):
                 rows.extend(
                     FrameRow(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 #: vidx's own loggers: their INFO lines (one per job, with outcome and stage times) belong in the logs.
 PACKAGE_LOGGERS = ("pipeline", "events", "storage")
@@ -19,3 +20,11 @@ def route_logs_to_replica(level: int = logging.INFO) -> None:
             if handler not in logger.handlers:
                 logger.addHandler(handler)
         logger.propagate = not serve_logger.handlers
+
+
+def logging_config(encoding: str) -> Any:
+    """Ray Serve's ``LoggingConfig`` of every vidx deployment: ``encoding`` ``JSON`` writes each line
+    as one JSON object, with the fields a line was logged with (``extra``) as keys."""
+    from ray.serve.schema import LoggingConfig
+
+    return LoggingConfig(encoding=encoding)

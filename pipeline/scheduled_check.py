@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.check import Checker, CheckReport
+from pipeline.metrics import Metrics
 from storage.leases import Leases
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class ScheduledCheck:
         lease_ttl_s: float,
         repair: bool,
         clock: Callable[[], float] = time.time,
+        metrics: Metrics | None = None,
     ) -> None:
         self._checker = checker
         self._leases = leases
@@ -80,6 +82,7 @@ class ScheduledCheck:
         self._ttl_s = lease_ttl_s
         self._repair = repair
         self._clock = clock
+        self._metrics = metrics or Metrics()
         self._holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._resume: tuple[str, str] | None = None
         self._lock = threading.Lock()
@@ -115,6 +118,7 @@ class ScheduledCheck:
         report.submitted += stuck.submitted
         with self._lock:
             self._state = CheckState(self._state.rounds + 1, report, None, leader=True)
+        self._metrics.reconcile_round({k.value: n for k, n in report.counts.items()}, report.submitted)
         if report.inconsistencies:
             log.warning("scheduled check: %s", report.summary())
         return report

@@ -13,6 +13,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from pydantic import BaseModel
 
 from pipeline.media_links import MediaSigner, S3Links, media_signer
+from pipeline.metrics import Metrics
 from pipeline.moments import FrameHit, merge_moments
 from pipeline.settings import Settings
 from storage.errors import InvalidInput, LimitExceeded
@@ -82,9 +83,15 @@ class SearchService:
     """Searches the frames table and shapes results as moments with playable links."""
 
     def __init__(
-        self, settings: Settings, store: IndexStore, encoder: QueryEncoder, links: S3Links | None = None
+        self,
+        settings: Settings,
+        store: IndexStore,
+        encoder: QueryEncoder,
+        links: S3Links | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._settings = settings
+        self._metrics = metrics or Metrics()
         self._store = store
         self._encoder = encoder
         self.links = links or S3Links(settings.s3)
@@ -108,7 +115,9 @@ class SearchService:
             raise LimitExceeded(f"q exceeds max length {self._settings.limits.max_query_chars}")
         k = self.check_k(k)
         vector = await self._encoder.embed_text(q)
-        return await self._respond(vector, k, base_url, started)
+        response = await self._respond(vector, k, base_url, started)
+        self._metrics.search("text", time.perf_counter() - started)
+        return response
 
     async def search_image(self, data: bytes, k: int, base_url: str) -> SearchResponse:
         started = time.perf_counter()
@@ -116,7 +125,9 @@ class SearchService:
         k = self.check_k(k)
         rgb = decode_query_image(data, limits.max_image_bytes, limits.max_image_pixels)
         vector = await self._encoder.embed_image(rgb)
-        return await self._respond(vector, k, base_url, started)
+        response = await self._respond(vector, k, base_url, started)
+        self._metrics.search("image", time.perf_counter() - started)
+        return response
 
     async def _respond(self, vector: NDArray[np.float32], k: int, base_url: str, started: float) -> SearchResponse:
         limit = min(k * CANDIDATES_PER_MOMENT, MAX_CANDIDATES)

@@ -165,6 +165,15 @@ class ServeSettings(BaseModel):
     api_num_cpus: float = Field(default=0.1, ge=0)
     router_num_cpus: float = Field(default=0.1, ge=0)
     ray_num_cpus: int | None = None
+    #: Port of the Ray dashboard on the local stack's head node (``vidx up``; loopback only).
+    ray_dashboard_port: int = Field(default=8265, ge=1, le=65535)
+    #: Encoding of every replica's log file: ``JSON`` makes each line one object (a job's line
+    #: carries ``video_id``, ``task_id``, ``outcome``, ``duration_s``, ``stages_s``).
+    log_encoding: Literal["JSON", "TEXT"] = "JSON"
+    #: ``/metrics`` also shows what every replica recorded, read from each Ray node's metrics
+    #: endpoint (off when Prometheus scrapes the nodes itself); each node answers within the timeout.
+    metrics_from_nodes: bool = True
+    metrics_node_timeout_s: float = Field(default=3.0, gt=0, le=60)
     #: Longest wait for the EventRouter's counters, replica counts and queue depth (/metrics).
     stats_timeout_s: float = Field(default=5.0, gt=0)
 

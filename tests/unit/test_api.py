@@ -297,6 +297,7 @@ GUARDED = [
     ("GET", "/v1/videos"),
     ("GET", "/v1/videos/v1"),
     ("GET", "/v1/frames/f1/thumbnail"),
+    ("POST", "/v1/uploads"),
     ("GET", "/metrics"),
     ("GET", "/docs"),
     ("GET", "/openapi.json"),
@@ -318,7 +319,7 @@ GUARDED = [
         {"X-Api-Key": KEY},
     ],
 )
-def test_every_endpoint_but_healthz_needs_a_valid_key(
+def test_every_endpoint_but_healthz_and_the_page_needs_a_valid_key(
     guarded: TestClient, method: str, path: str, headers: dict[str, str]
 ) -> None:
     resp = guarded.request(method, path, headers=headers)
@@ -509,8 +510,7 @@ def test_thumbnail_and_metrics() -> None:
     assert http.get("/v1/frames/f1/thumbnail").headers["content-type"] == "image/jpeg"
     assert http.get("/v1/frames/f2/thumbnail").status_code == 404
     metrics = http.get("/metrics").text
-    assert 'vidx_router_events{kind="ignored_not_video"} 2.0' in metrics
-    assert 'vidx_videos{status="indexed"} 0.0' in metrics
+    assert "vidx_router_connected 1.0" in metrics
 
 
 def test_the_rules_hold_under_a_route_prefix(guarded: TestClient) -> None:
@@ -583,7 +583,6 @@ READS = [
     ("GET", "/v1/videos"),
     ("GET", "/v1/videos?status=failed"),
     ("GET", "/v1/frames/f1/thumbnail"),
-    ("GET", "/metrics"),
     ("GET", "/v1/search?q=a%20dog"),
     ("POST", "/v1/search/image"),
 ]
@@ -640,38 +639,51 @@ def test_status_and_metrics_show_the_scheduled_checks_last_round() -> None:
     assert "vidx_check_last_run_timestamp_seconds 1.7961156e+09" in metrics
 
 
-def test_metrics_show_replicas_per_deployment_and_the_queue_backlog() -> None:
+def test_metrics_show_replicas_per_deployment_and_the_queue_depths() -> None:
     settings = Settings()
     store, jobs, search = FakeStore(), FakeJobs(), FakeSearch(settings.limits)
 
     async def replicas() -> dict[str, dict[str, int]]:
         return {"IndexConsumer": {"RUNNING": 3, "STARTING": 1}, "Encoder": {"RUNNING": 1}}
 
-    async def backlog() -> int | None:
-        return 42
+    async def queues() -> dict[str, int]:
+        return {"index": 42, "failed": 2, "parked": 0}
 
-    app = create_app(settings, search, store, jobs, router_stats, replicas=replicas, backlog=backlog)  # type: ignore[arg-type]
+    app = create_app(settings, search, store, jobs, router_stats, replicas=replicas, queues=queues)  # type: ignore[arg-type]
     metrics = TestClient(app, raise_server_exceptions=False).get("/metrics").text
     assert 'vidx_serve_replicas{deployment="IndexConsumer",state="RUNNING"} 3.0' in metrics
     assert 'vidx_serve_replicas{deployment="IndexConsumer",state="STARTING"} 1.0' in metrics
     assert 'vidx_serve_replicas{deployment="Encoder",state="RUNNING"} 1.0' in metrics
-    assert "vidx_index_queue_messages 42.0" in metrics
+    assert 'vidx_queue_messages{queue="index"} 42.0' in metrics
+    assert 'vidx_queue_messages{queue="failed"} 2.0' in metrics and 'vidx_queue_messages{queue="parked"} 0.0' in metrics
 
 
-def test_metrics_answer_when_replica_counts_and_backlog_are_unavailable() -> None:
+def test_metrics_answer_when_replica_counts_queues_and_nodes_are_unavailable() -> None:
     settings = Settings()
     store, jobs, search = FakeStore(), FakeJobs(), FakeSearch(settings.limits)
 
     async def replicas() -> dict[str, dict[str, int]]:
         raise RuntimeError("controller restarting")
 
-    async def backlog() -> int | None:
-        return None
+    async def queues() -> dict[str, int]:
+        return {}
 
-    app = create_app(settings, search, store, jobs, router_stats, replicas=replicas, backlog=backlog)  # type: ignore[arg-type]
+    async def recorded() -> list[Any]:
+        raise RuntimeError("GCS unreachable")
+
+    app = create_app(
+        settings,
+        search,  # type: ignore[arg-type]
+        store,  # type: ignore[arg-type]
+        jobs,
+        router_stats,
+        replicas=replicas,
+        queues=queues,
+        recorded=recorded,
+    )
     resp = TestClient(app, raise_server_exceptions=False).get("/metrics")
-    assert resp.status_code == 200 and "vidx_videos" in resp.text
-    assert "vidx_serve_replicas{" not in resp.text and "vidx_index_queue_messages " not in resp.text
+    assert resp.status_code == 200 and "vidx_router_connected 1.0" in resp.text
+    assert "vidx_serve_replicas{" not in resp.text and "vidx_queue_messages{" not in resp.text
 
 
 class GatedSearch(FakeSearch):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -248,6 +250,22 @@ def test_mixed_shapes_in_one_batch_embed_as_alone(encoder: SiglipEncoder) -> Non
     np.testing.assert_array_equal(together[0], together[-1])
 
 
+@pytest.fixture
+def fresh_batch_queues() -> Iterator[None]:
+    """Ray keeps a ``@serve.batch`` method's queue on the class (made on first call, unpicklable):
+    drop it after the test, or a later test can no longer serialize the Encoder class, as Serve does."""
+    from pipeline.deployments import Encoder
+
+    yield
+    for name in ("embed_image", "embed_text", "embed_chunk"):
+        method = getattr(Encoder.func_or_class, name)  # type: ignore[attr-defined]
+        enqueue = inspect.getclosurevars(method).nonlocals.get("enqueue_request")
+        wrapper = inspect.getclosurevars(enqueue).nonlocals.get("lazy_batch_queue_wrapper") if enqueue else None
+        assert wrapper is not None, name  # Ray's layout changed: this reset no longer resets anything
+        wrapper._queue = None
+
+
+@pytest.mark.usefixtures("fresh_batch_queues")
 def test_encoder_deployment_batches_concurrent_calls_as_configured(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

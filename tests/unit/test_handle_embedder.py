@@ -13,6 +13,7 @@ import pytest
 from numpy.typing import NDArray
 
 from pipeline.deployments import Encoder, HandleEmbedder, SerialEmbedder, split_rows
+from pipeline.metrics import MemoryBackend, Metrics
 from storage.errors import EncoderUnavailable
 
 
@@ -101,10 +102,17 @@ def test_the_encoder_runs_a_batch_of_chunks_once_and_answers_each_caller_its_own
     encoder: Any = object.__new__(Encoder.func_or_class)  # type: ignore[attr-defined]
     model = FakeModel()
     encoder._encoder = model
+    recorded = MemoryBackend()
+    encoder._metrics = Metrics(recorded)
     body = Encoder.func_or_class.embed_chunk.__wrapped__  # type: ignore[attr-defined]
     answers = asyncio.run(asyncio.wait_for(body(encoder, [frames(1, 2, 3), frames(), frames(7)]), 30))
     assert [a[:, 0].tolist() for a in answers] == [[1.0, 2.0, 3.0], [], [7.0]]
     assert model.runs == [4]  # one run over the three callers' frames
+    [batches] = [f for f in recorded.families() if f.name == "ray_vidx_encoder_batch_size"]
+    assert {s.name: s.value for s in batches.samples if s.name.endswith(("_sum", "_count"))} == {
+        "ray_vidx_encoder_batch_size_sum": 4.0,
+        "ray_vidx_encoder_batch_size_count": 1.0,
+    }
 
 
 def test_the_fused_layouts_embedder_runs_one_chunk_at_a_time() -> None:

@@ -37,6 +37,7 @@ SERVE_MODULES = (
     "pipeline.api",
     "pipeline.api_admin",
     "pipeline.search",
+    "pipeline.metrics_scrape",
     "pipeline.check",
     "pipeline.scheduled_check",
     "pipeline.holders",

@@ -17,7 +17,7 @@ from infra.dev.stack.layout import Echo, Layout, StackError
 from infra.dev.stack.minio import MINIO_STOP_TIMEOUT_S, minio_client, start_minio
 from infra.dev.stack.process import host_port, running_pid, stop
 from infra.dev.stack.rabbitmq import RABBITMQ_STOP_TIMEOUT_S, start_rabbitmq, stop_epmd
-from infra.dev.stack.ray import RAY_STOP_TIMEOUT_S, ray_address, start_ray
+from infra.dev.stack.ray import RAY_STOP_TIMEOUT_S, dashboard_url, ray_address, start_ray
 from pipeline.settings import Settings
 
 __all__ = [
@@ -104,7 +104,7 @@ def status(settings: Settings) -> list[ComponentStatus]:
     for name, where in (
         ("rabbitmq", f"amqp port {amqp_port}, management {settings.amqp.management_url}"),
         ("minio", settings.s3.endpoint_url),
-        ("ray", ray_address()),
+        ("ray", f"{ray_address()}, dashboard {dashboard_url(settings)}"),
     ):
         pid = running_pid(layout, name) if layout.pids.exists() else None
         detail = f"pid {pid}, {where}" if pid else "stopped"
@@ -118,7 +118,7 @@ def status(settings: Settings) -> list[ComponentStatus]:
     app["healthy"] = healthy(settings) if out[-1].running else False
     app["api_key_file"] = str(layout.api_key_file) if layout.api_key_file.exists() else None
     running = app["status"] == RUNNING and app["healthy"]
-    detail = f"{app['status']} at {settings.api_url}" if out[-1].running else "stopped"
+    detail = f"{app['status']} at {settings.api_url} (the page: {settings.api_url}/)" if out[-1].running else "stopped"
     if out[-1].running and app["api_key_file"]:
         detail += f", API key in {app['api_key_file']}"
     out.append(ComponentStatus("app", running, detail, app))

@@ -51,6 +51,11 @@ def ray_address() -> str:
     return f"127.0.0.1:{RAY_GCS_PORT}"
 
 
+def dashboard_url(settings: Settings) -> str:
+    """The Ray dashboard of the local stack (bound to loopback: it has no authentication of its own)."""
+    return f"http://127.0.0.1:{settings.serve.ray_dashboard_port}"
+
+
 def start_ray(settings: Settings, layout: Layout, echo: Echo) -> None:
     """Start the Ray head (or reuse ours) and wait until it has written its address. Raises StackError."""
     log = layout.log("ray")
@@ -60,6 +65,9 @@ def start_ray(settings: Settings, layout: Layout, echo: Echo) -> None:
             raise taken(RAY_GCS_PORT, "Ray GCS", ": another Ray cluster runs here")
         if port_open(settings.serve.host, settings.serve.port):
             raise taken(settings.serve.port, "Serve HTTP", ": set VIDX_SERVE__PORT to another port")
+        dashboard_port = settings.serve.ray_dashboard_port
+        if port_open("127.0.0.1", dashboard_port):
+            raise taken(dashboard_port, "Ray dashboard", ": set VIDX_SERVE__RAY_DASHBOARD_PORT to another port")
         layout.ray_temp.mkdir(parents=True, exist_ok=True)
         address_file.unlink(missing_ok=True)
         ray = Path(sys.executable).with_name("ray")
@@ -74,7 +82,11 @@ def start_ray(settings: Settings, layout: Layout, echo: Echo) -> None:
             "--num-cpus",
             str(num_cpus),
             "--disable-usage-stats",
-            "--include-dashboard=false",
+            "--include-dashboard=true",
+            "--dashboard-host",
+            "127.0.0.1",
+            "--dashboard-port",
+            str(dashboard_port),
             "--temp-dir",
             str(layout.ray_temp),
         ]
@@ -88,4 +100,5 @@ def start_ray(settings: Settings, layout: Layout, echo: Echo) -> None:
 
     if not wait(started, RAY_START_TIMEOUT_S):
         raise StackError(f"Ray did not start within {RAY_START_TIMEOUT_S:.0f}s; see {log}")
-    echo(f"ray: running (pid {pid}, address {ray_address()}, temp dir {layout.ray_temp})")
+    url = dashboard_url(settings)
+    echo(f"ray: running (pid {pid}, address {ray_address()}, dashboard {url}, temp dir {layout.ray_temp})")

@@ -1,0 +1,155 @@
+"""Observability of the real app: ``/metrics`` on the Api shows what every replica recorded as it
+worked (the consumer's jobs and stages, the Encoder's batches, the router's events, the Api's
+searches), the live queue depths and replica counts; each job logs one JSON line with its fields."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from storage.ids import video_id
+from tests.faults.harness import AppHost, start_app
+from tests.media import frame_at, write_corrupt_mp4, write_video
+from tests.services import Services, eventually, unique_prefix
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+INDEX_TIMEOUT_S = 120.0
+#: Longest wait for a recorded value to reach /metrics (the harness sets a 1 s report interval).
+METRICS_TIMEOUT_S = 60.0
+STAGES = ("head", "fetch", "decode", "embed", "write", "catalog")
+
+
+def samples(text: str, name: str, **labels: str) -> list[Sample]:
+    """The samples called ``name`` in the exposition ``text`` whose labels include ``labels``."""
+    return [
+        s
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and labels.items() <= s.labels.items()
+    ]
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    return sum(s.value for s in samples(text, name, **labels))
+
+
+@pytest.fixture(scope="module")
+def host(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppHost]:
+    # Scheduled check rounds every few seconds, so their counter moves during the test.
+    env = {"VIDX_CHECK__INTERVAL_S": "3"}
+    with start_app(services, unique_prefix(), tiny_model_dir, tmp_path_factory.mktemp("state"), env) as app:
+        yield app
+
+
+def status(host: AppHost, vid: str) -> str | None:
+    resp = host.http.get(f"/v1/videos/{vid}")
+    return str(resp.json()["status"]) if resp.status_code == 200 else None
+
+
+def job_lines(deployment: str) -> list[dict[str, Any]]:
+    """The JSON lines of ``deployment``'s replica log files in this Ray session."""
+    import ray
+
+    node: Any = ray._private.worker._global_node
+    lines = []
+    for path in (Path(node.get_session_dir_path()) / "logs" / "serve").glob(f"replica_*_{deployment}_*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                lines.append(json.loads(line))
+    return lines
+
+
+def test_metrics_come_from_every_replica_and_jobs_log_json(host: AppHost, tmp_path: Path) -> None:
+    minio = host.services.minio_client()
+    good = []
+    for n in (1, 2):
+        path = write_video(tmp_path / f"{n}.mp4", seconds=3, seed=700 + n)
+        minio.fput_object(host.bucket, f"m/good {n}.mp4", str(path), content_type="video/mp4")
+        good.append(video_id(host.bucket, f"m/good {n}.mp4"))
+    minio.fput_object(host.bucket, "m/broken.mp4", str(write_corrupt_mp4(tmp_path / "broken.mp4")))
+    bad = video_id(host.bucket, "m/broken.mp4")
+    minio.put_object(host.bucket, "m/readme.txt", io.BytesIO(b"hi"), 2, content_type="text/plain")
+    for vid in good:
+        eventually(lambda v=vid: status(host, v) == "indexed", f"{vid} to be indexed", INDEX_TIMEOUT_S, poll_s=0.5)  # type: ignore[misc]
+    eventually(lambda: status(host, bad) == "failed", "the broken video to fail", INDEX_TIMEOUT_S, poll_s=0.5)
+    assert host.http.get("/v1/search", params={"q": "a red car", "k": 3}).status_code == 200
+    png = io.BytesIO()
+    from PIL import Image
+
+    Image.fromarray(frame_at(1, 701)).save(png, format="PNG")
+    resp = host.http.post("/v1/search/image?k=3", files={"image": ("q.png", png.getvalue(), "image/png")})
+    assert resp.status_code == 200, resp.text
+
+    def wanted(text: str) -> list[str]:
+        """What is not yet as it should be (empty once everything is)."""
+        missing = []
+
+        def need(what: str, ok: bool) -> None:
+            if not ok:
+                missing.append(what)
+
+        consumer = {"deployment": "IndexConsumer"}
+        need("indexed jobs", metric_sum(text, "ray_vidx_jobs_total", outcome="indexed", **consumer) >= 2)
+        need("failed job", metric_sum(text, "ray_vidx_jobs_total", outcome="failed", **consumer) >= 1)
+        need("decode error", metric_sum(text, "ray_vidx_videos_failed_total", reason="decode_error", **consumer) >= 1)
+        need("dead letter", metric_sum(text, "ray_vidx_dead_letters_total", kind="permanent", **consumer) >= 1)
+        # Three seconds sampled every second, per good video.
+        need("frames", metric_sum(text, "ray_vidx_frames_embedded_total", **consumer) >= 6)
+        for stage in STAGES:
+            need(f"stage {stage}", metric_sum(text, "ray_vidx_stage_seconds_count", stage=stage, **consumer) >= 2)
+        need(
+            "job seconds",
+            metric_sum(text, "ray_vidx_job_seconds_bucket", outcome="indexed", le="+Inf", **consumer) >= 2,
+        )
+        encoder = {"deployment": "Encoder"}
+        need("frame batches", metric_sum(text, "ray_vidx_encoder_batch_size_count", method="frames", **encoder) >= 1)
+        need("text batch", metric_sum(text, "ray_vidx_encoder_batch_size_count", method="text", **encoder) >= 1)
+        need("image batch", metric_sum(text, "ray_vidx_encoder_batch_size_count", method="image", **encoder) >= 1)
+        api = {"deployment": "Api"}
+        need("text search", metric_sum(text, "ray_vidx_search_seconds_count", kind="text", **api) >= 1)
+        need("image search", metric_sum(text, "ray_vidx_search_seconds_count", kind="image", **api) >= 1)
+        router = {"deployment": "EventRouter"}
+        need("index events", metric_sum(text, "ray_vidx_bucket_events_total", kind="jobs_index", **router) >= 3)
+        need("ignored .txt", metric_sum(text, "ray_vidx_bucket_events_total", kind="ignored_not_video", **router) >= 1)
+        need("reconcile rounds", metric_sum(text, "ray_vidx_reconcile_rounds_total", **router) >= 1)
+        for queue in ("events", "index", "failed", "parked"):
+            need(f"queue {queue}", len(samples(text, "vidx_queue_messages", queue=queue)) == 1)
+        need("dead letter queued", metric_sum(text, "vidx_queue_messages", queue="failed") >= 1)
+        need("replicas", metric_sum(text, "vidx_serve_replicas", deployment="IndexConsumer", state="RUNNING") >= 1)
+        need("router connected", metric_sum(text, "vidx_router_connected") == 1)
+        return missing
+
+    deadline = time.monotonic() + METRICS_TIMEOUT_S
+    missing = ["nothing scraped yet"]
+    while missing and time.monotonic() < deadline:
+        resp = host.http.get("/metrics")
+        assert resp.status_code == 200
+        missing = wanted(resp.text)
+        if missing:
+            time.sleep(1.0)
+    assert not missing, f"not in /metrics after {METRICS_TIMEOUT_S}s: {missing}"
+    text = resp.text
+    # Plausible values: a tiny 3 s video's job takes well under the job timeout, batches are small.
+    [parked] = samples(text, "vidx_queue_messages", queue="parked")
+    assert parked.value == 0
+    assert metric_sum(text, "ray_vidx_encoder_batch_size_bucket", method="frames", le="+Inf") >= 1
+    assert metric_sum(text, "ray_vidx_stage_seconds_sum", stage="decode") > 0
+
+    # One JSON line per job, with its fields.
+    lines = job_lines("IndexConsumer")
+    done = [line for line in lines if line.get("video_id") == good[0] and line.get("outcome") == "indexed"]
+    assert done, f"no JSON job line for {good[0]} among {len(lines)} lines"
+    line = done[-1]
+    assert line["task_id"] and line["frames"] == 3 and line["duration_s"] > 0
+    assert set(STAGES) <= set(line["stages_s"]) and line["deployment"].endswith("IndexConsumer")
+    failed = [line for line in lines if line.get("video_id") == bad and line.get("outcome") == "failed"]
+    assert failed and failed[-1]["reason_class"] == "decode_error" and failed[-1]["task_id"]
