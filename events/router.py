@@ -15,7 +15,6 @@ import contextlib
 import enum
 import hashlib
 import logging
-import posixpath
 import queue
 import threading
 import time
@@ -43,11 +42,7 @@ CONNECTION_NAME = "vidx-event-router"
 
 
 def is_video(event: BucketEvent, videos: VideoFilterSettings) -> bool:
-    suffix = posixpath.splitext(event.key)[1].lower()
-    if suffix in {e.lower() for e in videos.extensions}:
-        return True
-    content_type = (event.content_type or "").lower()
-    return any(content_type.startswith(p) for p in videos.content_type_prefixes)
+    return videos.matches(event.key, event.content_type)
 
 
 def job_for(event: BucketEvent) -> IndexJob:
