@@ -97,7 +97,7 @@ def run_through_encoder(
     is what the warm-up rate says fits in ``budget_s``. Returns (images/s, seconds, n)."""
     from ray import serve
 
-    from pipeline.deployments import Encoder, HandleEmbedder
+    from pipeline.encoders import Encoder, HandleEmbedder
     from pipeline.settings import ModelSettings
 
     model = ModelSettings(

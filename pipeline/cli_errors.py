@@ -27,7 +27,7 @@ PROBE_TIMEOUT_S = 3.0
 MAX_LINE_CHARS = 300
 
 #: ``scheme://user:password@`` in any text: the user info is replaced before the text is printed.
-_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]*@")
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s]*@")
 #: Exception types (by name, along the cause chain) that mean the broker refused the login.
 _AMQP_REFUSED = frozenset(
     {"ProbableAuthenticationError", "AuthenticationError", "ProbableAccessDeniedError", "AccessRefused"}

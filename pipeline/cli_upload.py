@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from pipeline.cli_common import HTTP_TIMEOUT_S, ApiClient, ApiError, CliError, settings_of
-from pipeline.cli_errors import errors, minio
+from pipeline.cli_errors import errors, minio, redact
 from pipeline.cli_output import Column, print_json, progress_bar, table
 from storage.ids import video_id
 
@@ -265,11 +265,11 @@ def _wait_for(api: ApiClient, uploads: list[Uploaded], timeout_s: float, as_json
         )
     failed = [u for u in uploads if u.failed]
     for u in failed:
-        typer.echo(f"vidx: failed: {u.uri}: {u.error or u.status}", err=True)
+        typer.echo(redact(f"vidx: failed: {u.uri}: {u.error or u.status}"), err=True)
     if pending:
         seen = ", ".join(f"{u.uri} ({u.status or 'not in the catalog yet'})" for u in pending[:5])
         more = f" and {len(pending) - 5} more" if len(pending) > 5 else ""
-        why = f"; last error: {waiter.last_error}" if waiter.last_error else ""
+        why = f"; last error: {redact(waiter.last_error)}" if waiter.last_error else ""
         typer.echo(
             f"vidx: {len(pending)} of {len(uploads)} videos not settled within {timeout_s:g}s: {seen}{more}{why}"
             " — wait longer (--timeout, `vidx wait`) or follow with `vidx videos`",

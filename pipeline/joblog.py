@@ -27,6 +27,8 @@ def job_fields(
         "uri": job.uri,
         "op": job.op.value,
         "duration_s": round(duration_s, 4),
+        # The stage the job was in when it ended: where a failure happened.
+        "stage": clock.last,
         "stages_s": {k: round(v, 4) for k, v in clock.seconds.items()},
         **more,
     }

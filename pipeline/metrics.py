@@ -88,15 +88,26 @@ DEAD_LETTERS = MetricDef("vidx_dead_letters", "Dead letters stored, by failure k
 STAGE_SECONDS = MetricDef(
     "vidx_stage_seconds", "Wall time of one job in one pipeline stage", Kind.HISTOGRAM, ("stage",), SECONDS_BUCKETS
 )
-FRAMES = MetricDef("vidx_frames_embedded", "Sampled frames embedded for indexing", Kind.COUNTER)
+FRAMES = MetricDef(
+    "vidx_frames_embedded", "Sampled frames embedded for indexing (a retried job embeds its frames again)", Kind.COUNTER
+)
 BUCKET_EVENTS = MetricDef(
     "vidx_bucket_events", "EventRouter: bucket event messages and what became of them", Kind.COUNTER, ("kind",)
 )
 ENCODER_BATCH = MetricDef(
-    "vidx_encoder_batch_size", "Items in one Encoder model run, by method", Kind.HISTOGRAM, ("method",), SIZE_BUCKETS
+    "vidx_encoder_batch_size",
+    "Items in one call of a batched Encoder method (frames: all frames of the chunks gathered, run in "
+    "model batches of max_batch_size; image, text: queries)",
+    Kind.HISTOGRAM,
+    ("method",),
+    SIZE_BUCKETS,
 )
 SEARCH_SECONDS = MetricDef(
-    "vidx_search_seconds", "Latency of one search, by query kind", Kind.HISTOGRAM, ("kind",), SECONDS_BUCKETS
+    "vidx_search_seconds",
+    "Latency of one search, by query kind and outcome (ok, bad_request, error)",
+    Kind.HISTOGRAM,
+    ("kind", "outcome"),
+    SECONDS_BUCKETS,
 )
 RECONCILE_ROUNDS = MetricDef("vidx_reconcile_rounds", "Scheduled check rounds run", Kind.COUNTER)
 RECONCILE_FINDINGS = MetricDef(
@@ -372,8 +383,8 @@ class Metrics:
     def encoder_batch(self, method: str, size: int) -> None:
         self._observe(ENCODER_BATCH, size, method=method)
 
-    def search(self, kind: str, seconds: float) -> None:
-        self._observe(SEARCH_SECONDS, seconds, kind=kind)
+    def search(self, kind: str, seconds: float, outcome: str = "ok") -> None:
+        self._observe(SEARCH_SECONDS, seconds, kind=kind, outcome=outcome)
 
     def reconcile_round(self, findings: Mapping[str, int], submitted: int) -> None:
         self._add(RECONCILE_ROUNDS, 1)

@@ -25,6 +25,8 @@ VIDX_PREFIX = RAY_PREFIX + "vidx_"
 DROPPED_LABELS = frozenset({"otel_scope_name", "otel_scope_schema_url", "otel_scope_version"})
 #: Largest answer read from one node (a node's whole exposition, Ray's own metrics included).
 MAX_NODE_BYTES = 32 * 1024 * 1024
+#: Nodes asked at once.
+MAX_PARALLEL_NODES = 16
 
 
 def ray_node_endpoints() -> list[str]:
@@ -32,12 +34,12 @@ def ray_node_endpoints() -> list[str]:
     node table: no dashboard needed)."""
     import ray
 
-    urls = []
+    urls: dict[str, None] = {}  # ordered, and one URL once: two node entries at one address count once
     for node in ray.nodes():
         port = node.get("MetricsExportPort")
         if node.get("Alive") and port:
-            urls.append(f"http://{node['NodeManagerAddress']}:{port}/metrics")
-    return urls
+            urls[f"http://{node['NodeManagerAddress']}:{port}/metrics"] = None
+    return list(urls)
 
 
 def vidx_lines(text: str, prefix: str = VIDX_PREFIX) -> str:
@@ -86,25 +88,33 @@ class NodeMetrics:
         self._fetch = fetch or self._get
 
     async def _get(self, url: str) -> str:
-        async with httpx.AsyncClient(timeout=self._timeout_s) as client:
-            response = await client.get(url)
+        async with httpx.AsyncClient(timeout=self._timeout_s) as client, client.stream("GET", url) as response:
             response.raise_for_status()
-            if len(response.content) > MAX_NODE_BYTES:
-                raise ValueError(f"answer over {MAX_NODE_BYTES} bytes")
-            return response.text
+            body = bytearray()
+            async for part in response.aiter_bytes():
+                body += part
+                if len(body) > MAX_NODE_BYTES:  # stop reading: never hold more than the bound
+                    raise ValueError(f"answer over {MAX_NODE_BYTES} bytes")
+            return body.decode(response.encoding or "utf-8", errors="replace")
 
     async def families(self) -> list[Metric]:
-        urls = await asyncio.to_thread(self._endpoints)
-        answers = await asyncio.gather(
-            *(asyncio.wait_for(self._fetch(url), self._timeout_s) for url in urls), return_exceptions=True
-        )
+        """Raises: TimeoutError when the node list itself takes over ``timeout_s`` (the GCS away)."""
+        urls = await asyncio.wait_for(asyncio.to_thread(self._endpoints), self._timeout_s)
+        limit = asyncio.Semaphore(MAX_PARALLEL_NODES)
+
+        async def fetch(url: str) -> str:
+            async with limit:
+                return await asyncio.wait_for(self._fetch(url), self._timeout_s)
+
+        answers = await asyncio.gather(*(fetch(url) for url in urls), return_exceptions=True)
         texts = []
         for url, answer in zip(urls, answers, strict=True):
             if isinstance(answer, BaseException):
                 log.warning("metrics of node %s unavailable: %s", url, type(answer).__name__)
             else:
                 texts.append(answer)
-        return merge(texts)
+        # Parsing every node's text is CPU work: off the Api's event loop.
+        return await asyncio.to_thread(merge, texts)
 
 
 class QueueDepths:

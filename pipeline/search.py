@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import time
+from collections.abc import AsyncIterator
 from typing import Protocol
 
 import numpy as np
@@ -106,8 +108,29 @@ class SearchService:
             raise InvalidInput(f"k must be between 1 and {self._settings.limits.max_k}")
         return k
 
-    async def search_text(self, q: str, k: int, base_url: str) -> SearchResponse:
+    @contextlib.asynccontextmanager
+    async def _timed(self, kind: str) -> AsyncIterator[float]:
+        """Records the search's latency whatever its end: ok, a refused query, or an error."""
         started = time.perf_counter()
+        outcome = "error"
+        try:
+            yield started
+            outcome = "ok"
+        except (InvalidInput, LimitExceeded):
+            outcome = "bad_request"
+            raise
+        finally:
+            self._metrics.search(kind, time.perf_counter() - started, outcome)
+
+    async def search_text(self, q: str, k: int, base_url: str) -> SearchResponse:
+        async with self._timed("text") as started:
+            return await self._search_text(q, k, base_url, started)
+
+    async def search_image(self, data: bytes, k: int, base_url: str) -> SearchResponse:
+        async with self._timed("image") as started:
+            return await self._search_image(data, k, base_url, started)
+
+    async def _search_text(self, q: str, k: int, base_url: str, started: float) -> SearchResponse:
         q = q.strip()
         if not q:
             raise InvalidInput("q must not be empty")
@@ -115,19 +138,14 @@ class SearchService:
             raise LimitExceeded(f"q exceeds max length {self._settings.limits.max_query_chars}")
         k = self.check_k(k)
         vector = await self._encoder.embed_text(q)
-        response = await self._respond(vector, k, base_url, started)
-        self._metrics.search("text", time.perf_counter() - started)
-        return response
+        return await self._respond(vector, k, base_url, started)
 
-    async def search_image(self, data: bytes, k: int, base_url: str) -> SearchResponse:
-        started = time.perf_counter()
+    async def _search_image(self, data: bytes, k: int, base_url: str, started: float) -> SearchResponse:
         limits = self._settings.limits
         k = self.check_k(k)
         rgb = decode_query_image(data, limits.max_image_bytes, limits.max_image_pixels)
         vector = await self._encoder.embed_image(rgb)
-        response = await self._respond(vector, k, base_url, started)
-        self._metrics.search("image", time.perf_counter() - started)
-        return response
+        return await self._respond(vector, k, base_url, started)
 
     async def _respond(self, vector: NDArray[np.float32], k: int, base_url: str, started: float) -> SearchResponse:
         limit = min(k * CANDIDATES_PER_MOMENT, MAX_CANDIDATES)

@@ -121,7 +121,8 @@ def deployment_options(settings: Settings, gpu: bool) -> list[dict[str, Any]]:
     The IndexConsumer's autoscaling stays in the code: its policy is built by the app builder with
     the broker's credentials, and a config's ``autoscaling_config`` would replace it."""
     from pipeline.autoscale import replica_options
-    from pipeline.deployments import SHUTDOWN_MARGIN_S, Encoder, gpu_shares
+    from pipeline.deployments import SHUTDOWN_MARGIN_S, gpu_shares
+    from pipeline.encoders import Encoder
 
     s = settings.serve
     encoder_gpus, consumer_gpus = gpu_shares(settings, gpu)
@@ -129,19 +130,25 @@ def deployment_options(settings: Settings, gpu: bool) -> list[dict[str, Any]]:
     if "autoscaling_config" in encoder_replicas:
         encoder_replicas = {"autoscaling_config": encoder_replicas["autoscaling_config"].model_dump(exclude_unset=True)}
     consumer_replicas = {} if settings.autoscale.enabled else {"num_replicas": s.consumer_replicas}
-    options = [
+
+    def logs() -> dict[str, Any]:  # one dict per deployment (a shared one would render as a YAML alias)
+        return {"logging_config": {"encoding": s.log_encoding}}
+
+    options: list[dict[str, Any]] = [
         {
             "name": "Api",
             "max_ongoing_requests": s.api_max_ongoing_requests,
             "max_queued_requests": s.api_max_queued_requests,
             "backpressure_config": {"status_code": 503, "retry_after_s": s.retry_after_s},
             "ray_actor_options": {"num_cpus": s.api_num_cpus},
+            **logs(),
         },
         {
             "name": "Encoder",
             **encoder_replicas,
             "max_ongoing_requests": Encoder.max_ongoing_requests,  # type: ignore[attr-defined]  # a Deployment
             "ray_actor_options": {"num_cpus": s.encoder_num_cpus, "num_gpus": encoder_gpus},
+            **logs(),
         },
         {
             "name": "IndexConsumer",
@@ -149,11 +156,12 @@ def deployment_options(settings: Settings, gpu: bool) -> list[dict[str, Any]]:
             "max_ongoing_requests": s.consumer_concurrency,
             "graceful_shutdown_timeout_s": s.drain_timeout_s + SHUTDOWN_MARGIN_S,
             "ray_actor_options": {"num_cpus": s.consumer_num_cpus, "num_gpus": consumer_gpus},
+            **logs(),
         },
-        {"name": "EventRouter", "ray_actor_options": {"num_cpus": s.router_num_cpus}},
+        {"name": "EventRouter", "ray_actor_options": {"num_cpus": s.router_num_cpus}, **logs()},
     ]
     if settings.writer.catalog_grouped:  # the deployment exists only then (a config may not name others)
-        options.append({"name": "CatalogWriter", "ray_actor_options": {"num_cpus": s.router_num_cpus}})
+        options.append({"name": "CatalogWriter", "ray_actor_options": {"num_cpus": s.router_num_cpus}, **logs()})
     return options
 
 

@@ -23,9 +23,12 @@ class StageClock:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        #: The stage the job entered last: where it was when it ended (or failed).
+        self.last: str | None = None
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
+        self.last = name
         start = time.perf_counter()
         try:
             yield

@@ -11,11 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pika
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from storage.ids import video_id
+from storage.tables import IndexStore
 from tests.faults.harness import AppHost, start_app
 from tests.media import frame_at, write_corrupt_mp4, write_video
 from tests.services import Services, eventually, unique_prefix
@@ -44,8 +46,9 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
 
 @pytest.fixture(scope="module")
 def host(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppHost]:
-    # Scheduled check rounds every few seconds, so their counter moves during the test.
-    env = {"VIDX_CHECK__INTERVAL_S": "3"}
+    # Scheduled check rounds every few seconds, so their counters move during the test; objects
+    # just uploaded count at once (no grace), so the drift the test makes is found in the next round.
+    env = {"VIDX_CHECK__INTERVAL_S": "3", "VIDX_CHECK__NEW_OBJECT_GRACE_S": "0"}
     with start_app(services, unique_prefix(), tiny_model_dir, tmp_path_factory.mktemp("state"), env) as app:
         yield app
 
@@ -88,6 +91,19 @@ def test_metrics_come_from_every_replica_and_jobs_log_json(host: AppHost, tmp_pa
     Image.fromarray(frame_at(1, 701)).save(png, format="PNG")
     resp = host.http.post("/v1/search/image?k=3", files={"image": ("q.png", png.getvalue(), "image/png")})
     assert resp.status_code == 200, resp.text
+    # A deleted video, a parked bucket event, and drift for the scheduled check to find: a catalog
+    # row rewritten behind the pipeline's back, at a version the object never had.
+    minio.remove_object(host.bucket, "m/good 2.mp4")
+    eventually(lambda: status(host, good[1]) == "deleted", "the deleted video", INDEX_TIMEOUT_S, poll_s=0.5)
+    amqp = host.settings.amqp
+    connection = pika.BlockingConnection(pika.URLParameters(host.services.amqp_url))
+    try:
+        connection.channel().basic_publish(amqp.exchange, amqp.routing_key, b"\x00not a bucket event")
+    finally:
+        connection.close()
+    store = IndexStore(host.settings.s3)
+    record = store.catalog.get(good[0])
+    assert record is not None and store.catalog.write(record.evolve(version="drifted"), record.rev) is not None
 
     def wanted(text: str) -> list[str]:
         """What is not yet as it should be (empty once everything is)."""
@@ -100,10 +116,11 @@ def test_metrics_come_from_every_replica_and_jobs_log_json(host: AppHost, tmp_pa
         consumer = {"deployment": "IndexConsumer"}
         need("indexed jobs", metric_sum(text, "ray_vidx_jobs_total", outcome="indexed", **consumer) >= 2)
         need("failed job", metric_sum(text, "ray_vidx_jobs_total", outcome="failed", **consumer) >= 1)
+        need("deleted job", metric_sum(text, "ray_vidx_jobs_total", outcome="deleted", **consumer) >= 1)
         need("decode error", metric_sum(text, "ray_vidx_videos_failed_total", reason="decode_error", **consumer) >= 1)
         need("dead letter", metric_sum(text, "ray_vidx_dead_letters_total", kind="permanent", **consumer) >= 1)
-        # Three seconds sampled every second, per good video.
-        need("frames", metric_sum(text, "ray_vidx_frames_embedded_total", **consumer) >= 6)
+        # Three seconds sampled every second, per good video (and again for the one the check repairs).
+        need("frames", metric_sum(text, "ray_vidx_frames_embedded_total", **consumer) in (6, 9))
         for stage in STAGES:
             need(f"stage {stage}", metric_sum(text, "ray_vidx_stage_seconds_count", stage=stage, **consumer) >= 2)
         need(
@@ -120,10 +137,13 @@ def test_metrics_come_from_every_replica_and_jobs_log_json(host: AppHost, tmp_pa
         router = {"deployment": "EventRouter"}
         need("index events", metric_sum(text, "ray_vidx_bucket_events_total", kind="jobs_index", **router) >= 3)
         need("ignored .txt", metric_sum(text, "ray_vidx_bucket_events_total", kind="ignored_not_video", **router) >= 1)
+        need("parked event", metric_sum(text, "ray_vidx_bucket_events_total", kind="parked", **router) == 1)
         need("reconcile rounds", metric_sum(text, "ray_vidx_reconcile_rounds_total", **router) >= 1)
+        need("reconcile finding", metric_sum(text, "ray_vidx_reconcile_findings_total", **router) >= 1)
         for queue in ("events", "index", "failed", "parked"):
             need(f"queue {queue}", len(samples(text, "vidx_queue_messages", queue=queue)) == 1)
         need("dead letter queued", metric_sum(text, "vidx_queue_messages", queue="failed") >= 1)
+        need("event parked", metric_sum(text, "vidx_queue_messages", queue="parked") == 1)
         need("replicas", metric_sum(text, "vidx_serve_replicas", deployment="IndexConsumer", state="RUNNING") >= 1)
         need("router connected", metric_sum(text, "vidx_router_connected") == 1)
         return missing
@@ -138,18 +158,23 @@ def test_metrics_come_from_every_replica_and_jobs_log_json(host: AppHost, tmp_pa
             time.sleep(1.0)
     assert not missing, f"not in /metrics after {METRICS_TIMEOUT_S}s: {missing}"
     text = resp.text
-    # Plausible values: a tiny 3 s video's job takes well under the job timeout, batches are small.
-    [parked] = samples(text, "vidx_queue_messages", queue="parked")
-    assert parked.value == 0
-    assert metric_sum(text, "ray_vidx_encoder_batch_size_bucket", method="frames", le="+Inf") >= 1
-    assert metric_sum(text, "ray_vidx_stage_seconds_sum", stage="decode") > 0
+    # Plausible values: a tiny 3 s video's job takes under two minutes; a frames call holds at most
+    # its callers' chunks (3 frames per video here), a query call one query.
+    jobs = metric_sum(text, "ray_vidx_job_seconds_count", outcome="indexed")
+    assert metric_sum(text, "ray_vidx_job_seconds_bucket", outcome="indexed", le="120.0") == jobs
+    for method, most in (("frames", "16.0"), ("text", "1.0"), ("image", "1.0")):
+        calls = metric_sum(text, "ray_vidx_encoder_batch_size_count", method=method)
+        assert metric_sum(text, "ray_vidx_encoder_batch_size_bucket", method=method, le=most) == calls, method
 
     # One JSON line per job, with its fields.
     lines = job_lines("IndexConsumer")
     done = [line for line in lines if line.get("video_id") == good[0] and line.get("outcome") == "indexed"]
     assert done, f"no JSON job line for {good[0]} among {len(lines)} lines"
-    line = done[-1]
+    assert len({line["task_id"] for line in done}) == len(done)  # one line per job
+    line = done[0]
     assert line["task_id"] and line["frames"] == 3 and line["duration_s"] > 0
     assert set(STAGES) <= set(line["stages_s"]) and line["deployment"].endswith("IndexConsumer")
     failed = [line for line in lines if line.get("video_id") == bad and line.get("outcome") == "failed"]
     assert failed and failed[-1]["reason_class"] == "decode_error" and failed[-1]["task_id"]
+    # The stage each job ended in: a corrupt file fails in decode.
+    assert line["stage"] in STAGES and failed[-1]["stage"] == "decode", (line["stage"], failed[-1]["stage"])

@@ -386,7 +386,7 @@ class SameVideoRace:
     def __init__(self, host: AppHost, every: int = 2) -> None:
         from ray import serve
 
-        from pipeline.deployments import HandleEmbedder
+        from pipeline.encoders import HandleEmbedder
         from pipeline.indexer import Indexer
         from pipeline.taskqueue import CeleryJobSink
 

@@ -205,6 +205,8 @@ def test_an_unexpected_library_error_names_the_component_and_hides_credentials(
 def test_redact_removes_the_user_info_of_every_url() -> None:
     text = "a amqp://u:p@h:5672/v and https://key:secret@s3.example.com/b, http://plain.example/x"
     assert redact(text) == "a amqp://***@h:5672/v and https://***@s3.example.com/b, http://plain.example/x"
+    # A password with an "@" in it: none of it is left.
+    assert redact("amqp://u:p@ss@host:5672/%2F") == "amqp://***@host:5672/%2F"
 
 
 # -- the API's answers ---------------------------------------------------------------------------------

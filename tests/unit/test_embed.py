@@ -254,7 +254,7 @@ def test_mixed_shapes_in_one_batch_embed_as_alone(encoder: SiglipEncoder) -> Non
 def fresh_batch_queues() -> Iterator[None]:
     """Ray keeps a ``@serve.batch`` method's queue on the class (made on first call, unpicklable):
     drop it after the test, or a later test can no longer serialize the Encoder class, as Serve does."""
-    from pipeline.deployments import Encoder
+    from pipeline.encoders import Encoder
 
     yield
     for name in ("embed_image", "embed_text", "embed_chunk"):
@@ -273,7 +273,7 @@ def test_encoder_deployment_batches_concurrent_calls_as_configured(
     method: concurrent one-frame calls (several videos' frames) are embedded in batches of that size."""
     import asyncio
 
-    from pipeline.deployments import Encoder
+    from pipeline.encoders import Encoder
 
     # Outside a replica: the batch queue only reads max_ongoing_requests from the replica context.
     replica = SimpleNamespace(_deployment_config=SimpleNamespace(max_ongoing_requests=256))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from pipeline.deployments import Encoder, HandleEmbedder, SerialEmbedder, split_rows
+from pipeline.encoders import Encoder, HandleEmbedder, SerialEmbedder, split_rows
 from pipeline.metrics import MemoryBackend, Metrics
 from storage.errors import EncoderUnavailable
 

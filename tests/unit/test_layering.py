@@ -32,6 +32,7 @@ FORBIDDEN = {
 SERVE_MODULES = (
     "pipeline.deployments",
     "pipeline.serve_config",
+    "pipeline.encoders",
     "pipeline.consumer",
     "pipeline.indexer",
     "pipeline.api",

@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from pipeline import metrics as vm
 from pipeline.api import create_app
 from pipeline.consumer import IndexTaskHandler, TaskContext
 from pipeline.joblog import log_job
+from pipeline.metrics_page import exposition
 from pipeline.metrics_scrape import NodeMetrics, QueueDepths, merge, vidx_lines
 from pipeline.settings import Settings
 from pipeline.stages import StageClock
@@ -57,7 +59,7 @@ def test_each_recording_lands_under_its_exported_name() -> None:
     assert got[("ray_vidx_frames_embedded_total", ())] == 8
     assert got[("ray_vidx_bucket_events_total", (("kind", "jobs_index"),))] == 2
     assert got[("ray_vidx_encoder_batch_size_bucket", (("le", "32.0"), ("method", "frames")))] == 1
-    assert got[("ray_vidx_search_seconds_count", (("kind", "text"),))] == 1
+    assert got[("ray_vidx_search_seconds_count", (("kind", "text"), ("outcome", "ok")))] == 1
     assert got[("ray_vidx_reconcile_findings_total", (("finding", "missing"),))] == 2
     assert ("ray_vidx_reconcile_findings_total", (("finding", "stale"),)) not in got
     assert got[("ray_vidx_reconcile_rounds_total", ())] == 1 and got[("ray_vidx_reconcile_repairs_total", ())] == 2
@@ -172,7 +174,8 @@ def test_a_queue_whose_depth_fails_is_left_out() -> None:
 def test_metrics_show_the_replicas_recordings_and_never_scan_the_catalog() -> None:
     settings = Settings()
     store = FakeStore()
-    store.catalog.fail = AssertionError("/metrics read the catalog")
+    reads: list[None] = []
+    store.catalog._answer = lambda: reads.append(None)  # type: ignore[method-assign]  # every read of it calls this
     recorded = vm.MemoryBackend()
     metrics = vm.Metrics(recorded)
     metrics.job("indexed", 2.0)
@@ -201,6 +204,30 @@ def test_metrics_show_the_replicas_recordings_and_never_scan_the_catalog() -> No
     assert parsed["ray_vidx_videos_failed_total"].labels["reason"] == "decode_error"
     assert parsed["ray_vidx_encoder_batch_size_count"].value == 1
     assert parsed["vidx_queue_messages"].value == 3 and parsed["vidx_router_connected"].value == 1
+    assert reads == []
+
+
+def test_a_scrape_is_bounded_when_the_node_list_never_comes() -> None:
+    """The GCS away: ``ray.nodes()`` blocks; /metrics still answers, without the replicas' families."""
+    release = threading.Event()
+
+    def blocked() -> list[str]:
+        release.wait(600)  # past the test timeout: an unbounded scrape fails the test
+        return []
+
+    node_metrics = NodeMetrics(blocked, timeout_s=0.2)
+
+    async def stats() -> dict[str, Any]:
+        return {"connected": 1}
+
+    async def scrape() -> str:
+        try:
+            return await exposition(stats, recorded=node_metrics.families)
+        finally:
+            release.set()  # before asyncio.run joins its worker threads: the blocked one among them
+
+    text = asyncio.run(scrape())
+    assert "vidx_router_connected 1.0" in text and "ray_vidx_" not in text
 
 
 def test_a_jobs_line_is_one_json_object_with_its_fields() -> None:
@@ -218,10 +245,16 @@ def test_a_jobs_line_is_one_json_object_with_its_fields() -> None:
     logger.setLevel(logging.INFO)
     try:
         clock = StageClock()
+        for stage in ("fetch", "decode"):
+            with clock.stage(stage):
+                pass
         clock.seconds.update({"fetch": 0.25, "decode": 1.5})
         job = IndexJob(op=JobOp.INDEX, bucket="videos", key="a.mp4", source=JobSource.EVENT)
         log_job(job, "task-9", clock, 2.0, outcome="indexed", frames=12)
-        log_job(job, "task-10", clock, 0.5, error=NotAVideo("no video stream"))
+        failing = StageClock()
+        with pytest.raises(NotAVideo), failing.stage("decode"):
+            raise NotAVideo("no video stream")
+        log_job(job, "task-10", failing, 0.5, error=NotAVideo("no video stream"))
     finally:
         logger.removeHandler(keep)
     # Serve drops a record's own ``task_id`` attribute (Ray's task id) before it formats the line.
@@ -238,3 +271,5 @@ def test_a_jobs_line_is_one_json_object_with_its_fields() -> None:
     assert done["message"].startswith(f"job index {job.uri} -> indexed (12 frames) in 2.00s: fetch=0.25s")
     assert (failed["outcome"], failed["reason_class"], failed["task_id"]) == ("failed", "not_a_video", "task-10")
     assert failed["reason"] == "not a video: no video stream" and failed["levelname"] == "WARNING"
+    # Each line names the stage its job was in when it ended: where the failure happened.
+    assert (done["stage"], failed["stage"]) == ("decode", "decode")

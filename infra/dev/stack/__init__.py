@@ -18,6 +18,7 @@ from infra.dev.stack.minio import MINIO_STOP_TIMEOUT_S, minio_client, start_mini
 from infra.dev.stack.process import host_port, running_pid, stop
 from infra.dev.stack.rabbitmq import RABBITMQ_STOP_TIMEOUT_S, start_rabbitmq, stop_epmd
 from infra.dev.stack.ray import RAY_STOP_TIMEOUT_S, dashboard_url, ray_address, start_ray
+from pipeline.cli_errors import redact
 from pipeline.settings import Settings
 
 __all__ = [
@@ -102,7 +103,7 @@ def status(settings: Settings) -> list[ComponentStatus]:
     _, amqp_port = host_port(settings.amqp.url.get_secret_value(), 5672)
     out: list[ComponentStatus] = []
     for name, where in (
-        ("rabbitmq", f"amqp port {amqp_port}, management {settings.amqp.management_url}"),
+        ("rabbitmq", f"amqp port {amqp_port}, management {redact(settings.amqp.management_url)}"),
         ("minio", settings.s3.endpoint_url),
         ("ray", f"{ray_address()}, dashboard {dashboard_url(settings)}"),
     ):
