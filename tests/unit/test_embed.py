@@ -262,6 +262,10 @@ def fresh_batch_queues() -> Iterator[None]:
         enqueue = inspect.getclosurevars(method).nonlocals.get("enqueue_request")
         wrapper = inspect.getclosurevars(enqueue).nonlocals.get("lazy_batch_queue_wrapper") if enqueue else None
         assert wrapper is not None, name  # Ray's layout changed: this reset no longer resets anything
+        if wrapper._queue is not None:
+            # Its task ran on the test's loop, closed by now; without a task, the queue's __del__ does
+            # not make an event loop of its own (which would be left unclosed, a ResourceWarning later).
+            wrapper._queue._handle_batch_task = None
         wrapper._queue = None
 
 
