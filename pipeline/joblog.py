@@ -27,8 +27,6 @@ def job_fields(
         "uri": job.uri,
         "op": job.op.value,
         "duration_s": round(duration_s, 4),
-        # The stage the job was in when it ended: where a failure happened.
-        "stage": clock.last,
         "stages_s": {k: round(v, 4) for k, v in clock.seconds.items()},
         **more,
     }
@@ -47,7 +45,7 @@ def log_job(
     """Log the job's line: its ``outcome`` and ``frames``, or the ``error`` that ended it (``failed``
     when permanent, else ``error``: a transient failure is retried, its outcome is the retry's)."""
     if error is None:
-        fields = job_fields(job, task_id, clock, duration_s, outcome=outcome, frames=frames)
+        fields = job_fields(job, task_id, clock, duration_s, outcome=outcome, frames=frames, stage="done")
         done = (job.op.value, job.uri, outcome, frames, duration_s, clock.summary())
         log.info("job %s %s -> %s (%d frames) in %.2fs: %s", *done, extra={FIELDS_KEY: fields})
         return
@@ -55,7 +53,15 @@ def log_job(
     reason = error.reason if isinstance(error, VidxError) else f"internal error ({type(error).__name__})"
     outcome = "failed" if permanent else "error"
     fields = job_fields(
-        job, task_id, clock, duration_s, outcome=outcome, reason=reason, reason_class=failure_reason(error).value
+        job,
+        task_id,
+        clock,
+        duration_s,
+        outcome=outcome,
+        # Where it failed: the stage the error came out of (None: between stages).
+        stage=clock.failed_in,
+        reason=reason,
+        reason_class=failure_reason(error).value,
     )
     args = (job.op.value, job.uri, outcome, duration_s, clock.summary(), reason)
     log.log(

@@ -23,15 +23,18 @@ class StageClock:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
-        #: The stage the job entered last: where it was when it ended (or failed).
-        self.last: str | None = None
+        #: The stage an exception first left: where the job failed (None while nothing did).
+        self.failed_in: str | None = None
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        self.last = name
         start = time.perf_counter()
         try:
             yield
+        except BaseException:
+            if self.failed_in is None:
+                self.failed_in = name
+            raise
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 

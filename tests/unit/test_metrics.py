@@ -271,5 +271,5 @@ def test_a_jobs_line_is_one_json_object_with_its_fields() -> None:
     assert done["message"].startswith(f"job index {job.uri} -> indexed (12 frames) in 2.00s: fetch=0.25s")
     assert (failed["outcome"], failed["reason_class"], failed["task_id"]) == ("failed", "not_a_video", "task-10")
     assert failed["reason"] == "not a video: no video stream" and failed["levelname"] == "WARNING"
-    # Each line names the stage its job was in when it ended: where the failure happened.
-    assert (done["stage"], failed["stage"]) == ("decode", "decode")
+    # A failed job's line names the stage it failed in; a finished one's says done.
+    assert (done["stage"], failed["stage"]) == ("done", "decode")
