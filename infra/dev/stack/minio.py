@@ -12,8 +12,8 @@ from infra.dev.stack.layout import Echo, Layout, StackError
 from infra.dev.stack.process import alive, host_port, port_open, running_pid, spawn, taken, wait
 from pipeline.settings import Settings
 
-# parents[2]: infra/dev/stack/minio.py -> infra/dev/stack -> pipeline -> the repository root.
-MINIO_INSTALLER = Path(__file__).resolve().parents[2] / "infra/local/install-minio.sh"
+# parents[3]: infra/dev/stack/minio.py -> stack -> dev -> infra -> the repository root.
+MINIO_INSTALLER = Path(__file__).resolve().parents[3] / "infra/local/install-minio.sh"
 #: First run builds MinIO from source with ``go install``.
 MINIO_BUILD_TIMEOUT_S = 1200.0
 MINIO_START_TIMEOUT_S = 60.0
