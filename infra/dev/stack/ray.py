@@ -101,4 +101,6 @@ def start_ray(settings: Settings, layout: Layout, echo: Echo) -> None:
     if not wait(started, RAY_START_TIMEOUT_S):
         raise StackError(f"Ray did not start within {RAY_START_TIMEOUT_S:.0f}s; see {log}")
     url = dashboard_url(settings)
-    echo(f"ray: running (pid {pid}, address {ray_address()}, dashboard {url}, temp dir {layout.ray_temp})")
+    token = layout.root / "ray-auth-token"
+    echo(f"ray: running (pid {pid}, address {ray_address()}, temp dir {layout.ray_temp})")
+    echo(f"ray: dashboard {url} (it asks for the Ray auth token in {token})")
