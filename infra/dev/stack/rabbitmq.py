@@ -84,7 +84,8 @@ def start_rabbitmq(settings: Settings, layout: Layout, echo: Echo) -> None:
             params.connection_attempts, params.socket_timeout = 1, 5
             connection = pika.BlockingConnection(params)
             break
-        except pika.exceptions.AMQPError as exc:
+        # A broker still starting can also refuse at the socket (OSError) rather than in pika.
+        except (pika.exceptions.AMQPError, OSError) as exc:
             if time.monotonic() >= deadline:
                 raise StackError(
                     f"RabbitMQ did not accept AMQP connections on port {port} within "
