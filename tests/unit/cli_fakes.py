@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -140,3 +141,23 @@ class FakeMinio:
 
         monkeypatch.setattr(stack, "minio_client", lambda settings: self)
         return self
+
+
+def unused_port() -> int:
+    """A loopback port where nothing listens (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def offline_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Settings pointing at an empty state dir and at ports where nothing listens, no keys; the state dir."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("VIDX_STATE_DIR", str(state))
+    monkeypatch.setenv("VIDX_SERVE__PORT", str(unused_port()))
+    monkeypatch.setenv("VIDX_S3__ENDPOINT_URL", f"http://127.0.0.1:{unused_port()}")
+    monkeypatch.setenv("VIDX_AMQP__URL", f"amqp://guest:guest@127.0.0.1:{unused_port()}/%2F")
+    for name in ("VIDX_API_KEY", "VIDX_API_KEYS", "VIDX_API_KEY_FILE", "VIDX_ADMIN_KEY", "VIDX_ADMIN_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    return state

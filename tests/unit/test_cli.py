@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 from pathlib import Path
 from typing import Any
@@ -14,29 +13,15 @@ from typer.testing import CliRunner
 
 from events.config import AmqpSettings
 from pipeline.cli import app
-from tests.unit.cli_fakes import services_reachable
+from tests.unit.cli_fakes import offline_env, services_reachable
 
 COMMANDS = ["up", "down", "status", "upload", "search", "videos", "index", "tiny-model", "wait"]
-
-
-def _unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture
 def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Settings pointing at an empty state dir and at ports where nothing listens."""
-    state = tmp_path / "state"
-    monkeypatch.setenv("VIDX_STATE_DIR", str(state))
-    monkeypatch.setenv("VIDX_SERVE__PORT", str(_unused_port()))
-    monkeypatch.setenv("VIDX_S3__ENDPOINT_URL", f"http://127.0.0.1:{_unused_port()}")
-    monkeypatch.setenv("VIDX_AMQP__URL", f"amqp://guest:guest@127.0.0.1:{_unused_port()}/%2F")
-    for name in ("VIDX_API_KEY", "VIDX_API_KEYS", "VIDX_API_KEY_FILE", "VIDX_ADMIN_KEY", "VIDX_ADMIN_KEY_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    return state
+    return offline_env(tmp_path, monkeypatch)
 
 
 def test_help() -> None:

@@ -3,7 +3,6 @@ failed (RabbitMQ, MinIO, the vidx API), where it is (host:port, never credential
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -13,22 +12,15 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.cli_errors import redact
-from tests.unit.cli_fakes import FakeApi, FakeMinio, services_reachable
+from tests.unit.cli_fakes import FakeApi, FakeMinio, services_reachable, unused_port
 
 PASSWORD = "s3cr3t-pw"
-
-
-def _unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture
 def ports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Settings pointing at ports where nothing listens; the AMQP URL carries a password."""
-    found = {"api": _unused_port(), "s3": _unused_port(), "amqp": _unused_port()}
+    found = {"api": unused_port(), "s3": unused_port(), "amqp": unused_port()}
     monkeypatch.setenv("VIDX_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("VIDX_SERVE__PORT", str(found["api"]))
     monkeypatch.setenv("VIDX_S3__ENDPOINT_URL", f"http://127.0.0.1:{found['s3']}")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typer.testing import CliRunner
 from events.config import AmqpSettings
 from pipeline.cli import app
 from pipeline.cli_check import FOUND_EXIT
-from tests.unit.cli_fakes import FakeApi, FakeMinio, services_reachable
+from tests.unit.cli_fakes import FakeApi, FakeMinio, offline_env, services_reachable
 
 #: Every command that lists something, with arguments that make it list; each must take ``--json``.
 LISTINGS: dict[str, list[str]] = {
@@ -39,23 +38,9 @@ LISTINGS: dict[str, list[str]] = {
 }
 
 
-def _unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    state = tmp_path / "state"
-    monkeypatch.setenv("VIDX_STATE_DIR", str(state))
-    monkeypatch.setenv("VIDX_SERVE__PORT", str(_unused_port()))
-    monkeypatch.setenv("VIDX_S3__ENDPOINT_URL", f"http://127.0.0.1:{_unused_port()}")
-    monkeypatch.setenv("VIDX_AMQP__URL", f"amqp://guest:guest@127.0.0.1:{_unused_port()}/%2F")
-    for name in ("VIDX_API_KEY", "VIDX_API_KEYS", "VIDX_API_KEY_FILE", "VIDX_ADMIN_KEY", "VIDX_ADMIN_KEY_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    return state
+    return offline_env(tmp_path, monkeypatch)
 
 
 def _commands() -> Iterator[tuple[str, Any]]:

@@ -5,7 +5,6 @@ bar of videos indexed/failed of N on a terminal, exits 1 naming each failed vide
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -16,22 +15,15 @@ import pipeline.cli_upload as cli_upload
 from pipeline.cli import app
 from pipeline.cli_errors import ApiError
 from pipeline.cli_upload import TIMEOUT_EXIT, WAIT_PROBES_PER_ROUND, IndexWait, Uploaded
-from tests.unit.cli_fakes import FakeApi, FakeMinio, services_reachable, video_row
-
-
-def _unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from tests.unit.cli_fakes import FakeApi, FakeMinio, services_reachable, unused_port, video_row
 
 
 @pytest.fixture
 def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[FakeApi, FakeMinio]:
     """Settings at unused ports, every probe answering, the API and MinIO as stand-ins, fast polls."""
     monkeypatch.setenv("VIDX_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("VIDX_SERVE__PORT", str(_unused_port()))
-    monkeypatch.setenv("VIDX_S3__ENDPOINT_URL", f"http://127.0.0.1:{_unused_port()}")
+    monkeypatch.setenv("VIDX_SERVE__PORT", str(unused_port()))
+    monkeypatch.setenv("VIDX_S3__ENDPOINT_URL", f"http://127.0.0.1:{unused_port()}")
     for name in ("VIDX_API_KEY", "VIDX_API_KEYS", "VIDX_API_KEY_FILE", "VIDX_ADMIN_KEY", "VIDX_ADMIN_KEY_FILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(cli_upload, "WAIT_POLL_S", 0.01)
@@ -179,7 +171,7 @@ def test_wait_needs_a_watched_bucket(stack: tuple[FakeApi, FakeMinio], tmp_path:
 
 
 def test_wait_checks_the_api_before_uploading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    port = _unused_port()
+    port = unused_port()
     monkeypatch.setenv("VIDX_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("VIDX_SERVE__PORT", str(port))
     services_reachable(monkeypatch)
