@@ -48,7 +48,7 @@ test-unit: venv
 
 # Every tier; a skipped integration or e2e test fails the run (VIDX_NO_SKIPS).
 test: install images lint typecheck
-	$(ENGINE) && VIDX_NO_SKIPS=1 $(PY) -m pytest tests -q -p no:cacheprovider
+	$(ENGINE) && VIDX_NO_SKIPS=1 $(PY) -m pytest tests -q -p no:cacheprovider --durations=20
 
 # Every benchmark with its baseline, ≤ 25 minutes on 2 cores (BENCH_ARGS=--full for bigger inputs).
 bench: install images

@@ -160,10 +160,10 @@ class StubEncoder:
     def __init__(self, queries: NDArray[np.float32]) -> None:
         self._queries = queries
 
-    async def embed_text(self, text: str) -> NDArray[np.float32]:
+    async def embed_text(self, text: str, model_id: str | None = None) -> NDArray[np.float32]:
         return self._queries[int(text) % len(self._queries)]
 
-    async def embed_image(self, rgb: NDArray[np.uint8]) -> NDArray[np.float32]:
+    async def embed_image(self, rgb: NDArray[np.uint8], model_id: str | None = None) -> NDArray[np.float32]:
         return self._queries[0]
 
 

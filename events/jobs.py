@@ -24,6 +24,8 @@ class JobSource(enum.StrEnum):
     API = "api"
     RECONCILE = "reconcile"
     REPLAY = "replay"
+    #: A backfill re-embedding an indexed video with the model being switched to (``pipeline.backfill``).
+    REINDEX = "reindex"
 
 
 class IndexJob(BaseModel):

@@ -31,7 +31,7 @@ from pipeline.search import SearchResponse, SearchService
 from pipeline.settings import Settings
 from pipeline.web import is_page_path, web_router
 from storage.catalog import VideoRecord, VideoStatus
-from storage.errors import InvalidInput, LimitExceeded, TransientError, VidxError
+from storage.errors import InvalidInput, LimitExceeded, ReindexRefused, TransientError, VidxError
 from storage.ids import parse_s3_uri, video_id
 from storage.tables import IndexStore
 
@@ -61,6 +61,8 @@ class VideoOut(BaseModel):
     duration_s: float | None
     model: str | None
     updated_at: datetime
+    #: Every model the video is indexed with: the table, the frames it holds and their sampling.
+    models: list[dict[str, Any]] = []
 
     @classmethod
     def of(cls, r: VideoRecord) -> VideoOut:
@@ -73,6 +75,7 @@ class VideoOut(BaseModel):
             duration_s=r.duration_s,
             model=r.model,
             updated_at=r.updated_at,
+            models=[{"model": i.model, "table": i.table, "frames": i.frames, "every_s": i.every_s} for i in r.indexes],
         )
 
 
@@ -248,13 +251,15 @@ def create_app(
     queues: Callable[[], Awaitable[dict[str, int]]] | None = None,
     recorded: Callable[[], Awaitable[list[Metric]]] | None = None,
     links: S3Links | None = None,
+    active_table: Callable[[], str] | None = None,
 ) -> FastAPI:
     """Build the API over its services (plain objects: testable without Ray). ``admin``: the
     ``/v1/admin`` routes (``pipeline.api_admin``), guarded by the admin key; ``check_state``: the
     scheduled check's last round (``/v1/status``, ``/metrics``); ``replicas``: replicas by
     deployment and state, ``queues``: messages per queue role, ``recorded``: the metrics every
     replica recorded (all three ``/metrics``); ``links``: the presigned-link signer for uploads
-    (the search's, to share one client)."""
+    (the search's, to share one client); ``active_table``: the active model's frames table, where
+    thumbnails are read (by default ``frames``)."""
     app = FastAPI(title="vidx", version="1", docs_url="/docs", redoc_url=None)
     keys = BearerKeys(settings.api_keys, settings.admin_key)
     limits = settings.limits
@@ -297,6 +302,8 @@ def create_app(
     async def vidx_error(request: Request, exc: VidxError) -> JSONResponse:
         if isinstance(exc, LimitExceeded):
             return _error(413, "too_large", str(exc))
+        if isinstance(exc, ReindexRefused):  # refused in the lifecycle's current state: a conflict
+            return _error(409, "conflict", str(exc))
         if isinstance(exc, InvalidInput):
             return _error(400, "bad_request", str(exc))
         if isinstance(exc, TransientError):
@@ -364,7 +371,12 @@ def create_app(
     async def thumbnail(frame_id: str, v: str | None = None) -> Response:
         """The frame's JPEG; ``v`` (the content version, in the links search hands out) makes the
         link one picture's: it is cached as such, and finds nothing once the video is overwritten."""
-        data = await asyncio.to_thread(store.frames.thumbnail, frame_id, v)
+
+        def read() -> bytes | None:
+            frames = store.frames if active_table is None else store.frames_table(active_table())
+            return frames.thumbnail(frame_id, v)
+
+        data = await asyncio.to_thread(read)
         if not data:
             raise HTTPException(404, f"no thumbnail for {frame_id}" + (f" at version {v}" if v else ""))
         cache = f"private, max-age={settings.s3.presign_ttl_s}, immutable" if v else "private, no-cache"

@@ -1,27 +1,35 @@
 """Admin routes under ``/v1/admin`` (the auth middleware lets only the admin key through): the
-dead-letter queue, parked events and reconcile, the same operations as ``vidx dlq``, ``vidx parked``
-and ``vidx reconcile``."""
+dead-letter queue, parked events, reconcile and the model lifecycle, the same operations as
+``vidx dlq``, ``vidx parked``, ``vidx reconcile`` and ``vidx reindex``."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Collection
-from typing import Annotated, Any, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
-from fastapi import APIRouter, Query
-from pydantic import BaseModel, model_validator
+from fastapi import APIRouter, HTTPException, Query
+from pydantic import BaseModel, StringConstraints, model_validator
 
 from events.jobs import JobSink
 from events.parked import ParkedEvent, ParkedReplayReport
 from pipeline.check import CheckReport
 from pipeline.deadletters import DeadLetter, ReplayReport
+from pipeline.lifecycle import status_json
 from storage.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from pipeline.lifecycle import ModelLifecycle
 
 #: Changes listed per bucket in a reconcile answer (the counts cover all).
 MAX_CHANGES_SHOWN = 100
 #: Most dead letters or parked events one listing returns (module level: FastAPI resolves the
 #: ``Query`` annotations in the module's namespace).
 MAX_LIST = 1000
+#: Longest model id a reindex body may name (hub ids and checkpoint paths are far shorter).
+MAX_MODEL_ID_CHARS = 512
+#: The answer of the reindex routes when the app was built without a model lifecycle.
+NO_LIFECYCLE = "model lifecycle not available"
 
 
 class DeadLetters(Protocol):
@@ -58,6 +66,11 @@ class ReconcileRequest(BaseModel):
     dry_run: bool = False
 
 
+class ReindexRequest(BaseModel):
+    #: The model to backfill to: a hub id or a checkpoint directory the app can read.
+    model: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_MODEL_ID_CHARS)]
+
+
 def _report(report: CheckReport) -> dict[str, Any]:
     data = report.as_json()
     data["found"] = data["found"][:MAX_CHANGES_SHOWN]
@@ -70,9 +83,16 @@ def admin_router(
     parked: ParkedEvents,
     jobs: JobSink,
     reconcile: Callable[[str, str, bool], CheckReport],
+    lifecycle: ModelLifecycle | None = None,
 ) -> APIRouter:
-    """The admin routes over plain services (testable without Ray or a broker)."""
+    """The admin routes over plain services (testable without Ray or a broker). Without
+    ``lifecycle`` the reindex routes answer 503."""
     router = APIRouter(prefix="/v1/admin")
+
+    def models() -> ModelLifecycle:
+        if lifecycle is None:
+            raise HTTPException(503, NO_LIFECYCLE)
+        return lifecycle
 
     @router.get("/dlq")
     async def list_dead_letters(limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 100) -> dict[str, Any]:
@@ -113,5 +133,28 @@ def admin_router(
         chosen = [body.bucket] if body.bucket else buckets
         reports = [await asyncio.to_thread(reconcile, b, body.prefix, body.dry_run) for b in chosen]
         return {"reports": [_report(r) for r in reports]}
+
+    # Refusals (ReindexRefused) are 409s, mapped with the API's other errors (``pipeline.api``).
+    @router.get("/reindex")
+    async def reindex_status() -> dict[str, Any]:
+        return await asyncio.to_thread(models().status)
+
+    @router.post("/reindex", status_code=202)
+    async def reindex_start(body: ReindexRequest) -> dict[str, Any]:
+        chosen = models()
+        state = await asyncio.to_thread(chosen.start, body.model)
+        return status_json(state, chosen.configured)
+
+    @router.post("/reindex/abort")
+    async def reindex_abort() -> dict[str, Any]:
+        chosen = models()
+        state = await asyncio.to_thread(chosen.abort)
+        return status_json(state, chosen.configured)
+
+    @router.post("/reindex/cleanup")
+    async def reindex_cleanup() -> dict[str, Any]:
+        chosen = models()
+        dropped = await asyncio.to_thread(chosen.cleanup)
+        return {"dropped": dropped, "status": await asyncio.to_thread(chosen.status)}
 
     return router

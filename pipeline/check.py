@@ -14,20 +14,20 @@ videos' frame summaries (S3 lists keys in UTF-8 byte order; the catalog is scann
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import posixpath
-from collections.abc import AsyncIterator, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from events.jobs import IndexJob, JobOp, JobSink, JobSource
+from pipeline.check_report import MAX_REPORTED, CheckReport, Finding, Inconsistency
 from storage.catalog import IN_FLIGHT, VideoRecord, VideoStatus
 from storage.config import S3Settings
 from storage.errors import TransientError
-from storage.frames import FrameSummary
+from storage.frames import FRAMES, FrameSummary
 from storage.ids import fingerprint, s3_uri, video_id
+from storage.models import ModelTable
 from storage.s3 import ObjectHead, ObjectStore
 
 if TYPE_CHECKING:
@@ -36,88 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Findings kept in a report for display; the counts cover all of them.
-MAX_REPORTED = 1000
-
-
-class Finding(enum.StrEnum):
-    MISSING = "missing"  # in the bucket, never cataloged
-    STALE = "stale"  # cataloged at another version, model or sampling than the object (or deleted while it exists)
-    ORPHANED = "orphaned"  # cataloged as present, the object is gone
-    STUCK = "stuck"  # queued or indexing past the grace: no job is alive for it
-    ROWS_MISMATCH = "rows_mismatch"  # frames doesn't hold exactly the rows the catalog says
-    ORPHAN_ROWS = "orphan_rows"  # frames rows of a video with no catalog row
-    DUPLICATE_FRAMES = "duplicate_frames"  # one frame_id twice
-
-
-@dataclass(frozen=True, slots=True)
-class Inconsistency:
-    finding: Finding
-    uri: str
-    video_id: str
-    detail: str
-
-
-@dataclass(slots=True)
-class CheckReport:
-    repair: bool
-    buckets: list[str] = field(default_factory=list)
-    listed: int = 0
-    videos: int = 0
-    in_sync: int = 0
-    #: Failed at the object's current version: left alone (it is in the dead-letter queue).
-    failed: int = 0
-    #: Queued or indexing within the grace, or changed in the bucket within the grace.
-    in_flight: int = 0
-    #: Objects that aren't videos by name and were never cataloged.
-    ignored: int = 0
-    counts: dict[Finding, int] = field(default_factory=lambda: dict.fromkeys(Finding, 0))
-    found: list[Inconsistency] = field(default_factory=list)
-    submitted: int = 0
-    #: Where an incremental round stopped: (bucket, last key) to resume after; None when it went through.
-    resume_after: tuple[str, str] | None = None
-    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
-    took_s: float = 0.0
-
-    @property
-    def inconsistencies(self) -> int:
-        return sum(self.counts.values())
-
-    def add(self, item: Inconsistency) -> None:
-        self.counts[item.finding] += 1
-        if len(self.found) < MAX_REPORTED:
-            self.found.append(item)
-
-    def summary(self) -> str:
-        kinds = ", ".join(f"{k.value} {n}" for k, n in self.counts.items() if n) or "none"
-        verb = f"; submitted {self.submitted} repairing jobs" if self.repair else ""
-        return (
-            f"checked {self.videos} videos, {self.listed} objects in {', '.join(self.buckets) or 'no buckets'}: "
-            f"{self.inconsistencies} inconsistencies ({kinds}); in sync {self.in_sync}, failed {self.failed}, "
-            f"in flight {self.in_flight}, ignored {self.ignored}{verb}"
-        )
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "inconsistencies": self.inconsistencies,
-            "counts": {k.value: n for k, n in self.counts.items()},
-            "in_flight": self.in_flight,
-            "in_sync": self.in_sync,
-            "failed": self.failed,
-            "ignored": self.ignored,
-            "listed": self.listed,
-            "videos": self.videos,
-            "buckets": self.buckets,
-            "repair": self.repair,
-            "submitted": self.submitted,
-            "resume_after": list(self.resume_after) if self.resume_after else None,
-            "started_at": self.started_at.isoformat(),
-            "took_s": round(self.took_s, 3),
-            "found": [
-                {"finding": i.finding.value, "uri": i.uri, "video_id": i.video_id, "detail": i.detail}
-                for i in self.found
-            ],
-        }
+__all__ = ["MAX_REPORTED", "CheckReport", "Checker", "Finding", "Inconsistency", "S3PageLister", "build_checker"]
 
 
 class PageLister(Protocol):
@@ -189,7 +108,15 @@ class Checker:
         sink: JobSink | None,
         in_flight_grace_s: float,
         new_object_grace_s: float,
+        models: Callable[[], list[ModelTable]] | None = None,
+        frames_for: Callable[[str], FrameReader] | None = None,
     ) -> None:
+        """``models`` gives the live frames tables (active first, ``LiveModels.live``) and
+        ``frames_for`` each one's reader: each video's rows in each are held against its catalog
+        entry for that table. Without them, the one ``frames`` table against the row's own
+        ``frames``/``fingerprint`` (``model_id``'s index)."""
+        self._models = models
+        self._frames_for = frames_for
         self._model_id = model_id
         self._every_s = every_s
         self._extensions = {e.lower() for e in extensions}
@@ -252,6 +179,8 @@ class Checker:
         resume_after: tuple[str, str] | None,
     ) -> CheckReport:
         report = CheckReport(repair=repair)
+        if self._models is not None:
+            report.models = {t.model: 0 for t in self._models()}
         now = datetime.now(UTC)
         budget = max_objects
         names = list(buckets)
@@ -320,20 +249,32 @@ class Checker:
         its frame rows, each read for that range only. ``tail``: the range past the last page, up to
         the prefix's end (exclusive in effect: no URI under the prefix equals it)."""
         rows = {r.video_id: r for r in self._catalog.scan(lower, upper, include_from=include_lower)}
-        frames = self._frames.summaries_in(lower, upper, include_from=include_lower)
+        tables = self._tables()
+        frames: dict[str, dict[str, FrameSummary]] = {}
+        for t in tables:
+            reader = self._frames if self._frames_for is None else self._frames_for(t.table)
+            frames[t.table] = reader.summaries_in(lower, upper, include_from=include_lower)
         if tail is not None:
             under = s3_uri(bucket, tail)
             rows = {v: r for v, r in rows.items() if r.uri.startswith(under)}
-            frames = {v: f for v, f in frames.items() if f.uri.startswith(under)}
+            frames = {n: {v: f for v, f in held.items() if f.uri.startswith(under)} for n, held in frames.items()}
+
+        def take(vid: str) -> dict[str, FrameSummary]:
+            return {n: held.pop(vid) for n, held in frames.items() if vid in held}
+
         for obj in objects:
             vid = video_id(bucket, obj.key)
-            self._one(
-                report, s3_uri(bucket, obj.key), vid, obj, rows.pop(vid, None), frames.pop(vid, None), now, repair
-            )
+            self._one(report, s3_uri(bucket, obj.key), vid, obj, rows.pop(vid, None), take(vid), tables, now, repair)
         for record in rows.values():  # cataloged in this key range, not in the bucket
-            self._one(report, record.uri, record.video_id, None, record, frames.pop(record.video_id, None), now, repair)
-        for vid, summary in frames.items():  # rows in this key range, neither object nor catalog row
-            self._one(report, summary.uri, vid, None, None, summary, now, repair)
+            self._one(report, record.uri, record.video_id, None, record, take(record.video_id), tables, now, repair)
+        for vid in sorted({v for held in frames.values() for v in held}):  # rows, neither object nor catalog row
+            held = take(vid)
+            self._one(report, next(iter(held.values())).uri, vid, None, None, held, tables, now, repair)
+
+    def _tables(self) -> list[ModelTable]:
+        if self._models is None:
+            return [ModelTable(self._model_id, 0, FRAMES)]
+        return self._models()
 
     def _one(
         self,
@@ -342,19 +283,19 @@ class Checker:
         vid: str,
         obj: ObjectHead | None,
         record: VideoRecord | None,
-        rows: FrameSummary | None,
+        rows: dict[str, FrameSummary],
+        tables: list[ModelTable],
         now: datetime,
         repair: bool,
     ) -> None:
-        rows = rows or FrameSummary()
-        if record is None and rows.rows == 0:
+        if record is None and not any(r.rows for r in rows.values()):
             if obj is None:
                 return
             if posixpath.splitext(obj.key)[1].lower() not in self._extensions:
                 report.ignored += 1
                 return
         report.videos += 1
-        found = self._judge(obj, record, rows, now)
+        found = self._judge(obj, record, rows, tables, now)
         if found is None:
             return
         if not isinstance(found, tuple):
@@ -365,8 +306,8 @@ class Checker:
             else:
                 report.in_sync += 1
             return
-        finding, detail = found
-        report.add(Inconsistency(finding, uri, vid, detail))
+        finding, detail, model = found
+        report.add(Inconsistency(finding, uri, vid, detail), model)
         if repair and self._sink is not None:
             bucket, key = _split_uri(uri)
             op = JobOp.INDEX if obj is not None else JobOp.DELETE
@@ -377,43 +318,85 @@ class Checker:
             )
             report.submitted += 1
 
+    def _expected(self, record: VideoRecord, table: ModelTable) -> tuple[int, str | None]:
+        """The rows the catalog says ``table`` holds of the video: how many, of which fingerprint."""
+        if self._models is None:
+            return record.frames, record.fingerprint
+        entry = record.index_in(table.table)
+        return (entry.frames, entry.fingerprint) if entry is not None else (0, None)
+
     def _judge(
-        self, obj: ObjectHead | None, record: VideoRecord | None, rows: FrameSummary, now: datetime
-    ) -> tuple[Finding, str] | str | None:
-        """The finding for one video, or ``in_sync`` / ``failed`` / ``in_flight``."""
+        self,
+        obj: ObjectHead | None,
+        record: VideoRecord | None,
+        rows: dict[str, FrameSummary],
+        tables: list[ModelTable],
+        now: datetime,
+    ) -> tuple[Finding, str, str | None] | str | None:
+        """The finding for one video (with the model whose rows it is about), or ``in_sync`` /
+        ``failed`` / ``in_flight``."""
         in_flight = record is not None and record.status in IN_FLIGHT
         if in_flight and record is not None and now - record.updated_at < self._stuck_after:
             return "in_flight"
         fresh = obj is not None and obj.last_modified is not None and now - obj.last_modified < self._new_after
-        if rows.duplicate_ids:
-            return Finding.DUPLICATE_FRAMES, f"{rows.duplicate_ids} repeated frame ids in {rows.rows} rows"
+        for t in tables:
+            held = rows.get(t.table, FrameSummary())
+            if held.duplicate_ids:
+                detail = f"{held.duplicate_ids} repeated frame ids in {held.rows} rows"
+                return Finding.DUPLICATE_FRAMES, self._of(t, detail), self._label(t)
         if record is None:
-            if rows.rows:
-                return Finding.ORPHAN_ROWS, f"{rows.rows} rows, no catalog row"
-            return "in_flight" if fresh else (Finding.MISSING, "in the bucket, not in the catalog")
-        expected = {record.fingerprint} if record.fingerprint else set()
-        if rows.rows != record.frames or not set(rows.fingerprints) <= expected:
-            held = ", ".join(f"{n} of {fp}" for fp, n in rows.fingerprints.items()) or "none"
-            said = f"{record.frames} rows of {record.fingerprint or '-'}"
-            return Finding.ROWS_MISMATCH, f"{record.status.value}: catalog says {said}, frames holds {held}"
+            for t in tables:
+                if (held := rows.get(t.table, FrameSummary())).rows:
+                    return Finding.ORPHAN_ROWS, self._of(t, f"{held.rows} rows, no catalog row"), self._label(t)
+            return "in_flight" if fresh else (Finding.MISSING, "in the bucket, not in the catalog", None)
+        for t in tables:
+            held = rows.get(t.table, FrameSummary())
+            count, fp = self._expected(record, t)
+            if held.rows != count or not set(held.fingerprints) <= ({fp} if fp else set()):
+                has = ", ".join(f"{n} of {f}" for f, n in held.fingerprints.items()) or "none"
+                detail = f"{record.status.value}: catalog says {count} rows of {fp or '-'}, frames holds {has}"
+                return Finding.ROWS_MISMATCH, self._of(t, detail), self._label(t)
         if in_flight:
-            return Finding.STUCK, f"{record.status.value} since {record.updated_at.isoformat()}"
+            return Finding.STUCK, f"{record.status.value} since {record.updated_at.isoformat()}", None
         if obj is None:
             if record.status is VideoStatus.DELETED:
                 return None
-            return Finding.ORPHANED, f"{record.status.value}, object gone"
-        current = fingerprint(obj.version, self._model_id, self._every_s)
-        if record.status is VideoStatus.INDEXED and record.fingerprint == current:
+            return Finding.ORPHANED, f"{record.status.value}, object gone", None
+        active = tables[0]
+        current = fingerprint(obj.version, active.model, self._every_s)
+        _, active_fp = self._expected(record, active)
+        if record.status is VideoStatus.INDEXED and active_fp == current:
             return "in_sync"
         if record.status is VideoStatus.FAILED and record.version == obj.version:
             return "failed"
         if fresh:
             return "in_flight"
-        return Finding.STALE, f"{record.status.value} at version {record.version or '-'}, object at {obj.version}"
+        detail = f"{record.status.value} at version {record.version or '-'}, object at {obj.version}"
+        return Finding.STALE, detail, None
+
+    def _label(self, table: ModelTable) -> str | None:
+        return None if self._models is None else table.model
+
+    def _of(self, table: ModelTable, detail: str) -> str:
+        return detail if self._models is None else f"{table.model} ({table.table}): {detail}"
 
 
-def build_checker(settings: Settings, store: IndexStore, sink: JobSink | None) -> Checker:
-    """The checker of this deployment's model, sampling and buckets (CLI, admin API, scheduled round)."""
+def build_checker(
+    settings: Settings,
+    store: IndexStore,
+    sink: JobSink | None,
+    models: Callable[[], list[ModelTable]] | None = None,
+) -> Checker:
+    """The checker of this index's live models (or of ``models``' tables, active first), this
+    deployment's sampling and buckets (CLI, admin API, scheduled round)."""
+    from pipeline.lifecycle import LiveModels
+
+    live = LiveModels(store.models, settings.reindex.live_refresh_s)
+
+    def live_tables() -> list[ModelTable]:
+        # An index no app has started on yet has no lifecycle row: its one table is ``frames``.
+        return live.state().live() or [ModelTable(settings.model.id, 0, FRAMES)]
+
     return Checker(
         model_id=settings.model.id,
         every_s=settings.sampling.every_s,
@@ -424,4 +407,6 @@ def build_checker(settings: Settings, store: IndexStore, sink: JobSink | None) -
         sink=sink,
         in_flight_grace_s=settings.check.in_flight_grace_s,
         new_object_grace_s=settings.check.new_object_grace_s,
+        models=models or live_tables,
+        frames_for=store.frames_table,
     )

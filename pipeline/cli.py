@@ -21,6 +21,7 @@ from pipeline.cli_common import ApiClient, CliError, hms, settings_of
 from pipeline.cli_deploy import serve_config
 from pipeline.cli_errors import errors, fail, minio, rabbitmq
 from pipeline.cli_output import Column, print_json, table
+from pipeline.cli_reindex import reindex
 from pipeline.cli_upload import upload, wait
 from pipeline.settings import Settings
 
@@ -170,7 +171,8 @@ def search(
         ],
         empty="no moments found",
     )
-    typer.echo(f"({len(results)} moments in {answer.get('took_ms', 0):.0f} ms)", err=True)
+    model = f", answered by {answer['model']}" if answer.get("model") else ""
+    typer.echo(f"({len(results)} moments in {answer.get('took_ms', 0):.0f} ms{model})", err=True)
 
 
 @app.command()
@@ -265,6 +267,12 @@ def serve(ctx: typer.Context) -> None:
         from pipeline.deployments import build_app
 
         _prepare_services(settings)
+        from pipeline.lifecycle import ModelLifecycle
+        from pipeline.model_config import model_dim
+        from storage.tables import IndexStore
+
+        # A configured model the index isn't on is refused here, in one line, before Ray starts.
+        ModelLifecycle(IndexStore(settings.s3), settings, model_dim).preflight()
         ray.init(address="local", num_cpus=settings.serve.ray_num_cpus, include_dashboard=False)
         ray_serve.start(http_options={"host": settings.serve.host, "port": settings.serve.port})
         ray_serve.run(
@@ -301,6 +309,7 @@ def open_page(
 
 app.command()(reconcile)
 app.command()(check)
+app.command()(reindex)
 app.command("serve-config")(serve_config)
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(parked_app, name="parked")

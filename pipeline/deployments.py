@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -20,14 +20,11 @@ from ray.serve.task_consumer import task_consumer, task_handler
 from events.jobs import INDEX_TASK
 from pipeline.autoscale import replica_options
 from pipeline.catalog_writes import CatalogWriter
-from pipeline.encoders import Encoder, HandleEmbedder, HandleQueryEncoder, SerialEmbedder
+from pipeline.encoders import Encoder, HandleEmbedders, HandleQueryEncoder
 from pipeline.metrics import Metrics, RayBackend
 from pipeline.replica_logs import logging_config, route_logs_to_replica
 from pipeline.settings import Settings
 from pipeline.taskqueue import CeleryJobSink, queueing_sink, task_processor_config
-
-if TYPE_CHECKING:
-    from pipeline.indexer import FrameEmbedder
 
 log = logging.getLogger(__name__)
 
@@ -77,40 +74,54 @@ def consumer_deployment(settings: Settings, num_gpus: float = 0.0) -> Any:
             from pipeline.consumer import IndexTaskHandler
             from pipeline.deadletters import DeadLetterQueue
             from pipeline.holders import holder_alive, process_holder
-            from pipeline.indexer import Indexer
+            from pipeline.indexer import Embedders, Indexer
+            from pipeline.lifecycle import LiveModels
             from storage.tables import IndexStore
             from storage.writer import GroupedFrameWriter
 
             route_logs_to_replica()
             metrics = Metrics(RayBackend())
             store = IndexStore(settings.s3)
-            # The Celery threads of this replica share frame commits; each task is acked only after
-            # the commit holding its rows.
+            live = LiveModels(store.models, settings.reindex.live_refresh_s)
+            # The Celery threads of this replica share frame commits (one writer per model's table);
+            # each task is acked only after the commit holding its rows.
             w = settings.writer
-            writer = GroupedFrameWriter(
-                store.frames,
-                max_videos=w.group_max_videos,
-                max_rows=w.group_max_rows,
-                wait_s=w.group_wait_s,
-                commit_timeout_s=w.commit_timeout_s,
-            )
-            embedder: FrameEmbedder
-            if settings.serve.layout == "fused":
-                from pipeline.embed import SiglipEncoder
+            writers: dict[str, GroupedFrameWriter] = {}
+            writers_lock = threading.Lock()
 
-                embedder = SerialEmbedder(SiglipEncoder(settings.model))
+            def writer_for(table: str) -> GroupedFrameWriter:
+                with writers_lock:
+                    if table not in writers:
+                        writers[table] = GroupedFrameWriter(
+                            store.frames_table(table),
+                            max_videos=w.group_max_videos,
+                            max_rows=w.group_max_rows,
+                            wait_s=w.group_wait_s,
+                            commit_timeout_s=w.commit_timeout_s,
+                        )
+                    return writers[table]
+
+            embedders: Embedders
+            if settings.serve.layout == "fused":
+                from pipeline.encoders import PoolEmbedders
+                from pipeline.model_pool import ModelPool
+
+                embedders = PoolEmbedders(ModelPool(settings.model))
             else:
-                embedder = HandleEmbedder(encoder, settings.model.id, settings.model.embed_timeout_s)
+                embedders = HandleEmbedders(encoder, settings.model.embed_timeout_s)
             indexer = Indexer(
                 settings,
-                embedder,
+                embedders.for_model(settings.model.id),
                 store,
-                writer=writer,
                 # The cluster's one catalog writer groups every replica's status writes into few commits.
                 catalog_writes=HandleCatalogWrites(catalog_writer) if catalog_writer is not None else None,
                 holder=process_holder(),
                 holder_alive=holder_alive,
                 metrics=metrics,
+                models=live.live,
+                models_now=live.live_now,
+                embedders=embedders,
+                writer_for=writer_for,
             )
             dead_letters = DeadLetterQueue(settings.amqp.url.get_secret_value(), settings.serve.failed_queue)
             self._handler = IndexTaskHandler(indexer, dead_letters, settings.serve.max_retries, metrics)
@@ -149,9 +160,15 @@ class EventRouterDeployment:
 
     def __init__(self, settings: Settings) -> None:
         from events.router import EventRouter
+        from pipeline.lifecycle import ModelLifecycle
+        from pipeline.model_config import model_dim
         from storage.tables import IndexStore
 
         route_logs_to_replica()
+        store = IndexStore(settings.s3)
+        # The configured model against the index's, before any event is taken (a disagreement fails
+        # the deploy with what to do); an empty index gets its first model here.
+        ModelLifecycle(store, settings, model_dim).preflight()
         metrics = Metrics(RayBackend())
         self._router = EventRouter(
             settings.amqp,
@@ -165,12 +182,28 @@ class EventRouterDeployment:
         self._thread.start()
         # The one place index maintenance and the scheduled check run (this deployment has a single
         # replica); the leases they take in the index database cover the overlap while Serve replaces it.
+        from pipeline.backfill import BackfillCoordinator
         from pipeline.check import build_checker
+        from pipeline.lifecycle import LiveModels
         from pipeline.scheduled_check import ScheduledCheck
         from storage.maintenance import IndexMaintainer
 
-        store = IndexStore(settings.s3)
-        _, self._maintenance_stop = IndexMaintainer(store, settings.index).start()
+        live = LiveModels(store.models, settings.reindex.live_refresh_s)
+        maintainer = IndexMaintainer(store, settings.index, tables=lambda: [t.table for t in live.live()])
+        _, self._maintenance_stop = maintainer.start()
+        r = settings.reindex
+        self._backfill = BackfillCoordinator(
+            store,
+            CeleryJobSink(settings),
+            interval_s=r.interval_s,
+            max_outstanding=r.max_outstanding,
+            resubmit_after_s=r.resubmit_after_s,
+            lease_ttl_s=r.lease_ttl_s,
+            sweep_s=r.sweep_s,
+            ann_min_rows=settings.index.ann_min_rows,
+            index_wait_s=r.index_wait_s,
+        )
+        _, self._backfill_stop = self._backfill.start()
         c = settings.check
         self._check = ScheduledCheck(
             build_checker(settings, store, queueing_sink(settings, store)),
@@ -199,8 +232,9 @@ class EventRouterDeployment:
 
     def __del__(self) -> None:
         self._stop.set()
-        self._maintenance_stop.set()
-        self._check_stop.set()
+        for stop in ("_maintenance_stop", "_check_stop", "_backfill_stop"):
+            if hasattr(self, stop):
+                getattr(self, stop).set()
 
 
 @serve.deployment(name="Api")
@@ -217,11 +251,15 @@ class Api:
         route_logs_to_replica()
         self._settings = settings
         self._store = IndexStore(settings.s3)
+        from pipeline.lifecycle import LiveModels
+
+        self._live = LiveModels(self._store.models, settings.reindex.live_refresh_s)
         self._search = SearchService(
             settings,
             self._store,
             HandleQueryEncoder(encoder, settings.model.query_timeout_s),
             metrics=Metrics(RayBackend()),
+            models=self._live,
         )
         from storage.catalog_writer import GroupedCatalogWriter
 
@@ -290,6 +328,8 @@ class Api:
         from pipeline.api_admin import admin_router
         from pipeline.check import build_checker
         from pipeline.deadletters import DeadLetterQueue
+        from pipeline.lifecycle import ModelLifecycle
+        from pipeline.model_config import model_dim
 
         settings, store = self._settings, self._store
         checker = build_checker(settings, store, self._bulk_sink)
@@ -299,6 +339,7 @@ class Api:
             ParkedQueue(settings.amqp),
             self._bulk_sink,
             lambda bucket, prefix, dry_run: checker.run([bucket], prefix=prefix, repair=not dry_run),
+            lifecycle=ModelLifecycle(store, settings, model_dim),
         )
         return create_app(
             settings,
@@ -312,6 +353,7 @@ class Api:
             queues=self._queues,
             recorded=self._node_metrics.families if settings.serve.metrics_from_nodes else None,
             links=self._search.links,
+            active_table=lambda: self._live.active().table,
         )
 
 
@@ -327,7 +369,7 @@ def build_app(settings: Settings) -> Any:
         ray_actor_options={"num_cpus": s.encoder_num_cpus, "num_gpus": encoder_gpus},
         logging_config=logs,
         **replica_options(settings, "Encoder"),
-    ).bind(settings.model)
+    ).bind(settings.model, settings.s3)
     catalog_writer = (
         CatalogWriter.options(ray_actor_options={"num_cpus": s.router_num_cpus}, logging_config=logs).bind(settings)  # type: ignore[attr-defined]
         if settings.writer.catalog_grouped

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -30,6 +29,7 @@ from numpy.typing import NDArray
 from PIL import Image
 from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
 
+from pipeline.model_config import embedding_dim, from_local_or_hub, unavailable_error
 from pipeline.settings import ModelSettings
 from storage.errors import InvalidInput, ModelUnavailable
 
@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: PIL resampling codes the device path reproduces (torch's antialiased modes follow PIL's filters).
 _RESAMPLE_MODES = {2: "bilinear", 3: "bicubic"}
-_MAX_CAUSE_CHARS = 200
 _T = TypeVar("_T")
 
 
@@ -83,10 +82,7 @@ class SiglipEncoder:
         self._model, self._tokenizer, self._image_processor = self._load()
         self._preprocess = DevicePreprocessor.from_processor(self._image_processor, self.device, self._dtype)
         config = self._model.config
-        text_dim = getattr(config.text_config, "projection_size", None) or config.text_config.hidden_size
-        self.dim: int = int(config.vision_config.hidden_size)
-        if text_dim != self.dim:
-            raise self._unavailable(f"text ({text_dim}) and image ({self.dim}) embeddings differ in size")
+        self.dim: int = embedding_dim(self.model_id, config)
         positions = int(config.text_config.max_position_embeddings)
         self.text_max_length = min(settings.text_max_length, positions)
         if settings.text_max_length > positions:
@@ -100,42 +96,22 @@ class SiglipEncoder:
         self._tokenizer.padding_side = "right"
         log.info("loaded %s on %s (%s), dim %d", self.model_id, self.device, self.dtype_name, self.dim)
 
-    def _unavailable(self, cause: str) -> ModelUnavailable:
-        # One line: the first line of the library's message, bounded.
-        lines = cause.strip().splitlines() or [""]
-        cause = " ".join(lines[0].split())[:_MAX_CAUSE_CHARS]
-        return ModelUnavailable(
-            f"can't load model {self.model_id!r} ({cause}); set VIDX_MODEL__ID to a local checkpoint "
-            "directory or build an offline test model with 'vidx tiny-model DIR'"
-        )
-
     def _load(self) -> tuple[Any, Any, Any]:
         """Load model, tokenizer and image processor: a local directory, else the HF cache, else the hub."""
-        path = Path(self.model_id).expanduser()
-        if path.is_dir():
-            model, tokenizer, image_processor = self._load_from(str(path), local_files_only=True)
-        elif path.exists() or self.model_id.startswith(("/", "./", "../", "~")):
-            raise self._unavailable(f"{path} is not a directory")
-        else:
-            try:
-                # The cache first: offline, the hub (and its retries) is only tried on a cache miss.
-                model, tokenizer, image_processor = self._load_from(self.model_id, local_files_only=True)
-            except ModelUnavailable:
-                log.info("%s is not in the Hugging Face cache; trying the hub", self.model_id)
-                model, tokenizer, image_processor = self._load_from(self.model_id, local_files_only=False)
+        model, tokenizer, image_processor = from_local_or_hub(self.model_id, self._load_from)
         if not (hasattr(model, "get_image_features") and hasattr(model, "get_text_features")):
-            raise self._unavailable(f"{type(model).__name__} is not a SigLIP image-text model")
+            raise unavailable_error(self.model_id, f"{type(model).__name__} is not a SigLIP image-text model")
         model.to(self.device)
         model.eval()
         return model, tokenizer, image_processor
 
-    def _load_from(self, source: str, *, local_files_only: bool) -> tuple[Any, Any, Any]:
+    def _load_from(self, source: str, local_files_only: bool) -> tuple[Any, Any, Any]:
         try:
             model = AutoModel.from_pretrained(source, dtype=self._dtype, local_files_only=local_files_only)
             tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
             image_processor = AutoImageProcessor.from_pretrained(source, local_files_only=local_files_only)
         except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
-            raise self._unavailable(f"{type(exc).__name__}: {exc}") from exc
+            raise unavailable_error(self.model_id, f"{type(exc).__name__}: {exc}") from exc
         return model, tokenizer, image_processor
 
     def embed_images(self, images: Sequence[NDArray[np.uint8] | Image.Image]) -> NDArray[np.float32]:

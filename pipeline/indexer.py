@@ -5,33 +5,26 @@ them, or fetch, decode, embed and replace them — each catalog change a compare
 
 from __future__ import annotations
 
-import enum
 import logging
-import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Protocol
-
-import numpy as np
-from numpy.typing import NDArray
 
 from events.jobs import IndexJob, JobOp
-from pipeline.decode import open_sampled
+from pipeline.embed_stage import Embedders, EmbedStage, FrameEmbedder, OneEmbedder
+from pipeline.job_result import ConsumerKilled, JobResult, Outcome
 from pipeline.joblog import log_job
 from pipeline.metrics import Metrics
 from pipeline.objects import ObjectSource, S3ObjectSource
 from pipeline.settings import Settings
-from pipeline.stages import StageClock, chunks, thumbnail_jpeg
+from pipeline.stages import StageClock
 from pipeline.videostate import Attempt, VideoStates
-from storage.catalog import IN_FLIGHT, VideoRecord, VideoStatus
+from storage.catalog import IN_FLIGHT, ModelIndex, VideoRecord, VideoStatus
 from storage.catalog_writer import CatalogWrites, PendingWrite
 from storage.errors import PermanentError, TransientError
-from storage.frames import FrameRow, VideoFrames
-from storage.ids import fingerprint, frame_id
+from storage.frames import FRAMES, VideoFrames
+from storage.ids import fingerprint
+from storage.models import ModelTable
 from storage.s3 import ObjectHead
 from storage.tables import IndexStore
 from storage.writer import FrameWriter
@@ -40,9 +33,6 @@ log = logging.getLogger(__name__)
 
 #: Rounds one job goes (read, HEAD, act) while other writers keep changing the video under it.
 MAX_CONVERGE_ROUNDS = 5
-
-#: Longest a job waits for a decode slot (``serve.consumer_cpu_slots``); then it is retried.
-CPU_SLOT_WAIT_S = 600.0
 
 #: A step boundary of a job and the job: ``hooks(step, job)`` runs there (tests pause jobs at them).
 StepHook = Callable[[str, IndexJob], None]
@@ -55,42 +45,12 @@ def _no_hook(step: str, job: IndexJob) -> None:
     return None
 
 
-class ConsumerKilled(PermanentError):
-    """Raised when a job's consumer died while holding it ``max_crashes`` times: the video itself
-    (a decoder crash, memory) is the likely cause, so it is failed instead of tried forever."""
-
-
-class FrameEmbedder(Protocol):
-    """Anything that turns RGB frames into L2-normalised vectors (the Encoder, or its handle)."""
-
-    @property
-    def model_id(self) -> str: ...
-
-    def embed_images(self, images: Sequence[NDArray[np.uint8]]) -> NDArray[np.float32]: ...
-
-
-class Outcome(enum.StrEnum):
-    INDEXED = "indexed"
-    UNCHANGED = "unchanged"
-    DELETED = "deleted"
-    FAILED = "failed"
-
-
-@dataclass(frozen=True, slots=True)
-class JobResult:
-    video_id: str
-    outcome: Outcome
-    frames: int = 0
-    reason: str | None = None
-    #: Seconds spent per stage (head, catalog, fetch, decode, embed, thumbnails, write).
-    stages: dict[str, float] = field(default_factory=dict, compare=False)
-
-
 @dataclass(slots=True)
 class _Dirty:
-    """Whether this job changed the video's rows since it last settled the row."""
+    """Whether this job changed the video's rows since it last settled the row, and in which tables."""
 
     rows_changed: bool = False
+    tables: set[str] = field(default_factory=set)
 
 
 class _Lost(Exception):
@@ -113,27 +73,40 @@ class Indexer:
         holder_alive: Callable[[str], bool] = lambda holder: True,
         hooks: StepHook = _no_hook,
         metrics: Metrics | None = None,
+        models: Callable[[], list[ModelTable]] | None = None,
+        models_now: Callable[[], list[ModelTable]] | None = None,
+        embedders: Embedders | None = None,
+        writer_for: Callable[[str], FrameWriter] | None = None,
     ) -> None:
         """``writer`` replaces a video's frames (a ``GroupedFrameWriter`` shares commits between the
-        jobs of one process); by default the frames table itself, one commit per video;
-        ``catalog_writes`` takes the catalog's writes (by default one commit each). ``holder``
-        names this consumer process in the started-marker; ``holder_alive`` tells whether another
-        holder's process still runs (a claim it left behind while dead counts as a crash); ``metrics``
-        gets each job's stage times and the frames embedded."""
+        jobs of one process; default: one commit per video); ``catalog_writes`` takes the catalog's
+        writes (default: one commit each). ``holder`` names this process in the started-marker;
+        ``holder_alive`` tells whether another holder's process still runs (a claim it left behind
+        while dead counts as a crash). ``models`` gives the frames tables a job writes (the active
+        model's, and during a backfill the target's: ``LiveModels.live``; default: ``frames``),
+        ``models_now`` the same read afresh before a job settles; ``embedders`` embeds with each
+        and ``writer_for`` gives each table's writer (default: ``writer`` for ``frames``)."""
         self._settings = settings
-        self._embedder = embedder
+        self._embedders: Embedders = embedders or OneEmbedder(embedder)
+        self._models = models or (lambda: [ModelTable(embedder.model_id, 0, FRAMES)])
+        self._models_now = models_now or self._models
         self._store = store or IndexStore(settings.s3)
         self._states = VideoStates(
             self._store.catalog, catalog_writes, write_timeout_s=settings.writer.catalog_write_timeout_s
         )
         self._objects = objects or S3ObjectSource(settings.s3, settings.limits)
-        self._writer: FrameWriter = writer or self._store.frames
+        default_writer: FrameWriter = writer or self._store.frames
+        self._writer_for = writer_for or (
+            lambda name: default_writer if name == FRAMES else self._store.frames_table(name)
+        )
         self._holder = holder
         self._holder_alive = holder_alive
         self._hooks = hooks
         self._metrics = metrics or Metrics()
         s = settings.serve
-        self._cpu_slots = threading.BoundedSemaphore(s.consumer_cpu_slots or s.consumer_concurrency)
+        self._embedding = EmbedStage(
+            settings, self._objects, self._embedders, self._metrics, s.consumer_cpu_slots or s.consumer_concurrency
+        )
 
     @property
     def sampling_label(self) -> str:
@@ -166,7 +139,7 @@ class Indexer:
                 raise TransientError(f"{job.uri} kept changing under the job ({MAX_CONVERGE_ROUNDS} rounds)")
         except Exception as exc:
             if dirty.rows_changed:
-                self._unsettle(job)
+                self._unsettle(job, frozenset(dirty.tables))
             self._metrics.stages(clock.seconds)
             log_job(job, task_id, clock, time.monotonic() - started, error=exc)
             raise
@@ -186,15 +159,15 @@ class Indexer:
                 return
         raise TransientError(f"could not record the failure of {job.uri}: the row kept changing")
 
-    def _unsettle(self, job: IndexJob) -> None:
-        """This job changed the video's rows and is leaving before it settled the row: the row may
-        now disagree with the rows, and a settled row is trusted by nobody but is left alone by a
-        failure record. Put it back in flight (best effort), so a retry of this task, or the scheduled
-        check once the grace has passed, redoes the video; if even this write fails, the check's walk
-        finds the rows' mismatch."""
+    def _unsettle(self, job: IndexJob, touched: frozenset[str]) -> None:
+        """This job changed the video's rows and is leaving before it settled the row, which may now
+        disagree with them: put it back in flight (best effort), so a retry, or the scheduled check
+        past its grace, redoes the video (if even this write fails, the check's walk finds the
+        mismatch). Only the entries of the tables in ``touched`` go (a failed backfill job keeps the
+        active model's entry)."""
         try:
             seen = self._states.read(job.video_id)
-            self._states.unsettle(job, seen)
+            self._states.unsettle(job, seen, touched)
         except TransientError as exc:
             log.warning("%s: could not mark the row unsettled (%s); the scheduled check will find it", job.uri, exc)
 
@@ -214,7 +187,8 @@ class Indexer:
 
     def _remove(self, job: IndexJob, seen: VideoRecord | None, clock: StageClock, dirty: _Dirty) -> JobResult:
         with clock.stage("catalog"):
-            rows = self._store.frames.count(job.video_id)
+            live = self._models()
+            rows = sum(self._store.frames_table(t.table).count(job.video_id) for t in live)
         if rows == 0 and (seen is None or seen.status is VideoStatus.DELETED):
             if job.settle:  # a `queued` mark may be in flight: this write makes it lose
                 with clock.stage("catalog"):
@@ -223,24 +197,33 @@ class Indexer:
             return JobResult(job.video_id, Outcome.UNCHANGED)
         self._hooks("remove", job)
         dirty.rows_changed = True  # from here on (the write may land even if the call fails)
+        dirty.tables.update(t.table for t in live)
         with clock.stage("write"):
-            self._writer.replace(VideoFrames(job.video_id, job.uri, "", "", "", rows=[]))
+            for table in live:
+                self._writer_for(table.table).replace(VideoFrames(job.video_id, job.uri, "", "", "", rows=[]))
         self._hooks("removed", job)
         with clock.stage("catalog"):
             now = self._states.read(job.video_id)
             if self._states.removed(job, now) is None:
                 raise _Lost("the row changed while its rows were removed")
-        dirty.rows_changed = False
         self._hooks("settled", job)
+        # A backfill may have begun since ``live`` was read, and a job of it written the video into
+        # the new table meanwhile (its claim came before the read of ``now``, so before this read).
+        with clock.stage("write"):
+            for table in self._models_now():
+                if table not in live:
+                    dirty.tables.add(table.table)
+                    self._writer_for(table.table).replace(VideoFrames(job.video_id, job.uri, "", "", "", rows=[]))
         # An upload may have landed (and its job finished) while the rows were being removed.
         with clock.stage("head"):
             if self._objects.head(job.bucket, job.key) is not None:
                 raise _Lost("uploaded again while its rows were removed")
+        dirty.rows_changed = False
         return JobResult(job.video_id, Outcome.DELETED)
 
-    def _rows_hold(self, video_id: str, fp: str, frames: int) -> bool:
-        """Whether ``frames`` holds exactly ``frames`` rows of ``video_id``, all of fingerprint ``fp``."""
-        summary = self._store.frames.summary(video_id)
+    def _rows_hold(self, table: str, video_id: str, fp: str, frames: int) -> bool:
+        """Whether frames table ``table`` holds exactly ``frames`` rows of ``video_id``, all of fingerprint ``fp``."""
+        summary = self._store.frames_table(table).summary(video_id)
         return summary.rows == frames and summary.duplicate_ids == 0 and set(summary.fingerprints) <= {fp}
 
     def _index(
@@ -252,20 +235,30 @@ class Indexer:
         clock: StageClock,
         dirty: _Dirty,
     ) -> JobResult:
-        model = self._embedder.model_id
-        fp = fingerprint(head.version, model, self._settings.sampling.every_s)
-        if seen is not None and seen.fingerprint == fp:
-            # The catalog says the rows of this exact content, model and sampling are written: trust
-            # it only after looking (a job that lost a race may have written over them).
+        every_s = self._settings.sampling.every_s
+        live = self._models()
+        fps = {t.table: fingerprint(head.version, t.model, every_s) for t in live}
+        # What each live table already holds of this exact content, model and sampling: trusted only
+        # after looking (a job that lost a race may have written over it).
+        kept: list[ModelIndex] = []
+        if seen is not None:
             with clock.stage("catalog"):
-                holds = self._rows_hold(job.video_id, fp, seen.frames)
-            if holds:
-                settled = seen.status is VideoStatus.INDEXED and seen.version == head.version
-                if job.settle or not settled:  # settle: a `queued` mark may be in flight
-                    with clock.stage("catalog"):
-                        if self._states.confirm(seen, head.version) is None:
-                            raise _Lost("the row changed while it was confirmed")
-                return JobResult(job.video_id, Outcome.UNCHANGED, frames=seen.frames)
+                for t in live:
+                    entry = seen.index_in(t.table)
+                    if (
+                        entry is not None
+                        and entry.fingerprint == fps[t.table]
+                        and self._rows_hold(t.table, job.video_id, entry.fingerprint, entry.frames)
+                    ):
+                        kept.append(entry)
+        need = [t for t in live if t.table not in {k.table for k in kept}]
+        if seen is not None and not need:
+            settled = seen.status is VideoStatus.INDEXED and seen.version == head.version
+            if job.settle or not settled:  # settle: a `queued` mark may be in flight
+                with clock.stage("catalog"):
+                    if self._states.confirm(seen, head.version) is None:
+                        raise _Lost("the row changed while it was confirmed")
+            return JobResult(job.video_id, Outcome.UNCHANGED, frames=seen.frames)
         self._hooks("claim", job)
         with clock.stage("catalog"):
             crashes = self._crashes(seen, attempt)
@@ -277,7 +270,7 @@ class Indexer:
                 job,
                 seen,
                 version=head.version,
-                model=model,
+                model=live[0].model,
                 sampling=self.sampling_label,
                 attempt=attempt,
                 crashes=crashes,
@@ -285,14 +278,21 @@ class Indexer:
         # The claim commits (shared with other jobs' writes) while the object is fetched and embedded;
         # its outcome is in before any row is written or the failure recorded.
         self._hooks("fetch", job)
+        # The active model's rows never wait on the target's: if only the target can't embed, the
+        # video is indexed with the active model and the backfill comes back for it.
+        searchable = need[0] is not live[0]  # the active model's rows hold this version already
         try:
-            rows, duration_s = self._embed_object(head, job.video_id, clock)
+            optional = frozenset(t.table for t in need if t is not live[0]) if not searchable else frozenset()
+            embedded, duration_s = self._embedding.rows(head, job.video_id, need, clock, optional)
+            need = [t for t in need if t.table in embedded]
         except PermanentError as exc:
             self._claimed(claim, clock, job, best_effort=True)
             self.record_failure(job, exc.reason, version=head.version)
             raise
         except BaseException:
-            self._claimed(claim, clock, job, best_effort=True)
+            claimed = self._claimed(claim, clock, job, best_effort=True)
+            if claimed is not None and searchable and not dirty.rows_changed:
+                self._release(claimed, kept, live[0], head.version, clock)
             raise
         if self._claimed(claim, clock, job) is None:
             raise _Lost("the row changed before it was claimed")
@@ -305,12 +305,25 @@ class Indexer:
         self._hooks("write", job)
         # Returns once the commit holding these rows succeeded (possibly shared with other jobs).
         dirty.rows_changed = True  # from here on (the write may land even if the call fails)
+        dirty.tables.update(t.table for t in need)
         with clock.stage("write"):
-            self._writer.replace(VideoFrames(job.video_id, job.uri, head.version, fp, model, rows))
+            for t in need:
+                frames = VideoFrames(job.video_id, job.uri, head.version, fps[t.table], t.model, embedded[t.table])
+                self._writer_for(t.table).replace(frames)
         self._hooks("written", job)
+        count = len(next(iter(embedded.values())))
+        written = [ModelIndex(t.table, t.model, fps[t.table], count, every_s) for t in need]
+        indexes = tuple(sorted([*kept, *written], key=lambda i: [t.table for t in live].index(i.table)))
         with clock.stage("catalog"):
+            # Settle only with the tables live now: one added since ``live`` was read (a backfill
+            # begun after this read waits for this claimed row, older than its ``live_from``), and
+            # the active one (a switch meanwhile may have made a left-out target active).
+            fresh = self._models_now()
+            held = {e.table for e in indexes}
+            if any(t not in live for t in fresh if t.table not in held) or fresh[0].table not in held:
+                raise _Lost("the live models changed while the video was embedded")
             now = self._states.read(job.video_id)
-            if now is not None and now.fingerprint == fp and now.status is VideoStatus.INDEXED:
+            if now is not None and now.status is VideoStatus.INDEXED and _holds_all(now, written):
                 pass  # a twin job of the same content finished first: its rows equal these
             elif now is None or now.status not in IN_FLIGHT or now.version not in (head.version, None):
                 raise _Lost(f"another job moved the row to {now.status.value if now else 'nothing'} meanwhile")
@@ -318,7 +331,12 @@ class Indexer:
                 self._hooks("finish", job)
                 if (
                     self._states.finish(
-                        now, version=head.version, fingerprint=fp, frames=len(rows), duration_s=duration_s
+                        now,
+                        version=head.version,
+                        fingerprint=indexes[0].fingerprint,
+                        frames=indexes[0].frames,
+                        duration_s=duration_s,
+                        indexes=indexes,
                     )
                     is None
                 ):
@@ -331,7 +349,23 @@ class Indexer:
             after = self._objects.head(job.bucket, job.key)
         if after is None or after.version != head.version:
             raise _Lost("the object changed while its rows were written")
-        return JobResult(job.video_id, Outcome.INDEXED, frames=len(rows))
+        return JobResult(job.video_id, Outcome.INDEXED, frames=count)
+
+    def _release(
+        self, claimed: VideoRecord, kept: list[ModelIndex], active: ModelTable, version: str, clock: StageClock
+    ) -> None:
+        """A job that only had to add another model's rows (a backfill job) failed before writing any:
+        the row goes back to indexed with what the active model's rows hold, checked by this job, not
+        left claimed to end up ``failed``; unless a switch made another table active meanwhile."""
+        with clock.stage("catalog"):
+            try:
+                if self._models_now()[0].table != active.table:
+                    return
+                entry = next(k for k in kept if k.table == active.table)
+                settled = claimed.evolve(fingerprint=entry.fingerprint, frames=entry.frames, indexes=tuple(kept))
+                self._states.confirm(settled, version)
+            except TransientError as exc:  # left claimed: the retry (or the check past its grace) settles it
+                log.warning("%s: could not put the row back to indexed (%s)", claimed.uri, exc)
 
     def _claimed(
         self, claim: PendingWrite, clock: StageClock, job: IndexJob, *, best_effort: bool = False
@@ -358,51 +392,7 @@ class Indexer:
             return seen.crashes  # this process is alive: a retry or a redelivery, not a crash
         return seen.crashes if self._holder_alive(seen.holder) else seen.crashes + 1
 
-    def _embed_object(self, head: ObjectHead, video_id: str, clock: StageClock) -> tuple[list[FrameRow], float | None]:
-        with tempfile.TemporaryDirectory(prefix="vidx-") as tmp:
-            path = Path(tmp) / "video"
-            with clock.stage("fetch"):
-                self._objects.download(head, path)
-            with self._cpu_slot(clock):
-                return self._decode_embed(path, video_id, clock)
 
-    @contextmanager
-    def _cpu_slot(self, clock: StageClock) -> Iterator[None]:
-        """One of the process's ``consumer_cpu_slots`` while decoding and embedding (bounded wait)."""
-        with clock.stage("cpu_wait"):
-            if not self._cpu_slots.acquire(timeout=CPU_SLOT_WAIT_S):
-                raise TransientError(f"no decode slot within {CPU_SLOT_WAIT_S:g}s")
-        try:
-            yield
-        finally:
-            self._cpu_slots.release()
-
-    def _decode_embed(self, path: Path, video_id: str, clock: StageClock) -> tuple[list[FrameRow], float | None]:
-        settings = self._settings
-        with clock.stage("decode"):
-            info, sampled = open_sampled(
-                path,
-                settings.sampling.every_s,
-                settings.limits,
-                max_side=settings.sampling.decode_max_side,
-                strategy=settings.sampling.decode_strategy,
-                threads=settings.sampling.decode_threads,
-            )
-        frames = clock.timed("decode", sampled)
-        rows: list[FrameRow] = []
-        for chunk in chunks(frames, settings.sampling.embed_chunk):
-            with clock.stage("embed"):
-                vectors = self._embedder.embed_images([f.rgb for f in chunk])
-            self._metrics.frames_embedded(len(chunk))
-            with clock.stage("thumbnails"):
-                rows.extend(
-                    FrameRow(
-                        frame_id=frame_id(video_id, f.index),
-                        ts_s=f.ts_s,
-                        vector=vectors[i],
-                        thumbnail=thumbnail_jpeg(f.rgb, settings.sampling.thumbnail_max_side),
-                    )
-                    for i, f in enumerate(chunk)
-                )
-        duration_s = info.duration_s if info.duration_s is not None else (rows[-1].ts_s if rows else None)
-        return rows, duration_s
+def _holds_all(record: VideoRecord, entries: Sequence[ModelIndex]) -> bool:
+    """Whether ``record`` says each table of ``entries`` holds that entry's rows."""
+    return all((e := record.index_in(i.table)) is not None and e.fingerprint == i.fingerprint for i in entries)

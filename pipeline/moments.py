@@ -35,6 +35,7 @@ def merge_moments(
     k: int,
     keep_fraction: float = 0.5,
     durations_s: Mapping[str, float] | None = None,
+    every_s_by_video: Mapping[str, float] | None = None,
 ) -> list[Moment]:
     """Group hits per video, keep each video's frames within ``keep_fraction`` of the way from the
     candidates' lowest score to that video's best, merge runs whose neighbours are at most ``1.5 × every_s`` apart, and
@@ -43,9 +44,10 @@ def merge_moments(
     A moment spans its frames' sampling intervals: ``end_s`` is the last frame's time plus ``every_s``,
     but never past the video's duration where ``durations_s`` (by video id) knows it; a moment never
     ends before its last frame either (a duration shorter than the frames' own times is wrong).
+    ``every_s_by_video`` holds each video's own sampling interval where known (else ``every_s``).
     """
     durations_s = durations_s or {}
-    gap_s = 1.5 * every_s
+    intervals = every_s_by_video or {}
     hits = list(hits)
     if not hits:
         return []
@@ -54,7 +56,9 @@ def merge_moments(
     for hit in hits:
         by_video[hit.video_id].append(hit)
     moments: list[Moment] = []
-    for video_hits in by_video.values():
+    for vid, video_hits in by_video.items():
+        interval = intervals.get(vid, every_s)
+        gap_s = 1.5 * interval
         # A moment is where the video is close to its own best match: frames scoring in the lower
         # half between the candidates' floor and this video's peak don't extend it.
         peak = max(h.score for h in video_hits)
@@ -65,9 +69,9 @@ def merge_moments(
             if hit.ts_s - run[-1].ts_s <= gap_s:
                 run.append(hit)
             else:
-                moments.append(_moment(run, every_s, durations_s.get(run[0].video_id)))
+                moments.append(_moment(run, interval, durations_s.get(vid)))
                 run = [hit]
-        moments.append(_moment(run, every_s, durations_s.get(run[0].video_id)))
+        moments.append(_moment(run, interval, durations_s.get(vid)))
     moments.sort(key=lambda m: (-m.score, m.video_id, m.start_s))
     return moments[:k]
 

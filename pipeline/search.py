@@ -19,6 +19,8 @@ from pipeline.metrics import Metrics
 from pipeline.moments import FrameHit, merge_moments
 from pipeline.settings import Settings
 from storage.errors import InvalidInput, LimitExceeded
+from storage.frames import FRAMES, FrameTable
+from storage.models import ModelTable
 from storage.tables import IndexStore
 
 #: Frames fetched per requested moment: neighbours of one moment collapse into it.
@@ -32,9 +34,15 @@ QUERY_IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
 
 
 class QueryEncoder(Protocol):
-    async def embed_text(self, text: str) -> NDArray[np.float32]: ...
+    async def embed_text(self, text: str, model_id: str | None = None) -> NDArray[np.float32]: ...
 
-    async def embed_image(self, rgb: NDArray[np.uint8]) -> NDArray[np.float32]: ...
+    async def embed_image(self, rgb: NDArray[np.uint8], model_id: str | None = None) -> NDArray[np.float32]: ...
+
+
+class ActiveModel(Protocol):
+    """Which model answers searches (``pipeline.lifecycle.LiveModels``)."""
+
+    def active(self) -> ModelTable: ...
 
 
 class MomentOut(BaseModel):
@@ -55,6 +63,8 @@ class MomentOut(BaseModel):
 class SearchResponse(BaseModel):
     results: list[MomentOut]
     took_ms: float
+    #: The model that embedded the query and whose table was searched.
+    model: str
 
 
 def decode_query_image(data: bytes, max_bytes: int, max_pixels: int) -> NDArray[np.uint8]:
@@ -91,8 +101,11 @@ class SearchService:
         encoder: QueryEncoder,
         links: S3Links | None = None,
         metrics: Metrics | None = None,
+        models: ActiveModel | None = None,
     ) -> None:
+        """``models`` says which model answers (by default the configured model's ``frames`` table)."""
         self._settings = settings
+        self._models = models
         self._metrics = metrics or Metrics()
         self._store = store
         self._encoder = encoder
@@ -137,19 +150,31 @@ class SearchService:
         if len(q) > self._settings.limits.max_query_chars:
             raise LimitExceeded(f"q exceeds max length {self._settings.limits.max_query_chars}")
         k = self.check_k(k)
-        vector = await self._encoder.embed_text(q)
-        return await self._respond(vector, k, base_url, started)
+        model = await self._active()
+        vector = await self._encoder.embed_text(q, model.model)
+        return await self._respond(model, vector, k, base_url, started)
 
     async def _search_image(self, data: bytes, k: int, base_url: str, started: float) -> SearchResponse:
         limits = self._settings.limits
         k = self.check_k(k)
         rgb = decode_query_image(data, limits.max_image_bytes, limits.max_image_pixels)
-        vector = await self._encoder.embed_image(rgb)
-        return await self._respond(vector, k, base_url, started)
+        model = await self._active()
+        vector = await self._encoder.embed_image(rgb, model.model)
+        return await self._respond(model, vector, k, base_url, started)
 
-    async def _respond(self, vector: NDArray[np.float32], k: int, base_url: str, started: float) -> SearchResponse:
+    async def _active(self) -> ModelTable:
+        if self._models is None:
+            return ModelTable(self._settings.model.id, 0, FRAMES)
+        return await asyncio.to_thread(self._models.active)
+
+    def frames(self, model: ModelTable) -> FrameTable:
+        return self._store.frames_table(model.table)
+
+    async def _respond(
+        self, model: ModelTable, vector: NDArray[np.float32], k: int, base_url: str, started: float
+    ) -> SearchResponse:
         limit = min(k * CANDIDATES_PER_MOMENT, MAX_CANDIDATES)
-        rows = await asyncio.to_thread(self._store.frames.search, vector, limit, self._settings.index)
+        rows = await asyncio.to_thread(self.frames(model).search, vector, limit, self._settings.index)
         hits = [
             FrameHit(
                 frame_id=r["frame_id"],
@@ -166,7 +191,11 @@ class SearchService:
             hits_s.setdefault(hit.video_id, []).append(hit.ts_s)
         records = await asyncio.to_thread(self._store.catalog.get_many, {h.video_id for h in hits}) if hits else {}
         durations_s = {vid: r.duration_s for vid, r in records.items() if r.duration_s is not None}
-        moments = merge_moments(hits, self._settings.sampling.every_s, k, durations_s=durations_s)
+        # Each video's frames were sampled at its own interval (the setting may have changed since).
+        intervals = {vid: e.every_s for vid, r in records.items() if (e := r.index_in(model.table)) is not None}
+        moments = merge_moments(
+            hits, self._settings.sampling.every_s, k, durations_s=durations_s, every_s_by_video=intervals
+        )
         results: list[MomentOut] = []
         base = base_url.rstrip("/")
         for m in moments:
@@ -189,4 +218,5 @@ class SearchService:
                     hits_s=hits_s[m.video_id][:MAX_HITS_PER_MOMENT],
                 )
             )
-        return SearchResponse(results=results, took_ms=round((time.perf_counter() - started) * 1000, 2))
+        took_ms = round((time.perf_counter() - started) * 1000, 2)
+        return SearchResponse(results=results, took_ms=took_ms, model=model.model)

@@ -246,6 +246,35 @@ class CheckSettings(BaseModel):
     repair: bool = True
 
 
+class ReindexSettings(BaseModel):
+    """Model switches (``vidx reindex``, ``pipeline.backfill``)."""
+
+    #: A configured model (``model.id``) that differs from the index's active model starts a backfill
+    #: to it at start-up; off, such a configuration is refused at start-up with what to do.
+    auto: bool = False
+    #: Seconds between rounds of the backfill coordinator (progress, submits, the switch).
+    interval_s: float = Field(default=5.0, gt=0, le=600)
+    #: Backfill jobs submitted and not yet done, at most: the backfill fills the queue this far and
+    #: no further, so uploads still get through and a restart resubmits at most this many.
+    max_outstanding: int = Field(default=64, ge=1, le=100_000)
+    #: A backfill job not done after this is submitted again (its job may have been lost).
+    resubmit_after_s: float = Field(default=900.0, gt=0)
+    #: For this long after a switch the coordinator still gives a job to any indexed video without
+    #: the active model's rows (one that settled in the instant of the switch).
+    sweep_s: float = Field(default=600.0, ge=0)
+    #: Longest the switch waits, once every video has the new model, for the ANN index of the new
+    #: table when it is past ``index.ann_min_rows`` rows (index maintenance builds it within
+    #: ``index.optimize_interval_s``); past it the switch goes ahead and searches scan until then.
+    #: 0: never wait.
+    index_wait_s: float = Field(default=1800.0, ge=0)
+    #: How often index jobs and searches re-read which models are live and which one is active.
+    live_refresh_s: float = Field(default=2.0, gt=0, le=60)
+    #: Leeway for clocks of different hosts when telling whether a job knew of the backfill.
+    clock_skew_s: float = Field(default=30.0, ge=0, le=3600)
+    #: Lease the coordinator takes (one worker at a time in the whole fleet).
+    lease_ttl_s: float = Field(default=60.0, gt=0)
+
+
 class Settings(BaseSettings):
     """Everything configurable in vidx. Defaults run the local stack (``vidx up``)."""
 
@@ -265,6 +294,7 @@ class Settings(BaseSettings):
     autoscale: AutoscaleSettings = Field(default_factory=AutoscaleSettings)
     index: IndexSettings = Field(default_factory=IndexSettings)
     check: CheckSettings = Field(default_factory=CheckSettings)
+    reindex: ReindexSettings = Field(default_factory=ReindexSettings)
     #: Where the local stack keeps its data, logs and pids.
     state_dir: Path = Path(".vidx")
     #: Bearer keys the API accepts; several at once let a key rotate (``VIDX_API_KEYS='["k1","k2"]'``).

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from events.jobs import IndexJob, JobSink
-from storage.catalog import IN_FLIGHT, Catalog, VideoRecord, VideoStatus
+from storage.catalog import IN_FLIGHT, Catalog, ModelIndex, VideoRecord, VideoStatus
 from storage.catalog_writer import CatalogWrites, DirectWrites, PendingWrite
 from storage.errors import TransientError
 
@@ -100,11 +100,19 @@ class VideoStates:
         return self.wait(self.claim_async(job, seen, **marker))
 
     def finish(
-        self, seen: VideoRecord, *, version: str, fingerprint: str, frames: int, duration_s: float | None
+        self,
+        seen: VideoRecord,
+        *,
+        version: str,
+        fingerprint: str,
+        frames: int,
+        duration_s: float | None,
+        indexes: tuple[ModelIndex, ...] = (),
     ) -> VideoRecord | None:
         """queued | indexing ``version`` -> indexed, right after this job's rows were committed.
         ``seen`` must have been read after that commit: any job that touched the rows later either
-        changed the row already (so this write loses) or will lose its own write to this one."""
+        changed the row already (so this write loses) or will lose its own write to this one.
+        ``indexes``: what each model's table now holds (``fingerprint``/``frames``: the first's)."""
         return self._write(
             seen.evolve(
                 status=VideoStatus.INDEXED,
@@ -113,6 +121,7 @@ class VideoStates:
                 frames=frames,
                 duration_s=duration_s,
                 error=None,
+                indexes=indexes,
             ),
             seen.rev,
         )
@@ -124,17 +133,27 @@ class VideoStates:
     def removed(self, job: IndexJob, seen: VideoRecord | None) -> VideoRecord | None:
         """any -> deleted, right after this job removed the video's rows (``seen`` read after that)."""
         base = seen or VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.DELETED)
-        gone = base.evolve(status=VideoStatus.DELETED, frames=0, fingerprint=None, error=None, duration_s=None)
+        gone = base.evolve(
+            status=VideoStatus.DELETED, frames=0, fingerprint=None, error=None, duration_s=None, indexes=()
+        )
         return self._write(gone, seen.rev if seen else 0)
 
-    def unsettle(self, job: IndexJob, seen: VideoRecord | None) -> VideoRecord | None:
+    def unsettle(
+        self, job: IndexJob, seen: VideoRecord | None, touched: frozenset[str] | None = None
+    ) -> VideoRecord | None:
         """any -> indexing, by a job leaving after it changed the rows and before it settled the row:
         what the row says of the rows can't be trusted, so it goes back in flight (a retry, or the
         scheduled check past its grace, redoes the video). ``frames``/``fingerprint`` say "unknown"
-        (-1 rows) so no reader takes them for the truth."""
+        (-1 rows) so no reader takes them for the truth; of ``indexes`` only the entries of the
+        tables in ``touched`` go (None: all)."""
         base = seen or VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.INDEXING)
+        kept = () if touched is None else tuple(i for i in base.indexes if i.table not in touched)
         gone = base.evolve(
-            status=VideoStatus.INDEXING, frames=-1, fingerprint=None, error="a job left its rows unsettled"
+            status=VideoStatus.INDEXING,
+            frames=-1,
+            fingerprint=None,
+            error="a job left its rows unsettled",
+            indexes=kept,
         )
         return self._write(gone, seen.rev if seen else 0)
 

@@ -9,6 +9,7 @@ draws them.
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -28,6 +29,7 @@ from storage.db import (
     write_errors_are_transient,
 )
 from storage.errors import TransientError
+from storage.models import LEGACY_FRAMES
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +70,39 @@ VIDEOS_SCHEMA = pa.schema(
         pa.field("holder", pa.string(), nullable=True),
         pa.field("crashes", pa.int64(), nullable=False),
         pa.field("updated_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        #: Per frames table (one per model, ``storage.models``): the model, the fingerprint its rows
+        #: carry, how many and the sampling interval (JSON list of ``ModelIndex``; null in rows
+        #: written before per-model tables, which speak of the table ``frames``).
+        pa.field("indexes", pa.string(), nullable=True),
     ]
 )
+
+
+@dataclass(frozen=True, slots=True)
+class ModelIndex:
+    """What one frames table holds for one video: ``frames`` rows of ``fingerprint``, embedded by
+    ``model`` from frames sampled every ``every_s`` seconds."""
+
+    table: str
+    model: str
+    fingerprint: str
+    frames: int
+    every_s: float
+
+
+def _indexes_json(indexes: Sequence[ModelIndex]) -> str:
+    return json.dumps([asdict(i) for i in indexes], sort_keys=True)
+
+
+def _indexes_from(row: dict[str, Any]) -> tuple[ModelIndex, ...]:
+    raw = row.get("indexes")
+    if raw is not None:
+        return tuple(ModelIndex(**i) for i in json.loads(raw))
+    # A row written before per-model tables (null) speaks of the one table named ``frames``.
+    fp, frames, sampling = row.get("fingerprint"), int(row.get("frames") or 0), row.get("sampling") or ""
+    if fp and frames > 0 and row.get("model") and sampling.startswith("every_s="):
+        return (ModelIndex(LEGACY_FRAMES, str(row["model"]), str(fp), frames, float(sampling.split("=", 1)[1])),)
+    return ()
 
 
 @dataclass(slots=True)
@@ -91,6 +124,11 @@ class VideoRecord:
     holder: str | None = None
     crashes: int = 0
     updated_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    indexes: tuple[ModelIndex, ...] = ()
+
+    def index_in(self, table: str) -> ModelIndex | None:
+        """What the catalog says frames table ``table`` holds for this video (None: nothing)."""
+        return next((i for i in self.indexes if i.table == table), None)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> VideoRecord:
@@ -110,7 +148,14 @@ class VideoRecord:
             holder=row.get("holder"),
             crashes=int(row.get("crashes") or 0),
             updated_at=row["updated_at"],
+            indexes=_indexes_from(row),
         )
+
+    def to_row(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["status"] = self.status.value
+        row["indexes"] = _indexes_json(self.indexes)
+        return row
 
     def evolve(self, **changes: Any) -> VideoRecord:
         """A copy with ``changes`` applied (the record itself is left as read)."""
@@ -130,7 +175,15 @@ class Catalog:
     def _videos(self) -> Any:
         """The handle writes go through (it re-checks the manifest on every call)."""
         if self._table is None:
-            self._table = self._db.create(VIDEOS, VIDEOS_SCHEMA)
+            try:
+                table = self._db.create(VIDEOS, VIDEOS_SCHEMA)
+            except ValueError:  # made before per-model tables: the old schema, without ``indexes``
+                table = self._db.open(VIDEOS)
+                if table is None:
+                    raise
+            if "indexes" not in table.schema.names:
+                _add_indexes_column(table)
+            self._table = table
         return self._table
 
     def _read(self) -> Any:
@@ -207,9 +260,7 @@ class Catalog:
             TransientError: the store did not take the write.
         """
         written = record.evolve(rev=expected_rev + 1, updated_at=datetime.now(UTC))
-        row = asdict(written)
-        row["status"] = written.status.value
-        data = pa.Table.from_pylist([row], schema=VIDEOS_SCHEMA)
+        data = pa.Table.from_pylist([written.to_row()], schema=VIDEOS_SCHEMA)
         merge = merge_on(self._videos(), "video_id")
         if expected_rev == 0:
             result = merge.when_not_matched_insert_all().execute(data)
@@ -236,12 +287,7 @@ class Catalog:
             raise ValueError("write_many takes at most one write per video")
         now = datetime.now(UTC)
         written = [record.evolve(rev=expected + 1, updated_at=now) for record, expected in writes]
-        rows = []
-        for record in written:
-            row = asdict(record)
-            row["status"] = record.status.value
-            rows.append(row)
-        data = pa.Table.from_pylist(rows, schema=VIDEOS_SCHEMA)
+        data = pa.Table.from_pylist([record.to_row() for record in written], schema=VIDEOS_SCHEMA)
         # A write of revision 1 inserts (a row holding revision 0 never exists); any other updates the
         # row only where it holds the revision before. Rows are never deleted, so a write of a later
         # revision always finds its row.
@@ -294,6 +340,18 @@ class Catalog:
     def get_many(self, video_ids: Iterable[str]) -> dict[str, VideoRecord]:
         """The rows of those of ``video_ids`` that have one, by id (one filtered query)."""
         return _by_ids(self._read, video_ids)
+
+
+def _add_indexes_column(table: Any) -> None:
+    """A catalog made before per-model tables gets the ``indexes`` column (null: its rows are read
+    as speaking of the ``frames`` table). Two processes may race to add it: one wins."""
+    try:
+        table.add_columns({"indexes": "CAST(NULL AS STRING)"})
+    except Exception:  # another process added it first; anything else shows on the next write
+        table.checkout_latest()
+        if "indexes" not in table.schema.names:
+            raise
+    log.info("catalog: added the indexes column")
 
 
 def _by_ids(table: Callable[[], Any], video_ids: Iterable[str]) -> dict[str, VideoRecord]:

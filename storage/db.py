@@ -163,6 +163,22 @@ class IndexDatabase:
         connection = self.connect(None)
         return FreshTable(lambda: connection.open_table(name))
 
+    def table_names(self, max_pages: int = 1000) -> list[str]:
+        """Every table of the database (paged; at most ``max_pages`` pages)."""
+        names: list[str] = []
+        token: str | None = None
+        for _ in range(max_pages):
+            page = self.connection.list_tables(page_token=token)
+            names.extend(page.tables)
+            token = page.page_token
+            if not token:
+                break
+        return names
+
+    def drop(self, name: str) -> None:
+        """Drop table ``name`` (nothing when it does not exist)."""
+        self.connection.drop_table(name, ignore_missing=True)
+
     def open(self, name: str) -> Any | None:
         """The table ``name``, or None before anything created it."""
         try:

@@ -64,3 +64,13 @@ class LimitExceeded(PermanentError):
 
 class ModelUnavailable(PermanentError):
     """Raised when the configured model can't be loaded; the message names the setting to change."""
+
+
+class ModelConfigError(PermanentError):
+    """Raised at start-up when the configured model and the index's model tables disagree (another
+    model id than the index is on, or another dimension than its table); the message says what to do."""
+
+
+class ReindexRefused(InvalidInput):
+    """Raised when a reindex operation can't be done in the lifecycle's current state (the message
+    says why and what to do instead)."""

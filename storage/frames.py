@@ -82,11 +82,12 @@ class FrameSummary:
 
 
 class FrameTable:
-    """The ``frames`` table of one index database (created on the first write: its vector size comes
-    from the model)."""
+    """One frames table of an index database (one per model, see ``storage.models``; created on
+    the first write: its vector size comes from the model)."""
 
-    def __init__(self, db: IndexDatabase) -> None:
+    def __init__(self, db: IndexDatabase, name: str = FRAMES) -> None:
         self._db = db
+        self.name = name
         self._table: Any = None
         # Search's own warm handle, with its own staleness bound (see ``search``).
         self._search_table: Any = None
@@ -96,9 +97,9 @@ class FrameTable:
         """The table handle; with ``dim`` it is created if missing, else None until it exists."""
         if self._table is None:
             if dim is None:
-                self._table = self._db.open(FRAMES)
+                self._table = self._db.open(self.name)
             else:
-                self._table = self._db.create(FRAMES, frames_schema(dim))
+                self._table = self._db.create(self.name, frames_schema(dim))
         return self._table
 
     # -- writes -----------------------------------------------------------------------------------
@@ -214,7 +215,7 @@ class FrameTable:
         latest version at most every ``consistency_s`` seconds instead of before every query."""
         if self._search_table is None or self._search_consistency_s != consistency_s:
             try:
-                self._search_table = self._db.connect(timedelta(seconds=consistency_s)).open_table(FRAMES)
+                self._search_table = self._db.connect(timedelta(seconds=consistency_s)).open_table(self.name)
             except (ValueError, FileNotFoundError):
                 return None
             self._search_consistency_s = consistency_s

@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -23,6 +23,7 @@ from typing import Any
 from lancedb.index import BTree, IvfHnswSq, IvfPq, IvfRq, IvfSq
 
 from storage.config import IndexSettings
+from storage.frames import FRAMES, FrameTable
 from storage.tables import IndexStore
 
 log = logging.getLogger(__name__)
@@ -63,9 +64,10 @@ class VectorIndexState:
     has_index: bool
 
 
-def vector_index_state(store: IndexStore) -> VectorIndexState | None:
-    """Rows of ``frames`` and how many the ANN index covers; None before the table exists."""
-    table = store.frames.table()
+def vector_index_state(store: IndexStore, frames: FrameTable | None = None) -> VectorIndexState | None:
+    """Rows of a frames table (by default ``frames``) and how many the ANN index covers; None before
+    the table exists."""
+    table = (frames or store.frames).table()
     if table is None:
         return None
     rows = int(table.count_rows())
@@ -81,9 +83,9 @@ def vector_index_state(store: IndexStore) -> VectorIndexState | None:
     )
 
 
-def create_vector_index(store: IndexStore, settings: IndexSettings) -> None:
-    """(Re)build the cosine ANN index on ``frames.vector``; IVF partitions scale with the row count."""
-    table = store.frames.table()
+def create_vector_index(store: IndexStore, settings: IndexSettings, frames: FrameTable | None = None) -> None:
+    """(Re)build the cosine ANN index on a frames table's ``vector``; IVF partitions scale with the row count."""
+    table = (frames or store.frames).table()
     if table is None:
         return
     partitions = max(1, int(table.count_rows()) // settings.rows_per_partition)
@@ -99,11 +101,12 @@ def create_vector_index(store: IndexStore, settings: IndexSettings) -> None:
     table.create_index("vector", config=config, replace=True, name=VECTOR_INDEX)
 
 
-def ensure_scalar_indexes(store: IndexStore) -> list[str]:
-    """Create the ``SCALAR_INDEXES`` a table lacks (new rows are folded in by ``optimize``); returns
-    the ``table.column`` names created."""
+def ensure_scalar_indexes(store: IndexStore, frames_tables: Sequence[str] = ()) -> list[str]:
+    """Create the ``SCALAR_INDEXES`` a table lacks (new rows are folded in by ``optimize``; every
+    table of ``frames_tables`` gets those of ``frames``); returns the ``table.column`` names created."""
     created = []
-    for name, columns in SCALAR_INDEXES.items():
+    wanted = {**SCALAR_INDEXES, **{name: SCALAR_INDEXES[FRAMES] for name in frames_tables}}
+    for name, columns in wanted.items():
         table = store.db.open(name)
         if table is None:
             continue
@@ -117,19 +120,24 @@ def ensure_scalar_indexes(store: IndexStore) -> list[str]:
     return created
 
 
-def compact(store: IndexStore, target_rows: int, keep_versions_s: float) -> None:
-    """Merge small fragments: the whole catalog (it is small), and ``frames`` fragments below
-    ``target_rows`` (a full one is not rewritten again). Index upkeep waits for the full round."""
-    frames = store.frames.table()
-    if frames is not None:
-        frames.to_lance().optimize.compact_files(target_rows_per_fragment=target_rows)
+def compact(
+    store: IndexStore, target_rows: int, keep_versions_s: float, frames_tables: Sequence[FrameTable] = ()
+) -> None:
+    """Merge small fragments: the whole catalog (it is small), and fragments below ``target_rows``
+    of each frames table (default ``frames``; a full one is not rewritten again). Index upkeep waits
+    for the full round."""
+    for table in frames_tables or [store.frames]:
+        frames = table.table()
+        if frames is not None:
+            frames.to_lance().optimize.compact_files(target_rows_per_fragment=target_rows)
     store.catalog.optimize(keep_versions_s)
 
 
-def optimize(store: IndexStore, keep_versions_s: float) -> None:
-    """Compact both tables' small fragments, fold new frames into the ANN index and drop versions older
-    than ``keep_versions_s``. Concurrent writers keep working (their commits are retried on conflict)."""
-    frames = store.frames.table()
+def optimize(store: IndexStore, keep_versions_s: float, frames_table: FrameTable | None = None) -> None:
+    """Compact a frames table (default ``frames``) and the catalog, fold new frames into the ANN
+    index and drop versions older than ``keep_versions_s``. Concurrent writers keep working (their
+    commits are retried on conflict)."""
+    frames = (frames_table or store.frames).table()
     if frames is not None:
         frames.optimize(cleanup_older_than=timedelta(seconds=keep_versions_s))
     store.catalog.optimize(keep_versions_s)
@@ -145,13 +153,17 @@ class IndexMaintainer:
         *,
         holder: str | None = None,
         clock: Callable[[], float] = time.time,
+        tables: Callable[[], list[str]] | None = None,
     ) -> None:
+        """``tables`` names the frames tables to keep up (the live models', active first); by
+        default ``frames``."""
         self._store = store
+        self._tables = tables or (lambda: [FRAMES])
         self._settings = settings
         self._holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._clock = clock
-        #: Rows the current index was built on (after a restart: the rows it covered when first seen).
-        self._built_rows: int | None = None
+        #: Per table: rows its current index was built on (after a restart: the rows it covered when first seen).
+        self._built: dict[str, int] = {}
 
     @property
     def holder(self) -> str:
@@ -166,34 +178,48 @@ class IndexMaintainer:
         s = self._settings
         if not self._store.leases.acquire(LEASE, self._holder, s.lease_ttl_s, self._clock()):
             return RoundResult(Action.SKIPPED_NOT_LEADER)
-        ensure_scalar_indexes(self._store)
-        state = vector_index_state(self._store)
+        names = self._tables()
+        ensure_scalar_indexes(self._store, [n for n in names if n != FRAMES])
+        results = [self._table_round(self._store.frames_table(name), started) for name in names]
+        return results[0]
+
+    def _table_round(self, frames: FrameTable, started: float) -> RoundResult:
+        s = self._settings
+        state = vector_index_state(self._store, frames)
         if state is None:
             return RoundResult(Action.NO_TABLE)
         if not state.has_index:
             if state.rows < s.ann_min_rows:
                 # Still compact: one small fragment per video write slows scans as much as missing the index.
-                optimize(self._store, s.keep_versions_s)
+                optimize(self._store, s.keep_versions_s, frames)
                 return RoundResult(Action.FLAT, state.rows, state.unindexed_rows, time.monotonic() - started)
-            return self._build(state.rows, Action.INDEX_CREATED, started)
-        if self._built_rows is None:
-            self._built_rows = state.indexed_rows
-        if state.rows >= s.rebuild_growth * max(1, self._built_rows):
-            return self._build(state.rows, Action.INDEX_REBUILT, started)
+            return self._build(frames, state.rows, Action.INDEX_CREATED, started)
+        built = self._built.setdefault(frames.name, state.indexed_rows)
+        if state.rows >= s.rebuild_growth * max(1, built):
+            return self._build(frames, state.rows, Action.INDEX_REBUILT, started)
         if state.unindexed_rows < max(1, s.optimize_min_unindexed_rows):
             # No new frames, but the catalog keeps committing status changes (deletes, duplicates).
             self._store.catalog.optimize(s.keep_versions_s)
             return RoundResult(Action.UP_TO_DATE, state.rows, state.unindexed_rows)
-        optimize(self._store, s.keep_versions_s)
+        optimize(self._store, s.keep_versions_s, frames)
         took = time.monotonic() - started
-        log.info("optimized: %d unindexed of %d rows folded in %.1fs", state.unindexed_rows, state.rows, took)
+        log.info(
+            "optimized %s: %d unindexed of %d rows folded in %.1fs", frames.name, state.unindexed_rows, state.rows, took
+        )
         return RoundResult(Action.OPTIMIZED, state.rows, state.unindexed_rows, took)
 
-    def _build(self, rows: int, action: Action, started: float) -> RoundResult:
-        create_vector_index(self._store, self._settings)
-        self._built_rows = rows
+    def _build(self, frames: FrameTable, rows: int, action: Action, started: float) -> RoundResult:
+        create_vector_index(self._store, self._settings, frames)
+        self._built[frames.name] = rows
         took = time.monotonic() - started
-        log.info("vector index %s: %s over %d rows in %.1fs", action.value, self._settings.index_type, rows, took)
+        log.info(
+            "vector index %s of %s: %s over %d rows in %.1fs",
+            action.value,
+            frames.name,
+            self._settings.index_type,
+            rows,
+            took,
+        )
         return RoundResult(action, rows, 0, took)
 
     def compact_once(self) -> bool:
@@ -201,7 +227,9 @@ class IndexMaintainer:
         s = self._settings
         if not self._store.leases.acquire(LEASE, self._holder, s.lease_ttl_s, self._clock()):
             return False
-        compact(self._store, s.compact_target_rows, s.keep_versions_s)
+        compact(
+            self._store, s.compact_target_rows, s.keep_versions_s, [self._store.frames_table(n) for n in self._tables()]
+        )
         return True
 
     def run(self, stop: threading.Event) -> None:

@@ -1,16 +1,20 @@
-"""The index database as one object: the catalog, the frames and the leases over one connection.
+"""The index database as one object: the catalog, the frames tables, the model lifecycle and the
+leases over one connection.
 
-Each table is its own module (``storage.catalog``, ``storage.frames``, ``storage.leases``); schemas
-live there and nowhere else. ANN index upkeep is ``storage.maintenance``.
+Each table is its own module (``storage.catalog``, ``storage.frames``, ``storage.models``,
+``storage.leases``); schemas live there and nowhere else. ANN index upkeep is ``storage.maintenance``.
 """
 
 from __future__ import annotations
 
+import threading
+
 from storage.catalog import Catalog
 from storage.config import S3Settings
 from storage.db import IndexDatabase
-from storage.frames import FrameTable
+from storage.frames import FRAMES, FrameTable
 from storage.leases import Leases
+from storage.models import ModelRegistry
 
 
 class IndexStore:
@@ -20,5 +24,28 @@ class IndexStore:
         """``uri`` overrides the database location (a local directory in unit tests, or another S3 prefix)."""
         self.db = IndexDatabase(s3, uri)
         self.catalog = Catalog(self.db)
+        #: The table named ``frames`` (indexes from before per-model tables; unit tests and benchmarks).
         self.frames = FrameTable(self.db)
+        self.models = ModelRegistry(self.db)
         self.leases = Leases(self.db)
+        self._tables: dict[str, FrameTable] = {FRAMES: self.frames}
+        self._lock = threading.Lock()
+
+    def frames_table(self, name: str) -> FrameTable:
+        """The frames table ``name`` (one handle per name, kept)."""
+        with self._lock:
+            table = self._tables.get(name)
+            if table is None:
+                table = self._tables[name] = FrameTable(self.db, name)
+            return table
+
+    def active_frames(self) -> FrameTable:
+        """The active model's frames table, as the lifecycle row says now (``frames`` before any model is set)."""
+        active = self.models.read().active
+        return self.frames if active is None else self.frames_table(active.table)
+
+    def forget(self, name: str) -> None:
+        """Drop the kept handle of table ``name`` (after the table itself was dropped)."""
+        with self._lock:
+            if name != FRAMES:
+                self._tables.pop(name, None)

@@ -131,25 +131,33 @@ def build_tiny_tokenizer() -> GemmaTokenizer:
     )
 
 
-def build_tiny_siglip(path: Path, *, seed: int = 0, image_size: int = 64, patch_size: int = 16) -> Path:
+def build_tiny_siglip(
+    path: Path, *, seed: int = 0, image_size: int = 64, patch_size: int = 16, hidden_size: int = HIDDEN_SIZE
+) -> Path:
     """Write a tiny random SigLIP checkpoint (model, tokenizer, image processor) into ``path``.
 
-    The same ``seed`` always gives the same weights. ``path`` is created if missing; files already
-    there are overwritten. Returns ``path``.
+    The same ``seed`` (and ``hidden_size``) always gives the same weights. ``hidden_size`` is the
+    embedding size of both towers: checkpoints of other sizes stand in for another model in a switch.
+    ``path`` is created if missing; files already there are overwritten. Returns ``path``.
 
     Raises:
-        ValueError: if ``image_size`` is not a positive multiple of ``patch_size``.
+        ValueError: if ``image_size`` is not a positive multiple of ``patch_size``, or ``hidden_size``
+            not a positive multiple of the number of attention heads.
         OSError: if ``path`` can't be written.
     """
     if patch_size <= 0 or image_size <= 0 or image_size % patch_size:
         raise ValueError(f"image_size ({image_size}) must be a positive multiple of patch_size ({patch_size})")
+    if hidden_size <= 0 or hidden_size % NUM_HEADS:
+        raise ValueError(f"hidden_size ({hidden_size}) must be a positive multiple of {NUM_HEADS} (attention heads)")
+    # The MLP keeps its proportion to the width (the default checkpoint is unchanged).
+    intermediate_size = INTERMEDIATE_SIZE * hidden_size // HIDDEN_SIZE
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer()
     text_config = SiglipTextConfig(
         vocab_size=len(tokenizer),
-        hidden_size=HIDDEN_SIZE,
-        intermediate_size=INTERMEDIATE_SIZE,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
         num_hidden_layers=NUM_LAYERS,
         num_attention_heads=NUM_HEADS,
         max_position_embeddings=TEXT_MAX_POSITIONS,
@@ -158,8 +166,8 @@ def build_tiny_siglip(path: Path, *, seed: int = 0, image_size: int = 64, patch_
         eos_token_id=tokenizer.eos_token_id,
     )
     vision_config = SiglipVisionConfig(
-        hidden_size=HIDDEN_SIZE,
-        intermediate_size=INTERMEDIATE_SIZE,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
         num_hidden_layers=NUM_LAYERS,
         num_attention_heads=NUM_HEADS,
         image_size=image_size,

@@ -1,5 +1,6 @@
 // vidx web page: search (text or image), moments with a timeline and a player, uploads straight
-// to the bucket, the videos list, and the dead letters for the admin key. Plain DOM, no framework:
+// to the bucket, the videos list, and for the admin key the dead letters and the model lifecycle
+// (which model answers, a backfill's progress). Plain DOM, no framework:
 // every value from the server goes in through textContent or attributes, never as HTML.
 "use strict";
 
@@ -16,6 +17,8 @@ const UNCHANGED_SETTLE_MS = 60 * 1000;
 const SETTLED = new Set(["indexed", "failed", "deleted"]);
 // Answers that mean "try again shortly": the API shedding load, or not reachable for a moment.
 const RETRYABLE = new Set([0, 502, 503, 504]);
+// The Model tab re-reads the lifecycle this often while it is shown.
+const MODEL_POLL_MS = 5000;
 
 const $ = (sel) => document.querySelector(sel);
 const el = (tag, props = {}, ...children) => {
@@ -84,6 +87,14 @@ function hms(seconds) {
   return h ? `${h}:${mm}:${ss}` : `${mm}:${ss}`;
 }
 
+// "1h 02m", "4m 05s", "12s": how long a backfill has left.
+function duration(seconds) {
+  const total = Math.round(Math.max(0, seconds));
+  const h = Math.floor(total / 3600), m = Math.floor((total % 3600) / 60), s = total % 60;
+  if (h) return `${h}h ${String(m).padStart(2, "0")}m`;
+  return m ? `${m}m ${String(s).padStart(2, "0")}s` : `${s}s`;
+}
+
 const videoName = (uri) => uri.replace(/^s3:\/\/[^/]+\//, "");
 const chip = (status) => el("span", { class: `chip ${status}` }, status);
 
@@ -112,7 +123,8 @@ async function detectAdmin() {
     } catch (_) { admin = false; }
   }
   $("#tab-dlq").hidden = !admin;
-  if (!admin && currentView() === "dlq") show("search");
+  $("#tab-model").hidden = !admin;
+  if (!admin && (currentView() === "dlq" || currentView() === "model")) show("search");
 }
 
 // -- views ------------------------------------------------------------------------------------------
@@ -127,6 +139,7 @@ function show(view) {
   notice("");
   if (view === "videos") loadVideos();
   if (view === "dlq") loadDeadLetters();
+  if (view === "model") watchModel();
 }
 
 // -- search -----------------------------------------------------------------------------------------
@@ -168,6 +181,10 @@ function renderResults(response, what) {
   $("#search-summary").textContent = n
     ? `${n} moment${n > 1 ? "s" : ""} for ${what} in ${response.took_ms.toFixed(0)} ms`
     : `No moments for ${what} yet — upload videos in the Videos tab.`;
+  // Which embedding model answered (during a model switch it changes at one instant); older APIs don't say.
+  const model = typeof response.model === "string" ? response.model : "";
+  $("#search-model").textContent = model ? `answered by ${model}` : "";
+  $("#search-model").title = model;
   for (const m of response.results) {
     const span = `${hms(m.start_s)}–${hms(m.end_s)}`;
     const open = el("button", { type: "button", class: "open", title: `Play from ${hms(m.start_s)}`, onclick: () => play(m) },
@@ -356,6 +373,68 @@ async function replay(body) {
   } catch (err) { reportError(err); }
 }
 
+// -- the model lifecycle (admin key) ----------------------------------------------------------------
+
+let modelTimer = null;
+
+// Re-reads the lifecycle every MODEL_POLL_MS while the Model tab is shown and the page visible.
+function watchModel() {
+  loadModel();
+  if (modelTimer !== null) return;
+  modelTimer = setInterval(() => {
+    if (currentView() !== "model") {
+      clearInterval(modelTimer);
+      modelTimer = null;
+    } else if (!document.hidden) {
+      loadModel();
+    }
+  }, MODEL_POLL_MS);
+}
+
+const describeModel = (m) => (m ? `${m.model} (dim ${m.dim}, table ${m.table})` : "none");
+
+async function loadModel() {
+  let status;
+  try {
+    status = await api("v1/admin/reindex");
+  } catch (err) {
+    $("#model-state").textContent = err.status === 503 ? err.message : "unknown";
+    $("#model-updated").textContent = "";
+    if (err.status !== 503) reportError(err);
+    return;
+  }
+  renderModel(status);
+}
+
+function renderModel(status) {
+  $("#model-state").textContent = status.state;
+  $("#model-active").textContent = describeModel(status.active);
+  $("#model-target-row").hidden = !status.target;
+  $("#model-target").textContent = describeModel(status.target);
+  const p = status.progress;
+  $("#model-progress-row").hidden = !status.target;
+  if (p) {
+    const bar = $("#model-progress");
+    bar.max = Math.max(p.total, 1);
+    bar.value = Math.min(p.done, bar.max);
+    const pct = p.total ? ` (${((100 * p.done) / p.total).toFixed(1)}%)` : "";
+    const rate = p.rate_per_s ? `${p.rate_per_s.toFixed(2)}/s` : "rate not known yet";
+    const eta = p.eta_s == null ? "ETA not known yet" : `ETA ${duration(p.eta_s)}`;
+    const failed = p.failed ? `, ${p.failed} failed` : "";
+    const waits = p.waiting_for ? `; the switch waits for ${p.waiting_for}` : "";
+    $("#model-progress-text").textContent = `${p.done}/${p.total}${pct}, ${rate}, ${eta}${failed}${waits}`;
+  } else {
+    $("#model-progress").removeAttribute("value"); // indeterminate until the first count
+    $("#model-progress-text").textContent = "not counted yet";
+  }
+  const retired = status.retired || [];
+  $("#model-retired").textContent = retired.length
+    ? `${retired.map((t) => `${t.table} (${t.model})`).join(", ")} — drop with vidx reindex --cleanup`
+    : "none";
+  $("#model-switched").textContent = status.switched_at ? new Date(status.switched_at).toLocaleString() : "never";
+  $("#model-updated").textContent = `as of ${new Date().toLocaleTimeString()}`;
+}
+
 // -- wiring -----------------------------------------------------------------------------------------
 
 function dropZone(zone, input, onFiles) {
@@ -387,6 +466,8 @@ document.addEventListener("DOMContentLoaded", () => {
   $("#videos-refresh").addEventListener("click", loadVideos);
   $("#dlq-refresh").addEventListener("click", loadDeadLetters);
   $("#dlq-replay-all").addEventListener("click", () => replay({ all: true }));
+  $("#model-refresh").addEventListener("click", loadModel);
+  document.addEventListener("visibilitychange", () => !document.hidden && currentView() === "model" && loadModel());
   $("#player").addEventListener("close", () => $("#player-video").pause());
   $("#key-button").addEventListener("click", () => askForKey(""));
   $("#key-form").addEventListener("submit", () => {

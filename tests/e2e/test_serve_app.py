@@ -37,7 +37,7 @@ MOMENT_KEYS = {
     "duration_s",
     "hits_s",
 }
-VIDEO_KEYS = {"video_id", "uri", "status", "error", "frames", "duration_s", "model", "updated_at"}
+VIDEO_KEYS = {"video_id", "uri", "status", "error", "frames", "duration_s", "model", "models", "updated_at"}
 
 
 @dataclass
@@ -92,7 +92,7 @@ def test_uploaded_videos_are_found_by_image_and_text(app: App, tmp_path: Path) -
         assert record["frames"] == 8 and record["error"] is None
     # The frame of video 2 at t = 4 s finds video 2 at 4 s.
     body = app.image_search(frame_at(4, 302))
-    assert set(body) == {"results", "took_ms"}
+    assert set(body) == {"results", "took_ms", "model"} and body["model"] == app.settings.model.id
     top = body["results"][0]
     assert set(top) == MOMENT_KEYS
     assert top["video_id"] == ids[1]
@@ -105,7 +105,7 @@ def test_uploaded_videos_are_found_by_image_and_text(app: App, tmp_path: Path) -
     resp = app.http.get("/v1/search", params={"q": "a red car at night", "k": 3})
     assert resp.status_code == 200, resp.text
     text = resp.json()
-    assert set(text) == {"results", "took_ms"} and 1 <= len(text["results"]) <= 3
+    assert set(text) == {"results", "took_ms", "model"} and 1 <= len(text["results"]) <= 3
     for moment in text["results"]:
         assert set(moment) == MOMENT_KEYS
         assert moment["start_s"] <= moment["ts_s"] < moment["end_s"]

@@ -219,6 +219,14 @@ def test_the_admin_key_sees_a_failed_video_in_the_dead_letters_and_replays_it(si
     site.services.minio_client().fput_object(site.bucket, "broken upload.mp4", str(broken))
     vid = video_id(site.bucket, "broken upload.mp4")
     eventually(lambda: site.status(vid) == "failed", "the broken video to fail", INDEX_TIMEOUT_S)
+
+    def dead_lettered() -> bool:
+        resp = site.http.get("/v1/admin/dlq", headers={"Authorization": f"Bearer {site.admin_key}"})
+        return resp.status_code == 200 and "broken upload.mp4" in resp.text
+
+    # The catalog says `failed` a moment before the consumer stores the dead letter, and the tab
+    # lists what is stored when it is opened.
+    eventually(dead_lettered, "its dead letter to be stored", INDEX_TIMEOUT_S)
     page = site.page(site.admin_key)
     page.click(".tabs [data-view=videos]")
     failed = page.locator(f"#videos tbody tr[data-video-id='{vid}']")

@@ -17,6 +17,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from storage.catalog import VIDEOS
 from storage.db import storage_options
 from storage.frames import FRAMES
 from storage.ids import s3_uri, video_id
+from storage.models import MODELS
 from tests.services import Services, eventually, queue_counts
 
 STARTUP_TIMEOUT_S = 240.0
@@ -44,6 +46,9 @@ BUSY_TIMEOUT_S = 30.0
 OP_ATTEMPTS = 20
 #: Longest wait for fault threads and side jobs after the stream.
 JOIN_TIMEOUT_S = 180.0
+#: A side job's retries (``SameVideoRace``) wait this long, doubled each time, at most ``SIDE_RETRY_MAX_S``.
+SIDE_RETRY_BACKOFF_S = 1.0
+SIDE_RETRY_MAX_S = 8.0
 #: Queues must stay empty and the check pass for this long (longer than the management API takes to
 #: refresh its figures: 1 s in our image, 5 s in a default broker).
 SETTLE_S = 6.0
@@ -162,12 +167,14 @@ def start_app(
     state_dir: Path,
     env: Mapping[str, str] | None = None,
     address: str | None = None,
+    killed: threading.Event | None = None,
 ) -> Iterator[AppHost]:
     """Run the vidx Serve app (tiny model) on a fresh local Ray instance against ``services``, with
     buckets and queues of its own (``prefix``) and any further VIDX_* settings in ``env``. The
     settings stay in ``os.environ`` while the app runs (so ``vidx`` commands run in this process see
     them); environment changes are undone on exit. ``address``: join that running Ray cluster (its
-    nodes started with ``ray start``, their dashboard on) instead of starting a local one."""
+    nodes started with ``ray start``, their dashboard on) instead of starting a local one. ``killed``:
+    set by a test that SIGKILLed the Ray instance's processes, so nothing is shut down gracefully."""
     import ray
     from ray import serve
 
@@ -208,7 +215,8 @@ def start_app(
             yield host
     finally:
         try:
-            serve.shutdown()
+            if killed is None or not killed.is_set():
+                serve.shutdown()
         finally:
             ray.shutdown()
             for k, v in saved.items():
@@ -381,20 +389,44 @@ def restart_router(host: AppHost) -> str:
 class SameVideoRace:
     """Two consumers indexing the same video at once: after each upload (every ``every``-th), two
     more jobs for it go on the task queue (the consumer's two worker threads take them together) and
-    two ``Indexer``s in this process run the same job at the same moment."""
+    two ``Indexer``s in this process run the same job at the same moment, each as a task of its own
+    through the consumer's real ``IndexTaskHandler``: a raise is retried after a backoff, as Celery
+    retries the app's tasks, and the last attempt fails the video and dead-letters it. (Without the
+    retries a side job that left the video's rows unsettled would leave it ``indexing`` for the
+    scheduled check's hour-long grace, which no consumer of the app does.)"""
 
     def __init__(self, host: AppHost, every: int = 2) -> None:
         from ray import serve
 
-        from pipeline.encoders import HandleEmbedder
+        from pipeline.consumer import IndexTaskHandler
+        from pipeline.deadletters import DeadLetterQueue
+        from pipeline.encoders import HandleEmbedders
         from pipeline.indexer import Indexer
+        from pipeline.lifecycle import LiveModels
         from pipeline.taskqueue import CeleryJobSink
+        from storage.tables import IndexStore
 
         settings = host.settings
         encoder = serve.get_deployment_handle("Encoder", app_name=host.app_name)
-        embedder = HandleEmbedder(encoder, settings.model.id, settings.model.embed_timeout_s)
+        embedders = HandleEmbedders(encoder, settings.model.embed_timeout_s)
         self._host = host
-        self._indexers = [Indexer(settings, embedder), Indexer(settings, embedder)]
+
+        def indexer() -> Indexer:
+            # As the app's consumers run it: the index's live models, each one's table.
+            store = IndexStore(settings.s3)
+            live = LiveModels(store.models, settings.reindex.live_refresh_s)
+            return Indexer(
+                settings,
+                embedders.for_model(settings.model.id),
+                store,
+                models=live.live,
+                models_now=live.live_now,
+                embedders=embedders,
+            )
+
+        dead_letters = DeadLetterQueue(settings.amqp.url.get_secret_value(), settings.serve.failed_queue)
+        self._max_retries = settings.serve.max_retries
+        self._handlers = [IndexTaskHandler(indexer(), dead_letters, self._max_retries) for _ in range(2)]
         self._sink = CeleryJobSink(settings)
         self._every = every
         self._uploads = 0
@@ -411,16 +443,30 @@ class SameVideoRace:
         for _ in range(2):
             self._sink.submit(job)
         gate = threading.Barrier(2, timeout=30)
-        for indexer in self._indexers:
-            thread = threading.Thread(target=self._run, args=(indexer, job, gate), daemon=True)
+        for handler in self._handlers:
+            thread = threading.Thread(target=self._run, args=(handler, job, gate), daemon=True)
             thread.start()
             self.threads.append(thread)
 
-    def _run(self, indexer: Any, job: Any, gate: threading.Barrier) -> None:
+    def _run(self, handler: Any, job: Any, gate: threading.Barrier) -> None:
+        from pipeline.consumer import TaskContext
+
+        task_id = f"side-{uuid.uuid4().hex}"
         try:
             gate.wait()
-            self.outcomes[indexer.run(job).outcome.value] += 1
-        except Exception as exc:  # the real consumer would retry these; counted for the report
+            for retries in range(self._max_retries + 1):
+                try:
+                    answer = handler.handle(job.model_dump(mode="json"), TaskContext(task_id, retries))
+                except Exception as exc:
+                    if retries == self._max_retries:  # the failure record or the dead letter failed
+                        self.outcomes[f"raised on the last attempt {type(exc).__name__}: {exc}"[:120]] += 1
+                        return
+                    self.outcomes[f"retried {type(exc).__name__}"] += 1  # as Celery retries the app's tasks
+                    time.sleep(min(SIDE_RETRY_BACKOFF_S * 2**retries, SIDE_RETRY_MAX_S))
+                    continue
+                self.outcomes[str(answer["outcome"])] += 1
+                return
+        except Exception as exc:  # the gate broke: counted for the report
             self.outcomes[f"raised {type(exc).__name__}: {exc}"[:120]] += 1
 
     def join(self, timeout_s: float) -> None:
@@ -530,7 +576,13 @@ class Tables:
         return {vid: (r["uri"], r["status"]) for vid, r in self.videos().items()}
 
     def frames(self) -> list[dict[str, Any]]:
-        return self._rows(FRAMES, ["frame_id", "video_id", "version"])
+        """The rows of the active model's frames table (the lifecycle row names it)."""
+        return self._rows(self.active_table(), ["frame_id", "video_id", "version"])
+
+    def active_table(self) -> str:
+        rows = self._rows(MODELS, ["state"])
+        active = json.loads(rows[0]["state"])["active"] if rows else None
+        return str(active["table"]) if active else FRAMES
 
 
 @dataclass(frozen=True)

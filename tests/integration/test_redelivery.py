@@ -145,7 +145,7 @@ def test_a_task_redelivered_five_times_by_dropped_connections_is_indexed(
     redelivered = redeliveries(queue_info(services, queue)) - before
     record = _record(store, vid)
     assert record is not None
-    summary = store.frames.summary(vid)
+    summary = store.active_frames().summary(vid)
     letters = _letters_of(host, vid)
     report(
         request,

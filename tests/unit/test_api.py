@@ -54,13 +54,13 @@ class FakeSearch:
     async def search_text(self, q: str, k: int, base_url: str) -> SearchResponse:
         if self.fail:
             raise self.fail
-        return SearchResponse(results=[MOMENT], took_ms=1.5)
+        return SearchResponse(results=[MOMENT], took_ms=1.5, model="m")
 
     async def search_image(self, data: bytes, k: int, base_url: str) -> SearchResponse:
         self.images.append(data)
         if data != b"png":  # the real service's bounds, over the bytes the route handed on
             decode_query_image(data, self.limits.max_image_bytes, self.limits.max_image_pixels)
-        return SearchResponse(results=[MOMENT], took_ms=2.5)
+        return SearchResponse(results=[MOMENT], took_ms=2.5, model="m")
 
 
 class FakeCatalog:
@@ -120,6 +120,9 @@ class FakeStore:
     def __init__(self) -> None:
         self.catalog = FakeCatalog()
         self.frames = FakeFrames()
+
+    def frames_table(self, name: str) -> FakeFrames:
+        return self.frames
 
     def blip(self, error: Exception) -> None:
         """Every read (and write) fails with ``error`` from now on."""
@@ -219,7 +222,7 @@ def test_video_lookup_shape_and_404() -> None:
         0,
     )
     body = http.get(f"/v1/videos/{vid}").json()
-    assert set(body) == {"video_id", "uri", "status", "error", "frames", "duration_s", "model", "updated_at"}
+    assert set(body) == {"video_id", "uri", "status", "error", "frames", "duration_s", "model", "models", "updated_at"}
     assert body["status"] == "failed" and body["error"] == "not a video: no video stream"
     assert http.get("/v1/videos", params={"uri": "s3://videos/a.mp4"}).json()["videos"][0]["video_id"] == vid
     assert [v["video_id"] for v in http.get("/v1/videos", params={"status": "failed"}).json()["videos"]] == [vid]
@@ -230,7 +233,7 @@ def test_video_lookup_shape_and_404() -> None:
 def test_search_shapes() -> None:
     http, _, _, _ = client()
     text = http.get("/v1/search", params={"q": "a dog"}).json()
-    assert set(text) == {"results", "took_ms"}
+    assert set(text) == {"results", "took_ms", "model"}
     assert set(text["results"][0]) == {
         "video_id",
         "uri",
@@ -533,6 +536,8 @@ class BrokenLanceTable:
         def fail(*args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("lance error: IO: Generic S3 error: connection reset by peer\n  at lance/src/io.rs:1")
 
+        if name == "schema":  # a property on a real table: it reads the manifest
+            fail()
         return fail
 
 
@@ -560,12 +565,17 @@ class LanceStore:
         self.catalog = Catalog(db)  # type: ignore[arg-type]
         self.frames = FrameTable(db)  # type: ignore[arg-type]
 
+    def frames_table(self, name: str) -> FrameTable:
+        return self.frames
+
 
 class StubEncoder:
-    async def embed_text(self, text: str) -> np.ndarray[Any, np.dtype[np.float32]]:
+    async def embed_text(self, text: str, model_id: str | None = None) -> np.ndarray[Any, np.dtype[np.float32]]:
         return np.full(4, 0.5, dtype=np.float32)
 
-    async def embed_image(self, rgb: np.ndarray[Any, np.dtype[np.uint8]]) -> np.ndarray[Any, np.dtype[np.float32]]:
+    async def embed_image(
+        self, rgb: np.ndarray[Any, np.dtype[np.uint8]], model_id: str | None = None
+    ) -> np.ndarray[Any, np.dtype[np.float32]]:
         return np.full(4, 0.5, dtype=np.float32)
 
 

@@ -1,10 +1,14 @@
-"""The /v1/admin routes: dead letters, parked events and reconcile, behind the admin key (stand-in services)."""
+"""The /v1/admin routes: dead letters, parked events and reconcile (stand-in services) and the model
+lifecycle (a real one over a LanceDB index in a local directory), behind the admin key."""
 
 from __future__ import annotations
 
 from collections.abc import Collection
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
@@ -14,7 +18,12 @@ from pipeline.api import create_app
 from pipeline.api_admin import admin_router
 from pipeline.check import CheckReport, Finding, Inconsistency
 from pipeline.deadletters import DeadLetter, FailureKind, ReplayReport
+from pipeline.lifecycle import ModelLifecycle
 from pipeline.settings import Settings
+from storage.config import S3Settings
+from storage.errors import ModelUnavailable
+from storage.models import ModelState, ModelTable
+from storage.tables import IndexStore
 from tests.unit.test_api import FakeJobs, FakeSearch, FakeStore
 
 API_KEY = "user-key-0123456789abcdef"
@@ -70,6 +79,7 @@ class FakeParked:
 
 def admin_client(
     parked: FakeParked | None = None,
+    lifecycle: ModelLifecycle | None = None,
 ) -> tuple[TestClient, FakeLetters, FakeJobs, list[tuple[str, str, bool]]]:
     settings = Settings(api_keys=[SecretStr(API_KEY)], admin_key=SecretStr(ADMIN_KEY))
     store, jobs, letters = FakeStore(), FakeJobs(), FakeLetters()
@@ -84,7 +94,7 @@ def admin_client(
     async def stats() -> dict[str, Any]:
         return {}
 
-    admin = admin_router(settings.s3.buckets, letters, parked or FakeParked(), jobs, reconcile)
+    admin = admin_router(settings.s3.buckets, letters, parked or FakeParked(), jobs, reconcile, lifecycle=lifecycle)
     app = create_app(settings, FakeSearch(settings.limits), store, jobs, stats, admin)  # type: ignore[arg-type]
     return TestClient(app, raise_server_exceptions=False), letters, jobs, calls
 
@@ -99,6 +109,10 @@ ADMIN_ROUTES = [
     ("GET", "/v1/admin/parked"),
     ("POST", "/v1/admin/parked/replay"),
     ("POST", "/v1/admin/reconcile"),
+    ("GET", "/v1/admin/reindex"),
+    ("POST", "/v1/admin/reindex"),
+    ("POST", "/v1/admin/reindex/abort"),
+    ("POST", "/v1/admin/reindex/cleanup"),
 ]
 
 
@@ -192,3 +206,115 @@ def test_admin_routes_are_off_without_an_admin_key() -> None:
             assert resp.status_code == 403 and "VIDX_ADMIN_KEY" in resp.json()["error"]["message"]
         assert letters.replayed == [] and parked.replayed == []
         assert http.get("/healthz").status_code == 200
+
+
+# -- the model lifecycle --------------------------------------------------------------------------------
+
+DIMS = {"model-a": 8, "model-b": 16, "model-c": 4}
+
+
+def dim_of(model: str) -> int:
+    if model not in DIMS:
+        raise ModelUnavailable(f"model {model!r} can't be read (VIDX_MODEL__ID)")
+    return DIMS[model]
+
+
+@pytest.fixture
+def lifecycle(tmp_path: Path) -> tuple[TestClient, IndexStore]:
+    """The admin routes over a real lifecycle whose index answers with model-a."""
+    store = IndexStore(S3Settings(), uri=str(tmp_path / "index"))
+    assert store.models.write(ModelState(active=ModelTable.new("model-a", 8)), 0) is not None
+    models = ModelLifecycle(store, Settings(), dim_of=dim_of)
+    http, _, _, _ = admin_client(lifecycle=models)
+    return http, store
+
+
+def test_reindex_status_start_again_and_refused(lifecycle: tuple[TestClient, IndexStore]) -> None:
+    http, store = lifecycle
+    admin = bearer(ADMIN_KEY)
+    idle = http.get("/v1/admin/reindex", headers=admin)
+    assert idle.status_code == 200
+    assert idle.json()["state"] == "idle" and idle.json()["active"]["model"] == "model-a"
+    assert idle.json()["target"] is None and idle.json()["configured"] == Settings().model.id
+    started = http.post("/v1/admin/reindex", headers=admin, json={"model": "  model-b "})
+    assert started.status_code == 202
+    body = started.json()
+    target = store.models.read().target
+    assert target is not None and body["target"] == {"model": "model-b", "dim": 16, "table": target.table}
+    assert body["state"] == "backfilling" and body["progress"]["done"] == 0
+    assert http.get("/v1/admin/reindex", headers=admin).json()["target"] == body["target"]
+    before = store.models.read()
+    again = http.post("/v1/admin/reindex", headers=admin, json={"model": "model-b"})
+    assert again.status_code == 202 and again.json()["target"] == body["target"]
+    assert store.models.read() == before
+    refused = http.post("/v1/admin/reindex", headers=admin, json={"model": "model-c"})
+    assert refused.status_code == 409
+    assert refused.json() == {
+        "error": {"code": "conflict", "message": "a backfill to 'model-b' is running: `vidx reindex --abort` it first"}
+    }
+    assert store.models.read() == before
+
+
+@pytest.mark.parametrize("model", ["", "   ", "m" * 513])
+def test_reindex_refuses_an_empty_or_overlong_model_id(lifecycle: tuple[TestClient, IndexStore], model: str) -> None:
+    http, store = lifecycle
+    resp = http.post("/v1/admin/reindex", headers=bearer(ADMIN_KEY), json={"model": model})
+    assert resp.status_code == 422 and resp.json()["error"]["code"] == "invalid_request"
+    assert http.post("/v1/admin/reindex", headers=bearer(ADMIN_KEY), json={}).status_code == 422
+    assert store.models.read().target is None
+
+
+def test_reindex_to_a_model_that_cant_be_read_is_a_400(lifecycle: tuple[TestClient, IndexStore]) -> None:
+    http, store = lifecycle
+    resp = http.post("/v1/admin/reindex", headers=bearer(ADMIN_KEY), json={"model": "no/such-model"})
+    assert resp.status_code == 400 and "can't be read" in resp.json()["error"]["message"]
+    assert store.models.read().target is None
+
+
+def test_reindex_abort_drops_the_target_and_then_is_refused(lifecycle: tuple[TestClient, IndexStore]) -> None:
+    http, store = lifecycle
+    admin = bearer(ADMIN_KEY)
+    assert http.post("/v1/admin/reindex", headers=admin, json={"model": "model-b"}).status_code == 202
+    target = store.models.read().target
+    assert target is not None
+    store.frames_table(target.table).table(dim=target.dim)  # a backfill job created it
+    aborted = http.post("/v1/admin/reindex/abort", headers=admin)
+    assert aborted.status_code == 200
+    assert aborted.json()["state"] == "idle" and aborted.json()["target"] is None
+    assert aborted.json()["active"]["model"] == "model-a"
+    assert store.db.open(target.table) is None
+    again = http.post("/v1/admin/reindex/abort", headers=admin)
+    assert again.status_code == 409 and again.json()["error"]["message"] == "no backfill is running"
+
+
+def test_reindex_cleanup_drops_retired_tables(lifecycle: tuple[TestClient, IndexStore]) -> None:
+    http, store = lifecycle
+    admin = bearer(ADMIN_KEY)
+    assert http.post("/v1/admin/reindex", headers=admin, json={"model": "model-b"}).status_code == 202
+    state = store.models.read()
+    assert state.active is not None and state.target is not None
+    old = state.active
+    store.frames_table(old.table).table(dim=old.dim)
+    switched = state.evolve(
+        active=state.target, target=None, backfill=None, retired=(old,), switched_at=datetime.now(UTC)
+    )
+    assert store.models.write(switched, state.rev) is not None
+    assert http.get("/v1/admin/reindex", headers=admin).json()["retired"] == [
+        {"model": "model-a", "dim": 8, "table": old.table}
+    ]
+    cleaned = http.post("/v1/admin/reindex/cleanup", headers=admin)
+    assert cleaned.status_code == 200
+    assert cleaned.json()["dropped"] == [old.table]
+    assert cleaned.json()["status"]["retired"] == [] and cleaned.json()["status"]["active"]["model"] == "model-b"
+    assert store.db.open(old.table) is None
+
+
+def test_reindex_routes_answer_503_without_a_lifecycle() -> None:
+    http, _, _, _ = admin_client()
+    for method, path in ADMIN_ROUTES:
+        if "/reindex" not in path:
+            continue
+        resp = http.request(method, path, headers=bearer(ADMIN_KEY), json={"model": "model-b"})
+        assert resp.status_code == 503, path
+        assert resp.json()["error"] == {"code": "unavailable", "message": "model lifecycle not available"}
+        assert resp.headers["Retry-After"]

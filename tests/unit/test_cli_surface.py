@@ -35,6 +35,7 @@ LISTINGS: dict[str, list[str]] = {
     "parked replay": ["--all"],
     "check": [],
     "reconcile": [],
+    "reindex": ["--status"],
 }
 
 
@@ -173,11 +174,14 @@ class FakeChecker:
 @pytest.fixture
 def stand_ins(offline: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """The API (two videos; uploads get indexed), MinIO, a broker holding two parked events and
-    two dead letters, and a checker that finds one missing video; every probe succeeds."""
+    two dead letters, a checker that finds one missing video and an index (a local directory)
+    answering with one model; every probe succeeds."""
     import pipeline.check
+    import pipeline.cli_reindex
     import pipeline.taskqueue
     import storage.tables
     from events.parked import park
+    from storage.models import ModelState, ModelTable
     from tests.unit.test_deadletters import LETTERS, ListSink, put_letters
     from tests.unit.test_parked import VIDEO, FakeChannel, patch_broker
 
@@ -201,6 +205,9 @@ def stand_ins(offline: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     broker.queues[Settings().serve.failed_queue] = broker.queues.pop("failed")
     checker = FakeChecker()
     monkeypatch.setattr(pipeline.check, "build_checker", lambda settings, store, sink: checker)
+    index = storage.tables.IndexStore(Settings().s3, uri=str(tmp_path / "index"))
+    index.models.write(ModelState(active=ModelTable.new("tiny", 8)), 0)
+    monkeypatch.setattr(pipeline.cli_reindex, "index_store", lambda settings: index)
     monkeypatch.setattr(storage.tables, "IndexStore", lambda s3: object())
     monkeypatch.setattr(pipeline.taskqueue, "queueing_sink", lambda settings, store: ListSink())
     clip = tmp_path / "holiday.mp4"

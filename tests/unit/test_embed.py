@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -314,3 +315,138 @@ def test_preprocessing_runs_on_the_model_device(tiny_model_dir: Path, encoder: S
     assert float((pixels.float().cpu() - reference).abs().max()) <= 2 * _ONE_LEVEL + 0.01  # bf16 rounding
     cosine = np.sum(on_device.embed_images(images) * encoder.embed_images(images), axis=1)
     assert (cosine > 0.99).all()
+
+
+# -- several models: dimensions from configurations, one Encoder serving two models ---------------
+OTHER_SIZE = 48
+
+
+@pytest.fixture(scope="module")
+def other_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second tiny checkpoint, of another embedding size (the new model of a switch)."""
+    return build_tiny_siglip(tmp_path_factory.mktemp("tiny-siglip-48"), seed=1, hidden_size=OTHER_SIZE)
+
+
+def test_tiny_model_rejects_a_width_the_heads_do_not_divide(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="hidden_size"):
+        build_tiny_siglip(tmp_path, hidden_size=33)
+
+
+def test_model_dim_reads_each_models_size_without_building_a_model(
+    tiny_model_dir: Path, other_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.model_config import model_dim
+
+    def no_model(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("model_dim built a model")
+
+    monkeypatch.setattr("pipeline.embed.AutoModel.from_pretrained", no_model)
+    monkeypatch.setattr("transformers.SiglipModel.from_pretrained", no_model)
+    assert model_dim(str(tiny_model_dir)) == HIDDEN_SIZE
+    assert model_dim(str(other_model_dir)) == OTHER_SIZE
+    # The configuration alone is enough: no weights (nor tokenizer, nor image processor) are read.
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    shutil.copy(other_model_dir / "config.json", config_only)
+    assert model_dim(str(config_only)) == OTHER_SIZE
+
+
+def test_model_dim_is_the_loaded_encoders_dim(other_model_dir: Path) -> None:
+    from pipeline.model_config import model_dim
+
+    assert model_dim(str(other_model_dir)) == SiglipEncoder(_settings(other_model_dir)).dim
+
+
+def test_model_dim_of_a_missing_or_empty_directory_raises_model_unavailable(tmp_path: Path) -> None:
+    from pipeline.model_config import model_dim
+
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(ModelUnavailable, match="VIDX_MODEL__ID") as caught:
+        model_dim(str(missing))
+    assert str(missing) in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(ModelUnavailable, match="VIDX_MODEL__ID"):
+        model_dim(str(tmp_path))
+
+
+def test_model_dim_refuses_towers_of_different_sizes(tmp_path: Path) -> None:
+    from transformers import SiglipConfig
+
+    from pipeline.model_config import model_dim
+
+    SiglipConfig(text_config={"hidden_size": 32}, vision_config={"hidden_size": 48}).save_pretrained(tmp_path)
+    with pytest.raises(ModelUnavailable, match=r"text \(32\) and image \(48\) embeddings differ in size"):
+        model_dim(str(tmp_path))
+
+
+def test_model_dim_of_a_hub_id_tries_the_cache_before_the_hub(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.model_config import model_dim
+
+    calls: list[bool] = []
+
+    def offline(source: str, **kwargs: Any) -> None:
+        calls.append(kwargs["local_files_only"])
+        raise OSError(f"We couldn't connect to 'https://huggingface.co' for {source}.\nCheck your connection.")
+
+    monkeypatch.setattr("transformers.AutoConfig.from_pretrained", offline)
+    with pytest.raises(ModelUnavailable, match="VIDX_MODEL__ID") as caught:
+        model_dim("google/siglip2-base-patch16-224")
+    assert calls == [True, False]
+    assert str(caught.value).startswith("can't load model 'google/siglip2-base-patch16-224' (OSError: We couldn't")
+
+
+def _serve_encoder(model_dir: Path, monkeypatch: pytest.MonkeyPatch, **overrides: object) -> Any:
+    """The Encoder's Serve shell outside a replica (the batch queue reads max_ongoing_requests from
+    the replica context)."""
+    from pipeline.encoders import Encoder
+
+    replica = SimpleNamespace(_deployment_config=SimpleNamespace(max_ongoing_requests=256))
+    monkeypatch.setattr("ray.serve.get_replica_context", lambda: replica)
+    return Encoder.func_or_class(_settings(model_dir, **overrides))  # type: ignore[attr-defined]
+
+
+@pytest.mark.usefixtures("fresh_batch_queues")
+def test_encoder_batches_callers_of_two_models_and_answers_each_with_its_models_vectors(
+    tiny_model_dir: Path, other_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through Serve's batching: callers of both models (the model id positional, by keyword, or
+    None for the configured one) in the same batches; each gets its own model's vectors, in order."""
+    import asyncio
+
+    shell = _serve_encoder(tiny_model_dir, monkeypatch, max_batch_size=8, max_batch_chunks=8, batch_wait_timeout_s=1.0)
+    old, new = str(tiny_model_dir), str(other_model_dir)
+    images = _block_images(4)
+    chunks = [images[:2], images[2:3], images[3:]]
+
+    async def calls() -> tuple[list[Any], list[Any], list[Any]]:
+        return (
+            list(await asyncio.gather(shell.embed_image(images[0], new), shell.embed_image(images[1], model_id=None))),
+            list(await asyncio.gather(shell.embed_text("a dog", None), shell.embed_text("a dog", model_id=new))),
+            list(await asyncio.gather(*(shell.embed_chunk(c, new if i % 2 else old) for i, c in enumerate(chunks)))),
+        )
+
+    by_image, by_text, by_chunk = asyncio.run(asyncio.wait_for(calls(), 60))
+    old_model, new_model = SiglipEncoder(_settings(tiny_model_dir)), SiglipEncoder(_settings(other_model_dir))
+    np.testing.assert_allclose(by_image[0], new_model.embed_images(images[:1])[0], atol=1e-5)
+    np.testing.assert_allclose(by_image[1], old_model.embed_images(images[1:2])[0], atol=1e-5)
+    np.testing.assert_allclose(by_text[0], old_model.embed_texts(["a dog"])[0], atol=1e-5)
+    np.testing.assert_allclose(by_text[1], new_model.embed_texts(["a dog"])[0], atol=1e-5)
+    assert [c.shape for c in by_chunk] == [(2, HIDDEN_SIZE), (1, OTHER_SIZE), (1, HIDDEN_SIZE)]
+    np.testing.assert_allclose(by_chunk[1], new_model.embed_images(images[2:3]), atol=1e-5)
+    assert asyncio.run(shell.info(new)) == {"model_id": new, "dim": OTHER_SIZE}
+    assert asyncio.run(shell.info()) == {"model_id": old, "dim": HIDDEN_SIZE}
+
+
+@pytest.mark.usefixtures("fresh_batch_queues")
+def test_a_batch_whose_callers_pass_different_numbers_of_arguments_fails(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Why every handle passes the model id, None included: Serve's batching zips arguments by position."""
+    import asyncio
+
+    shell = _serve_encoder(tiny_model_dir, monkeypatch, max_batch_size=8, batch_wait_timeout_s=1.0)
+
+    async def calls() -> list[Any]:
+        return list(await asyncio.gather(shell.embed_text("a"), shell.embed_text("b", None), return_exceptions=True))
+
+    outcomes = asyncio.run(asyncio.wait_for(calls(), 60))
+    assert all(isinstance(outcome, AssertionError) for outcome in outcomes)

@@ -95,10 +95,10 @@ class BlockEncoder:
         small = np.asarray(Image.fromarray(rgb).resize((4, 4), Image.Resampling.BOX), dtype=np.float32).ravel() + 1.0
         return (small / np.linalg.norm(small)).astype(np.float32)
 
-    async def embed_text(self, text: str) -> NDArray[np.float32]:
+    async def embed_text(self, text: str, model_id: str | None = None) -> NDArray[np.float32]:
         raise AssertionError("not a text search")
 
-    async def embed_image(self, rgb: NDArray[np.uint8]) -> NDArray[np.float32]:
+    async def embed_image(self, rgb: NDArray[np.uint8], model_id: str | None = None) -> NDArray[np.float32]:
         self.images.append(rgb)
         return self.vector(rgb)
 

@@ -125,6 +125,17 @@ def test_app_js_uses_no_html_sinks() -> None:
     assert [sink for sink in HTML_SINKS if sink in script] == []
 
 
+def test_every_element_app_js_looks_up_is_on_the_page() -> None:
+    import re
+    from importlib import resources
+
+    webui = resources.files("pipeline").joinpath("webui")
+    script, page = webui.joinpath("app.js").read_text(), webui.joinpath("index.html").read_text()
+    wanted = set(re.findall(r'\$\("#([\w-]+)', script))
+    assert {"search-model", "tab-model", "model-progress", "model-active"} <= wanted  # the model panel
+    assert wanted - set(re.findall(r'\bid="([\w-]+)"', page)) == set()
+
+
 def test_under_a_route_prefix_the_mount_point_redirects_to_the_page(guarded: TestClient) -> None:
     http = TestClient(guarded.app, root_path="/vidx", raise_server_exceptions=False)
     bare = http.get("/vidx", follow_redirects=False)

@@ -1,0 +1,196 @@
+"""The ``models`` table: which embedding model answers searches, which one is being backfilled, and
+which tables are kept from models retired (``vidx reindex``, docs/operations.md).
+
+Each model's vectors live in a frames table of their own, named from the model id, its dimension
+and a generation (a backfill always starts an empty table, so nothing an aborted run left behind is
+ever read). The whole lifecycle is one row, changed only by compare-and-set on its revision: the
+switch from the old model to the new one is that row's one write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+from dataclasses import asdict, dataclass, fields, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+
+from storage.db import (
+    PRIMARY_KEY,
+    FreshTable,
+    IndexDatabase,
+    merge_on,
+    read_errors_are_transient,
+    write_errors_are_transient,
+)
+from storage.frames import FRAMES
+
+MODELS = "models"
+#: The one row's key.
+STATE_KEY = "lifecycle"
+#: The table indexes built before per-model tables used (adopted as the first model's table).
+LEGACY_FRAMES = FRAMES
+#: Longest model slug in a table name (the id's hash keeps names of long ids distinct).
+MAX_SLUG = 40
+
+MODELS_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.string(), nullable=False, metadata=PRIMARY_KEY),
+        #: The lifecycle as JSON (``ModelState.to_json``).
+        pa.field("state", pa.string(), nullable=False),
+        pa.field("rev", pa.int64(), nullable=False),
+        pa.field("updated_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+
+
+def table_name(model: str, dim: int, generation: str | None = None) -> str:
+    """``frames-<model slug>-<hash>-<dim>d-<generation>``: readable, distinct per model id, and new
+    for every backfill (LanceDB names allow letters, digits, ``_``, ``-`` and ``.``)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")[-MAX_SLUG:].strip("-") or "model"
+    digest = hashlib.sha256(model.encode()).hexdigest()[:8]
+    return f"frames-{slug}-{digest}-{dim}d-{generation or secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTable:
+    """One model's frames table."""
+
+    model: str
+    dim: int
+    table: str
+
+    @classmethod
+    def new(cls, model: str, dim: int) -> ModelTable:
+        return cls(model, dim, table_name(model, dim))
+
+
+@dataclass(frozen=True, slots=True)
+class Backfill:
+    """A backfill to ``ModelState.target`` in progress."""
+
+    started_at: datetime
+    #: Every job whose claim lands after this reads the target among the live models: from then on
+    #: an in-flight video no longer holds the switch back (``pipeline.backfill``).
+    live_from: datetime
+    #: Started by the settings (a configured model that differs from the active one), not by a person.
+    auto: bool = False
+    #: The last progress the coordinator wrote: videos that need the target, those that have it.
+    total: int = 0
+    done: int = 0
+    #: ``done`` when this run of the coordinator began (the rate counts only what it did).
+    done_at_resume: int = 0
+    resumed_at: datetime | None = None
+    progress_at: datetime | None = None
+    failed: int = 0
+    #: Every video has the target, yet the switch waits: for what (None: it does not, or not yet),
+    #: and since when (a restarted coordinator goes on counting the wait's bound from there).
+    waiting_for: str | None = None
+    waiting_since: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelState:
+    """The lifecycle row. ``active`` answers searches; ``target`` (during a backfill) is written by
+    every job as well; ``retired`` tables are kept until ``vidx reindex --cleanup``."""
+
+    active: ModelTable | None = None
+    target: ModelTable | None = None
+    backfill: Backfill | None = None
+    retired: tuple[ModelTable, ...] = ()
+    switched_at: datetime | None = None
+    rev: int = 0
+    updated_at: datetime | None = None
+
+    def live(self) -> list[ModelTable]:
+        """The tables every index job writes: the active one first, then the target."""
+        return [t for t in (self.active, self.target) if t is not None]
+
+    def evolve(self, **changes: Any) -> ModelState:
+        return replace(self, **changes)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data.pop("rev")
+        data.pop("updated_at")
+        return json.dumps(data, default=_iso, sort_keys=True)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> ModelState:
+        data = json.loads(row["state"])
+        backfill = data.get("backfill")
+        return cls(
+            active=_table(data.get("active")),
+            target=_table(data.get("target")),
+            backfill=None if backfill is None else _backfill(backfill),
+            retired=tuple(t for t in map(_table, data.get("retired") or []) if t is not None),
+            switched_at=_time(data.get("switched_at")),
+            rev=int(row["rev"]),
+            updated_at=row["updated_at"],
+        )
+
+
+def _iso(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+def _time(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
+
+
+def _backfill(data: dict[str, Any]) -> Backfill:
+    """A row's backfill; keys this version does not know (written by a newer one) are left out, so a
+    rollback still reads the lifecycle."""
+    times = ("started_at", "live_from", "resumed_at", "progress_at", "waiting_since")
+    known = {f.name for f in fields(Backfill)}
+    values: dict[str, Any] = {k: (_time(v) if k in times else v) for k, v in data.items() if k in known}
+    return Backfill(**values)
+
+
+def _table(value: dict[str, Any] | None) -> ModelTable | None:
+    return None if value is None else ModelTable(str(value["model"]), int(value["dim"]), str(value["table"]))
+
+
+class ModelRegistry:
+    """The ``models`` table of one index database (one row)."""
+
+    def __init__(self, db: IndexDatabase) -> None:
+        self._db = db
+        self._table: Any = None
+        self._fresh: FreshTable | None = None
+
+    def _models(self) -> Any:
+        if self._table is None:
+            self._table = self._db.create(MODELS, MODELS_SCHEMA)
+        return self._table
+
+    @read_errors_are_transient
+    def read(self) -> ModelState:
+        """The lifecycle as of a version no older than the latest when the call began (empty before
+        the first write)."""
+        if self._fresh is None:
+            self._models()
+            self._fresh = self._db.fresh(MODELS)
+        rows = self._fresh.table().search().limit(1).to_list()
+        return ModelState.from_row(rows[0]) if rows else ModelState()
+
+    @write_errors_are_transient
+    def write(self, state: ModelState, expected_rev: int) -> ModelState | None:
+        """Write ``state`` if the row still holds revision ``expected_rev`` (0: no row yet); the row as
+        written, or None when another writer got there first."""
+        written = state.evolve(rev=expected_rev + 1, updated_at=datetime.now(UTC))
+        row = {"key": STATE_KEY, "state": written.to_json(), "rev": written.rev, "updated_at": written.updated_at}
+        data = pa.Table.from_pylist([row], schema=MODELS_SCHEMA)
+        merge = merge_on(self._models(), "key")
+        if expected_rev == 0:
+            result = merge.when_not_matched_insert_all().execute(data)
+        else:
+            result = merge.when_matched_update_all(where="target.rev + 1 = source.rev").execute(data)
+        landed = int(result.num_updated_rows) + int(result.num_inserted_rows) > 0
+        return written if landed else None
