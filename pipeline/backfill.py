@@ -12,7 +12,9 @@ reads the lifecycle row and, during a backfill, walks the catalog:
   and does nothing);
 - a video in flight whose last write is older than ``Backfill.live_from`` may be run by a job that
   read the lifecycle before the backfill began, so it *holds the switch back* until it settles;
-  one claimed later was claimed by a job that writes the target too.
+  one claimed later was claimed by a job that writes the target too, and holds it back only while
+  the active model finds it at its version without the target's rows (its backfill job is running:
+  switching then would take it out of search until that job settles, and for good if it failed).
 
 When nothing needs a job and nothing holds the switch back, one compare-and-set of the lifecycle
 row makes the target active and retires the old model's table. One more thing holds it back: a target
@@ -207,8 +209,15 @@ class BackfillCoordinator:
         if record.status in (VideoStatus.INDEXED, VideoStatus.FAILED):
             if not self._count(record, target, found) and record.status is VideoStatus.FAILED:
                 found.settled.add(record.video_id)  # its job ended: it takes no window slot
-        elif record.status in IN_FLIGHT and record.updated_at < live_from:
+        elif record.status in IN_FLIGHT and (record.updated_at < live_from or self._carried(record, active, target)):
             found.holding += 1
+
+    @staticmethod
+    def _carried(record: VideoRecord, active: ModelTable | None, target: ModelTable) -> bool:
+        """Whether an in-flight video is searchable with the active model at its version and lacks
+        the target's rows (a backfill job, or one of the same content, is running): switching now
+        would take it out of search until that job settles, and for good if the job fails."""
+        return active is not None and has_model(record, active) and not has_model(record, target)
 
     def _count(self, record: VideoRecord, model: ModelTable, found: BackfillRound) -> bool:
         """Count a settled video as done (it has ``model``'s rows; returns True) or as needing a job."""

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from events.jobs import IndexJob, JobOp
+from events.jobs import IndexJob, JobOp, JobSource
 from pipeline.embed_stage import Embedders, EmbedStage, FrameEmbedder, OneEmbedder
 from pipeline.job_result import ConsumerKilled, JobResult, Outcome
 from pipeline.joblog import log_job
@@ -236,7 +236,9 @@ class Indexer:
         dirty: _Dirty,
     ) -> JobResult:
         every_s = self._settings.sampling.every_s
-        live = self._models()
+        # A backfill job reads the lifecycle afresh: on a cache from before the backfill began it
+        # would find nothing to add and hold a slot of the backfill's window until resubmitted.
+        live = self._models_now() if job.source is JobSource.REINDEX else self._models()
         fps = {t.table: fingerprint(head.version, t.model, every_s) for t in live}
         # What each live table already holds of this exact content, model and sampling: trusted only
         # after looking (a job that lost a race may have written over it).

@@ -26,6 +26,7 @@ import pytest
 from PIL import Image
 
 from infra.dev.samples import expected_sample_count
+from pipeline.backfill import has_model
 from pipeline.check import build_checker
 from storage.catalog import VideoStatus
 from storage.ids import fingerprint, video_id
@@ -62,6 +63,8 @@ INDEX_TIMEOUT_S = 180.0
 SWITCH_TIMEOUT_S = 420.0
 BUSY_TIMEOUT_S = 60.0
 SEARCH_EVERY_S = 0.5
+#: Consumers killed at most, each while it seemed to hold a backfill job, until one kill lands mid-job.
+KILL_ATTEMPTS = 3
 #: How long after the switch an Api replica may still answer from the old model (its lifecycle
 #: re-read interval, ``reindex.live_refresh_s``, plus a margin).
 STALE_ANSWER_S = 5.0
@@ -69,12 +72,19 @@ STALE_ANSWER_S = 5.0
 
 @dataclass
 class Answers:
-    """What the searcher saw: (wall time, model) of each answer, and the errors (the app restarting)."""
+    """What the searcher saw: (sent, answered, model) of each answer, and (sent, failed, error) of
+    each search that failed (the app restarting, and nothing else)."""
 
-    seen: list[tuple[datetime, str]] = field(default_factory=list)
+    seen: list[tuple[datetime, datetime, str]] = field(default_factory=list)
     missed: int = 0
     wrong_top: list[str] = field(default_factory=list)
-    errors: Counter[str] = field(default_factory=Counter)
+    errors: list[tuple[datetime, datetime, str]] = field(default_factory=list)
+
+    def errors_outside(self, down_from: datetime, up_at: datetime) -> list[str]:
+        """Failed searches other than those that failed after ``down_from`` and were sent before ``up_at``."""
+        return [
+            f"{sent.isoformat()} {name}" for sent, failed, name in self.errors if failed < down_from or sent > up_at
+        ]
 
 
 def image_search(http: httpx.Client, rgb: Any) -> dict[str, Any]:
@@ -91,20 +101,23 @@ def search_all_along(base_url: str, seeds: Mapping[str, int], stop: threading.Ev
     vids = list(seeds)
     deadline = time.monotonic() + SWITCH_TIMEOUT_S + 2 * STARTUP_TIMEOUT_S + 600
     n = 0
-    with httpx.Client(base_url=base_url, timeout=10, headers=USER) as http:
+    with httpx.Client(base_url=base_url, timeout=30, headers=USER) as http:
         while not stop.is_set() and time.monotonic() < deadline:
             n += 1
             vid = vids[n % len(vids)]
+            sent = datetime.now(UTC)
             try:
                 text = http.get("/v1/search", params={"q": "a dog on a beach", "k": 3})
                 text.raise_for_status()
+                answered = datetime.now(UTC)
+                image_sent = answered
                 body = image_search(http, frame_at(2, seeds[vid], (64, 48)))
             except httpx.HTTPError as exc:
-                answers.errors[type(exc).__name__] += 1
+                answers.errors.append((sent, datetime.now(UTC), type(exc).__name__))
             else:
                 at = datetime.now(UTC)
-                answers.seen.append((at, str(text.json()["model"])))
-                answers.seen.append((at, str(body["model"])))
+                answers.seen.append((sent, answered, str(text.json()["model"])))
+                answers.seen.append((image_sent, at, str(body["model"])))
                 if not body["results"] or not text.json()["results"]:
                     answers.missed += 1
                 elif body["results"][0]["video_id"] != vid:
@@ -136,6 +149,37 @@ def wait_for_job(store: IndexStore, uris: set[str]) -> tuple[str, str]:
                 return record.uri, record.holder
         time.sleep(0.05)
     raise AssertionError(f"no backfill job was running within {BUSY_TIMEOUT_S:.0f}s")
+
+
+def kill_a_backfill_job(host: AppHost, store: IndexStore, vids: Mapping[str, str], lines: list[str]) -> tuple[int, int]:
+    """SIGKILL the consumer running a backfill job of one of ``vids`` (video id by uri), and see that
+    the kill landed mid-job: the task comes back to another consumer, which counts the dead holder
+    as a crash of the video and indexes it. A job that finished between the look and the kill is a
+    miss: the next running job is killed (at most ``KILL_ATTEMPTS``). Returns the backfill's progress
+    at the kill that landed."""
+    for attempt in range(1, KILL_ATTEMPTS + 1):
+        uri, holder = wait_for_job(store, set(vids))
+        pid = host.replica_pid(holder)
+        if pid is None:
+            continue  # the job ended and its replica went with it before the look
+        os.kill(pid, signal.SIGKILL)
+        at_kill = done(store)
+        vid = vids[uri]
+
+        def settled(vid: str = vid) -> bool:
+            record = store.catalog.get(vid)
+            return record is not None and record.status is VideoStatus.INDEXED
+
+        eventually(settled, f"{uri} indexed after its consumer's kill", INDEX_TIMEOUT_S, 0.2)
+        record = store.catalog.get(vid)
+        assert record is not None
+        lines.append(
+            f"  SIGKILL consumer pid {pid} while it re-embedded {uri} (try {attempt}); backfill at "
+            f"{at_kill[0]}/{at_kill[1]}; the video's crashes: {record.crashes}"
+        )
+        if record.crashes >= 1:
+            return at_kill
+    raise AssertionError(f"no consumer was killed in the middle of a backfill job in {KILL_ATTEMPTS} tries")
 
 
 def done(store: IndexStore) -> tuple[int, int]:
@@ -210,8 +254,11 @@ def test_a_model_switch_survives_a_consumer_kill_and_an_app_kill(
         target = store.models.read().target
         assert target is not None and target.model == model_b and target.dim == 48
         during = [upload(host, BEFORE + n) for n in range(DURING)]
-        # Uploads during the backfill are indexed and found with A, which still answers.
+        # Uploads during the backfill are indexed with both models by their own jobs, and found with A,
+        # which still answers.
         eventually(lambda: indexed(store, during), "the uploads during the backfill indexed", INDEX_TIMEOUT_S, 0.5)
+        for vid, record in store.catalog.get_many(during).items():
+            assert has_model(record, state.active) and has_model(record, target), (uris[vid], record.indexes)
         with httpx.Client(base_url=host.settings.api_url, timeout=30, headers=USER) as http:
             for vid in during:
                 body = image_search(http, frame_at(2, seeds[vid], (64, 48)))
@@ -222,26 +269,25 @@ def test_a_model_switch_survives_a_consumer_kill_and_an_app_kill(
 
         # A consumer killed while it runs a backfill job.
         eventually(lambda: done(store)[0] >= 2, "two videos backfilled", INDEX_TIMEOUT_S, 0.2)
-        uri, holder = wait_for_job(store, {uris[v] for v in before})
-        pid = host.replica_pid(holder)
-        assert pid is not None, f"no live consumer is {holder}"
-        os.kill(pid, signal.SIGKILL)
-        at_kill = done(store)
-        lines.append(f"  SIGKILL consumer pid {pid} while it re-embedded {uri}; backfill at {at_kill[0]}/{at_kill[1]}")
+        at_kill = kill_a_backfill_job(host, store, {uris[v]: v for v in before}, lines)
         # The backfill goes on with the other consumers, then the whole app is killed.
         eventually(lambda: done(store)[0] > at_kill[0], "the backfill to go on", INDEX_TIMEOUT_S, 0.2)
         at_crash = done(store)
         state = store.models.read()
         assert state.target is not None and at_crash[0] < at_crash[1], f"the backfill ended before the kill: {state}"
+        down_from = datetime.now(UTC)
         lines.append(f"  {kill_everything(host)} at {at_crash[0]}/{at_crash[1]}")
         killed.set()
 
     # The whole app again, configured with A as before: the backfill carries on where it was.
     with start_app(services, prefix, tiny_model_dir, state_dir, env=env) as host:
         store = IndexStore(host.settings.s3)
+        up_at = datetime.now(UTC)
         resumed = store.models.read()
-        assert resumed.target is not None and resumed.target.model == model_b, resumed
+        # The same backfill carries on: the same table, none of its progress lost.
+        assert resumed.target == target, resumed
         resumed_at = done(store)
+        assert resumed_at[0] >= at_crash[0], (resumed_at, at_crash)
         eventually(
             lambda: (store.models.read().active or ModelTable("", 0, "")).model == model_b,
             "the switch to B",
@@ -278,15 +324,19 @@ def test_a_model_switch_survives_a_consumer_kill_and_an_app_kill(
     # Search answered from A until the switch and from B after it, with results all along.
     cut = switched.switched_at
     assert cut is not None
-    early_b = [at for at, m in answers.seen if m == model_b and at < cut]
-    late_a = [at for at, m in answers.seen if m == model_a and (at - cut).total_seconds() > STALE_ANSWER_S]
-    by_model = Counter(m for _, m in answers.seen)
+    # B answering before the switch: an answer received before it; A after it: a search sent
+    # more than the margin after it.
+    early_b = [at for _, at, m in answers.seen if m == model_b and at < cut]
+    late_a = [sent for sent, _, m in answers.seen if m == model_a and (sent - cut).total_seconds() > STALE_ANSWER_S]
+    by_model = Counter(m for _, _, m in answers.seen)
     assert not early_b and not late_a, (early_b[:3], late_a[:3])
     assert by_model[model_a] > 0 and by_model[model_b] > 0 and answers.missed == 0 and not answers.wrong_top
+    # Searches failed only while the app was down.
+    assert not answers.errors_outside(down_from, up_at), answers.errors_outside(down_from, up_at)[:5]
     lines += [
         f"  restarted: backfill resumed at {resumed_at[0]}/{resumed_at[1]}, switched to B at {cut.isoformat()}",
         f"  searches: {by_model[model_a]} answered by A, {by_model[model_b]} by B, none by B before the switch, "
-        f"none by A {STALE_ANSWER_S:g}s after it; {sum(answers.errors.values())} failed while the app was down",
+        f"none by A {STALE_ANSWER_S:g}s after it; {len(answers.errors)} failed while the app was down",
         f"  check: A {report_both.models[model_a]}, B {report_both.models[model_b]} inconsistencies "
         f"({report_both.summary()})",
     ]

@@ -1,6 +1,6 @@
 """pipeline/backfill.py over a real local LanceDB and a recording task queue: what a round submits
 (the window, resubmission after its interval on an injected clock), what holds the switch back, the
-switch as one lifecycle write, progress, a restarted coordinator carrying on; and a real index job
+switch as one lifecycle write, progress, a new coordinator carrying on; and a real index job
 paused mid-flight while a round runs on another thread."""
 
 from __future__ import annotations
@@ -179,9 +179,9 @@ def test_in_flight_rows_from_before_live_from_hold_the_switch_later_ones_do_not(
     held = backfill.round()
     assert held is not None and (held.holding, held.need) == (1, 0) and not held.switched
     assert store.models.read().target == B and sink.jobs == []
-    # Settled with both entries, and another video claimed after live_from (its job writes B too).
+    # Settled with both entries, and a new upload claimed after live_from (its job writes B too).
     put(store, "early.mp4", indexes=(entry(A, "e1"), entry(B, "e1")))
-    put(store, "late.mp4", VideoStatus.QUEUED)
+    put(store, "late.mp4", VideoStatus.QUEUED, indexes=())
     done = backfill.round()
     assert done is not None and done.holding == 0 and done.switched
 
@@ -247,16 +247,16 @@ def test_progress_is_written_with_the_resume_point_on_the_first_round(store: Ind
     assert b2 is not None and (b2.total, b2.done, b2.done_at_resume, b2.resumed_at) == (3, 2, 1, b.resumed_at)
 
 
-def test_a_restarted_coordinator_resubmits_what_is_still_needed(store: IndexStore) -> None:
+def test_a_new_coordinator_resubmits_what_is_still_needed(store: IndexStore) -> None:
     backfilling(store)
     put(store, "a.mp4")
     put(store, "b.mp4")
     first_sink, clock = Recorded(), Clock()
     coordinator(store, first_sink, clock).round()
     assert sorted(first_sink.keys()) == ["a.mp4", "b.mp4"]
-    put(store, "a.mp4", indexes=(entry(A, "e1"), entry(B, "e1")))  # one job ran before the restart
+    put(store, "a.mp4", indexes=(entry(A, "e1"), entry(B, "e1")))  # one job ran before the first stopped
     resumed_at = store.models.read().backfill.resumed_at  # type: ignore[union-attr]
-    # The process restarts: a new coordinator, same clock, nothing in memory.
+    # A new coordinator (as after a restart, or the lease moving): same clock, nothing in memory.
     second_sink = Recorded()
     found = coordinator(store, second_sink, clock).round()
     assert found is not None and second_sink.keys() == ["b.mp4"]
@@ -451,7 +451,7 @@ def waited(store: IndexStore, seconds: float) -> None:
     assert store.models.write(state.evolve(backfill=replace(state.backfill, waiting_since=since)), state.rev)
 
 
-def test_the_wait_for_the_ann_index_is_bounded_across_restarts(store: IndexStore) -> None:
+def test_the_wait_for_the_ann_index_is_bounded_across_coordinators(store: IndexStore) -> None:
     """An index that is never built (maintenance failing on the new model, say) holds the switch
     only for ``index_wait_s``, counted from the first round that held it as the row records it: a
     coordinator started afresh (a restarted replica, the lease moving) goes on with the same wait."""

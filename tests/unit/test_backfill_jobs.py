@@ -1,0 +1,80 @@
+"""A backfill's own jobs against its coordinator, over a real local LanceDB: a backfill job still
+running (paused at a step boundary on a thread) holds the switch while a round runs on another
+thread, and a backfill job on a consumer whose cached lifecycle predates the backfill still adds
+the new model's rows."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from events.jobs import IndexJob, JobOp, JobSource
+from pipeline.backfill import BackfillRound
+from pipeline.indexer import Outcome
+from storage.catalog import VideoStatus
+from storage.tables import IndexStore
+from tests.media import write_video
+from tests.unit.test_backfill import (
+    HOUR,
+    WAIT_S,
+    A,
+    B,
+    Clock,
+    PauseAt,
+    Recorded,
+    backfilling,
+    coordinator,
+    indexer,
+    on_thread,
+    store,  # noqa: F401  (the fixture)
+)
+from tests.unit.test_indexer import MemoryObjects
+from tests.unit.test_indexer_models import A as WA
+from tests.unit.test_indexer_models import B as WB
+from tests.unit.test_indexer_models import World
+
+
+def test_a_running_backfill_job_holds_the_switch_until_it_settles(store: IndexStore, tmp_path: Path) -> None:  # noqa: F811
+    objects = MemoryObjects()
+    objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=2, seed=1))
+    backfilling(store, live_from=datetime.now(UTC) - HOUR)
+    # Indexed with A only (as before the backfill), then its backfill job runs, long after live_from.
+    upload = IndexJob(op=JobOp.INDEX, bucket="videos", key="a.mp4", source=JobSource.EVENT)
+    assert indexer(store, objects, lambda: [A]).run(upload).outcome is Outcome.INDEXED
+    pause = PauseAt("write")
+    job = IndexJob(op=JobOp.INDEX, bucket="videos", key="a.mp4", source=JobSource.REINDEX)
+    finished = on_thread(lambda: indexer(store, objects, lambda: [A, B], pause).run(job))
+    assert pause.reached.wait(WAIT_S)
+    running = store.catalog.get(job.video_id)
+    assert running is not None and running.status is VideoStatus.INDEXING
+
+    # A round while it embeds: switching now would leave the video without rows in the answering table.
+    sink = Recorded()
+    backfill = coordinator(store, sink, Clock())
+    held: BackfillRound = on_thread(backfill.round)()
+    assert (held.holding, held.need) == (1, 0) and not held.switched and sink.jobs == []
+    assert store.models.read().active == A
+
+    pause.release.set()
+    assert finished().outcome is Outcome.INDEXED
+    switched = backfill.round()
+    assert switched is not None and switched.switched and store.models.read().active == B
+    assert store.frames_table(B.table).count(job.video_id) == store.frames_table(A.table).count(job.video_id) == 2
+
+
+def test_a_backfill_job_on_a_lifecycle_cached_before_the_backfill_adds_the_new_models_rows(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.upload()
+    world.live = [WA]
+    upload = IndexJob(op=JobOp.INDEX, bucket="videos", key="a.mp4", source=JobSource.EVENT)
+    assert world.indexer().run(upload).outcome is Outcome.INDEXED
+    # The backfill to B begins; this consumer's cached lifecycle (read just before) still says A only.
+    world.live = [WA, WB]
+    job = IndexJob(op=JobOp.INDEX, bucket="videos", key="a.mp4", source=JobSource.REINDEX)
+    result = world.indexer(cached=[WA]).run(job)
+    record = world.store.catalog.get(job.video_id)
+    assert result.outcome is Outcome.INDEXED and record is not None
+    assert record.index_in(WB.table) is not None and world.store.frames_table(WB.table).count(job.video_id) == 3
+    # An upload's job may go by its cache: the backfill comes back for what it leaves out.
+    again = IndexJob(op=JobOp.INDEX, bucket="videos", key="a.mp4", source=JobSource.EVENT)
+    assert world.indexer(cached=[WA]).run(again).outcome is Outcome.UNCHANGED
