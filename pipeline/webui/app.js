@@ -413,7 +413,7 @@ function renderModel(status) {
   $("#model-target").textContent = describeModel(status.target);
   const p = status.progress;
   $("#model-progress-row").hidden = !status.target;
-  if (p) {
+  if (p && p.progress_at) {
     const bar = $("#model-progress");
     bar.max = Math.max(p.total, 1);
     bar.value = Math.min(p.done, bar.max);
@@ -424,7 +424,7 @@ function renderModel(status) {
     const waits = p.waiting_for ? `; the switch waits for ${p.waiting_for}` : "";
     $("#model-progress-text").textContent = `${p.done}/${p.total}${pct}, ${rate}, ${eta}${failed}${waits}`;
   } else {
-    $("#model-progress").removeAttribute("value"); // indeterminate until the first count
+    $("#model-progress").removeAttribute("value"); // indeterminate until the first round's count
     $("#model-progress-text").textContent = "not counted yet";
   }
   const retired = status.retired || [];

@@ -1,7 +1,8 @@
 """The web page in a real browser (Debian's Chromium, headless, driven by Playwright) over the real
 Ray Serve app, MinIO and RabbitMQ, with API keys on: the key prompt, a text query's grid of moments,
 the player at the moment's second, image search by file, and a video uploaded from the page going
-``queued → indexing → indexed``. Screenshots are kept as test artifacts (``VIDX_ARTIFACTS_DIR``, else
+``queued → indexing → indexed``, the dead letters, and the Model tab following a model switch.
+Screenshots are kept as test artifacts (``VIDX_ARTIFACTS_DIR``, else
 pytest's temp dir) and, with ``VIDX_UPDATE_SCREENSHOTS=1``, written to docs/img/."""
 
 from __future__ import annotations
@@ -249,3 +250,52 @@ def test_the_page_is_public_but_nothing_it_shows_is(site: Site) -> None:
     assert (
         site.http.post("/v1/search/image", files={"image": ("q.png", buf.getvalue(), "image/png")}).status_code == 401
     )
+
+
+def test_the_model_tab_follows_a_switch_and_search_says_which_model_answered(site: Site, tmp_path: Path) -> None:
+    """A backfill to a second tiny model, started and aborted through the admin API while the page
+    shows it: which model answered a search, the Model tab's state, target and counted progress."""
+    from infra.dev.tinymodel import build_tiny_siglip
+
+    admin = {"Authorization": f"Bearer {site.admin_key}"}
+    model_a = site.settings.model.id
+    model_b = str(build_tiny_siglip(tmp_path / "model-b", seed=1, hidden_size=48))
+    page = site.page(site.admin_key)
+    page.fill("#q", "boats in a harbour at dusk")
+    page.press("#q", "Enter")
+    page.locator("#search-model", has_text=f"answered by {model_a}").wait_for(timeout=UI_TIMEOUT_MS)
+    page.click("#tab-model")
+    page.locator("#model-state", has_text="idle").wait_for(timeout=UI_TIMEOUT_MS)
+    assert model_a in page.locator("#model-active").inner_text()
+    assert page.locator("#model-target-row").is_hidden()
+
+    started = site.http.post("/v1/admin/reindex", json={"model": model_b}, headers=admin)
+    assert started.status_code == 202, started.text
+    try:
+        page.click("#model-refresh")
+        page.locator("#model-state", has_text="backfilling").wait_for(timeout=UI_TIMEOUT_MS)
+        assert (
+            model_b in page.locator("#model-target").inner_text()
+            and "dim 48" in page.locator("#model-target").inner_text()
+        )
+        # The coordinator's first round counts the videos: the tab shows done of total, with rate and ETA.
+        page.wait_for_function(
+            "() => /^\\d+\\/\\d+/.test(document.querySelector('#model-progress-text').textContent)",
+            timeout=UI_TIMEOUT_MS,
+        )
+        progress = page.locator("#model-progress-text").inner_text()
+        total = int(progress.split("/")[1].split()[0].rstrip(","))
+        assert total >= len(SEEDS), progress
+        site.shot(page, "web-model-switch.png")
+        # Search still answers from the active model during the backfill.
+        page.click(".tabs [data-view=search]")
+        page.fill("#q", "city traffic")
+        page.press("#q", "Enter")
+        page.locator("#search-model", has_text=f"answered by {model_a}").wait_for(timeout=UI_TIMEOUT_MS)
+    finally:
+        aborted = site.http.post("/v1/admin/reindex/abort", headers=admin)
+    assert aborted.status_code == 200, aborted.text
+    page.click("#tab-model")
+    page.locator("#model-state", has_text="idle").wait_for(timeout=UI_TIMEOUT_MS)
+    assert page.locator("#model-target-row").is_hidden()
+    page.context.close()

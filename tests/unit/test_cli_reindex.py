@@ -171,6 +171,8 @@ def test_start_shows_the_backfill_and_search_keeps_the_active_model(index: Index
         f"active      model-a (dim 8, table {active.table})",
         f"target      model-b (dim 16, table {target.table})",
     ]
+    # No round has counted the videos yet: no "0/0".
+    assert "progress    not counted yet" in human
 
 
 def test_starting_the_same_model_again_changes_nothing(index: IndexStore) -> None:
