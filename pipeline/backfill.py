@@ -14,7 +14,8 @@ reads the lifecycle row and, during a backfill, walks the catalog:
   read the lifecycle before the backfill began, so it *holds the switch back* until it settles;
   one claimed later was claimed by a job that writes the target too, and holds it back only while
   the active model finds it at its version without the target's rows (its backfill job is running:
-  switching then would take it out of search until that job settles, and for good if it failed).
+  switching then would take it out of search until that job settles, and for good if it failed),
+  for at most ``reindex.resubmit_after_s`` since its row was last written: then it needs a job.
 
 When nothing needs a job and nothing holds the switch back, one compare-and-set of the lifecycle
 row makes the target active and retires the old model's table. One more thing holds it back: a target
@@ -156,9 +157,11 @@ class BackfillCoordinator:
         found = BackfillRound()
         now = datetime.now(UTC)
         for record in self._store.catalog.scan_all():
-            self._judge(record, state.active, target, backfill.live_from, found)
+            self._judge(record, state.active, target, backfill.live_from, found, now)
         self._submit(found)
         ready = not found.need and not found.holding and now >= backfill.live_from
+        if not found.need and found.holding:
+            found.waiting_for = f"{found.holding} video(s) whose index jobs are still running"
         # The wait for the target's ANN index counts from the first round it held the switch, even
         # if videos needed jobs again in between; it ends once the index is there (or the bound).
         found.waiting_since = backfill.waiting_since
@@ -195,6 +198,7 @@ class BackfillCoordinator:
         target: ModelTable,
         live_from: datetime,
         found: BackfillRound,
+        now: datetime,
     ) -> None:
         if record.status is VideoStatus.DELETED:
             self._submitted.pop(record.video_id, None)
@@ -209,8 +213,15 @@ class BackfillCoordinator:
         if record.status in (VideoStatus.INDEXED, VideoStatus.FAILED):
             if not self._count(record, target, found) and record.status is VideoStatus.FAILED:
                 found.settled.add(record.video_id)  # its job ended: it takes no window slot
-        elif record.status in IN_FLIGHT and (record.updated_at < live_from or self._carried(record, active, target)):
+        elif record.status in IN_FLIGHT and record.updated_at < live_from:
             found.holding += 1
+        elif record.status in IN_FLIGHT and self._carried(record, active, target):
+            # Bounded: a row in flight for longer than a job is given (its job lost, its failure
+            # never recorded) needs a job of its own, which claims it over the stale mark.
+            if (now - record.updated_at).total_seconds() > self._resubmit_after_s:
+                self._count(record, target, found)
+            else:
+                found.holding += 1
 
     @staticmethod
     def _carried(record: VideoRecord, active: ModelTable | None, target: ModelTable) -> bool:

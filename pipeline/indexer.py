@@ -257,10 +257,12 @@ class Indexer:
         if seen is not None and not need:
             settled = seen.status is VideoStatus.INDEXED and seen.version == head.version
             if job.settle or not settled:  # settle: a `queued` mark may be in flight
+                # The row's own count is the active table's (a row a failed write unsettled says -1).
+                row = seen.evolve(fingerprint=kept[0].fingerprint, frames=kept[0].frames)
                 with clock.stage("catalog"):
-                    if self._states.confirm(seen, head.version) is None:
+                    if self._states.confirm(row, head.version) is None:
                         raise _Lost("the row changed while it was confirmed")
-            return JobResult(job.video_id, Outcome.UNCHANGED, frames=seen.frames)
+            return JobResult(job.video_id, Outcome.UNCHANGED, frames=kept[0].frames)
         self._hooks("claim", job)
         with clock.stage("catalog"):
             crashes = self._crashes(seen, attempt)

@@ -282,6 +282,16 @@ def test_a_model_switch_survives_a_consumer_kill_and_an_app_kill(
     # The whole app again, configured with A as before: the backfill carries on where it was.
     with start_app(services, prefix, tiny_model_dir, state_dir, env=env) as host:
         store = IndexStore(host.settings.s3)
+
+        def searchable() -> bool:
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(
+                    f"{host.settings.api_url}/v1/search", params={"q": "x"}, headers=USER, timeout=30
+                ).is_success
+            return False
+
+        # Up once it answers a search (the Encoder replica may still be starting after /healthz).
+        eventually(searchable, "the restarted app to answer a search", STARTUP_TIMEOUT_S, 0.5)
         up_at = datetime.now(UTC)
         resumed = store.models.read()
         # The same backfill carries on: the same table, none of its progress lost.

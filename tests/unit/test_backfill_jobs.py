@@ -1,15 +1,17 @@
 """A backfill's own jobs against its coordinator, over a real local LanceDB: a backfill job still
 running (paused at a step boundary on a thread) holds the switch while a round runs on another
-thread, and a backfill job on a consumer whose cached lifecycle predates the backfill still adds
-the new model's rows."""
+thread, for a bounded time; a backfill job on a consumer whose cached lifecycle predates the
+backfill still adds the new model's rows; and a job that finds every live table already holding
+the video puts the row's own count back from the active table's entry."""
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 from events.jobs import IndexJob, JobOp, JobSource
-from pipeline.backfill import BackfillRound
+from pipeline.backfill import BackfillCoordinator, BackfillRound
 from pipeline.indexer import Outcome
 from storage.catalog import VideoStatus
 from storage.tables import IndexStore
@@ -26,6 +28,7 @@ from tests.unit.test_backfill import (
     coordinator,
     indexer,
     on_thread,
+    put,
     store,  # noqa: F401  (the fixture)
 )
 from tests.unit.test_indexer import MemoryObjects
@@ -78,3 +81,46 @@ def test_a_backfill_job_on_a_lifecycle_cached_before_the_backfill_adds_the_new_m
     # An upload's job may go by its cache: the backfill comes back for what it leaves out.
     again = IndexJob(op=JobOp.INDEX, bucket="videos", key="a.mp4", source=JobSource.EVENT)
     assert world.indexer(cached=[WA]).run(again).outcome is Outcome.UNCHANGED
+
+
+def test_a_carried_video_holds_the_switch_only_for_the_resubmit_interval(store: IndexStore) -> None:  # noqa: F811
+    """A row left in flight by a job that is gone (its failure never recorded), found by the active
+    model: it holds the switch, saying so, then needs a job of its own."""
+    backfilling(store, live_from=datetime.now(UTC) - HOUR)
+    put(store, "a.mp4", VideoStatus.INDEXING)  # A's entry at its version, not B's
+    sink = Recorded()
+    backfill = BackfillCoordinator(
+        store, sink, interval_s=1.0, max_outstanding=10, resubmit_after_s=1.0, lease_ttl_s=30.0, clock=Clock()
+    )
+    held = backfill.round()
+    assert held is not None and (held.holding, held.need) == (1, 0) and not held.switched and sink.jobs == []
+    assert held.waiting_for is not None and "still running" in held.waiting_for
+    time.sleep(1.2)
+    needed = backfill.round()
+    assert needed is not None and (needed.holding, needed.need, needed.submitted) == (0, 1, 1)
+    assert sink.keys() == ["a.mp4"] and sink.jobs[0].source is JobSource.REINDEX and not needed.switched
+
+
+def test_a_job_that_finds_every_live_table_holding_the_video_restores_the_rows_count(tmp_path: Path) -> None:
+    """A backfill job whose write failed left the row unsettled (-1 rows, its target entry gone), and
+    the backfill was aborted: its retry finds only A live, with A's rows in place, and settles the
+    row with A's count, not the -1."""
+    world = World(tmp_path)
+    world.upload()
+    world.live = [WA]
+    assert (
+        world.indexer().run(IndexJob(op=JobOp.INDEX, bucket="videos", key="a.mp4", source=JobSource.EVENT)).frames == 3
+    )
+    vid = IndexJob(op=JobOp.INDEX, bucket="videos", key="a.mp4", source=JobSource.REINDEX).video_id
+    indexed = world.store.catalog.get(vid)
+    assert indexed is not None and indexed.frames == 3
+    unsettled = indexed.evolve(
+        status=VideoStatus.INDEXING, frames=-1, fingerprint=None, error="a job left its rows unsettled"
+    )
+    assert world.store.catalog.write(unsettled, indexed.rev) is not None
+    retry = IndexJob(op=JobOp.INDEX, bucket="videos", key="a.mp4", source=JobSource.REINDEX)
+    result = world.indexer().run(retry)
+    record = world.store.catalog.get(vid)
+    assert result.outcome is Outcome.UNCHANGED and result.frames == 3 and record is not None
+    assert record.status is VideoStatus.INDEXED and record.error is None
+    assert (record.frames, record.fingerprint) == (3, indexed.fingerprint)
