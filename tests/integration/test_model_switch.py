@@ -64,7 +64,7 @@ SWITCH_TIMEOUT_S = 420.0
 BUSY_TIMEOUT_S = 60.0
 SEARCH_EVERY_S = 0.5
 #: Consumers killed at most, each while it seemed to hold a backfill job, until one kill lands mid-job.
-KILL_ATTEMPTS = 3
+KILL_ATTEMPTS = 5
 #: How long after the switch an Api replica may still answer from the old model (its lifecycle
 #: re-read interval, ``reindex.live_refresh_s``, plus a margin).
 STALE_ANSWER_S = 5.0
@@ -126,8 +126,12 @@ def search_all_along(base_url: str, seeds: Mapping[str, int], stop: threading.Ev
 
 
 def kill_everything(host: AppHost) -> str:
-    """SIGKILL every replica of the app, then every process of the Ray instance (raylet, GCS, the
-    Serve controller and proxies, the workers)."""
+    """SIGKILL every replica of the app, then every process of the Ray instance (raylet, GCS,
+    dashboard, monitors; the Serve controller, proxies and other workers die with their raylet).
+
+    The test process is Ray's driver: it disconnects first, while the GCS still answers (its
+    actors are all detached, so nothing of the app stops for it). A driver left connected to a
+    killed GCS waits for it, and after a minute Ray exits the test process."""
     import ray
 
     deployments = ("IndexConsumer", "Encoder", "EventRouter", "Api", "CatalogWriter")
@@ -136,8 +140,15 @@ def kill_everything(host: AppHost) -> str:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     node = ray._private.worker._global_node
-    node.kill_all_processes(check_alive=False, allow_graceful=False)
-    return f"SIGKILL {len(pids)} replicas and the Ray instance"
+    processes = [info.process for infos in node.all_processes.values() for info in infos if info.process is not None]
+    ray._private.worker._global_node = None  # the shutdown below leaves the processes to the kill
+    ray.shutdown()
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+    for process in processes:
+        process.wait(timeout=30)
+    return f"SIGKILL {len(pids)} replicas and the Ray instance's {len(processes)} processes"
 
 
 def wait_for_job(store: IndexStore, uris: set[str]) -> tuple[str, str]:
@@ -151,6 +162,19 @@ def wait_for_job(store: IndexStore, uris: set[str]) -> tuple[str, str]:
     raise AssertionError(f"no backfill job was running within {BUSY_TIMEOUT_S:.0f}s")
 
 
+def consumer_pids(host: AppHost) -> dict[str, int]:
+    """Process id of each live consumer replica, by its actor's name (as a holder names it)."""
+    import ray
+    from ray.util.state import list_actors
+
+    actors = list_actors(
+        address=ray.get_runtime_context().gcs_address,
+        filters=[("class_name", "=", f"ServeReplica:{host.app_name}:IndexConsumer"), ("state", "=", "ALIVE")],
+        raise_on_missing_output=False,
+    )
+    return {a.name: int(a.pid) for a in actors if a.name and a.pid}
+
+
 def kill_a_backfill_job(host: AppHost, store: IndexStore, vids: Mapping[str, str], lines: list[str]) -> tuple[int, int]:
     """SIGKILL the consumer running a backfill job of one of ``vids`` (video id by uri), and see that
     the kill landed mid-job: the task comes back to another consumer, which counts the dead holder
@@ -158,8 +182,11 @@ def kill_a_backfill_job(host: AppHost, store: IndexStore, vids: Mapping[str, str
     miss: the next running job is killed (at most ``KILL_ATTEMPTS``). Returns the backfill's progress
     at the kill that landed."""
     for attempt in range(1, KILL_ATTEMPTS + 1):
+        # The consumers' pids looked up before the wait, so the kill follows the look at once.
+        pids = consumer_pids(host)
         uri, holder = wait_for_job(store, set(vids))
-        pid = host.replica_pid(holder)
+        name = holder.partition(":")[2].partition(":")[2]  # ray:<namespace>:<actor name>
+        pid = pids.get(name) or host.replica_pid(holder)
         if pid is None:
             continue  # the job ended and its replica went with it before the look
         os.kill(pid, signal.SIGKILL)
