@@ -101,8 +101,8 @@ def status_lines(status: dict[str, Any]) -> list[str]:
         lines.append(line("target", describe_model(status["target"])))
         progress = status.get("progress")
         # Before the coordinator's first round the counts are zeros, not a count.
-        counted = progress.get("progress_at") is not None if progress else False
-        lines.append(line("progress", describe_progress(progress) if progress and counted else "not counted yet"))
+        counted = progress if progress and progress.get("progress_at") else None
+        lines.append(line("progress", describe_progress(counted) if counted else "not counted yet"))
         if progress and progress.get("waiting_for"):
             lines.append(line("switch", f"waits for {progress['waiting_for']}"))
         if progress and progress.get("auto"):

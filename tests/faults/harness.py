@@ -78,37 +78,40 @@ class AppHost:
     def app_name(self) -> str:
         return self.settings.serve.app_name
 
-    def replica_pids(self, deployment: str) -> list[int]:
-        """Process ids of the live replicas of ``deployment``."""
+    def replica_pids_by_name(self, deployment: str, name: str | None = None) -> dict[str, int]:
+        """Process id of each live replica of ``deployment`` (only the one named ``name``, if given),
+        by its actor's name."""
         import ray
         from ray.util.state import list_actors
 
+        filters: list[tuple[str, str, str | bool | int | float]] = [
+            ("class_name", "=", f"ServeReplica:{self.app_name}:{deployment}"),
+            ("state", "=", "ALIVE"),
+        ]
         actors = list_actors(
             # Other Ray instances may run on this machine: ask this one.
             address=ray.get_runtime_context().gcs_address,
-            filters=[("class_name", "=", f"ServeReplica:{self.app_name}:{deployment}"), ("state", "=", "ALIVE")],
+            filters=[*filters, ("name", "=", name)] if name else filters,
             raise_on_missing_output=False,
         )
-        return sorted(int(a.pid) for a in actors if a.pid)
+        return {a.name: int(a.pid) for a in actors if a.name and a.pid}
+
+    def replica_pids(self, deployment: str) -> list[int]:
+        """Process ids of the live replicas of ``deployment``."""
+        return sorted(self.replica_pids_by_name(deployment).values())
+
+    @staticmethod
+    def actor_name(holder: str) -> str | None:
+        """The actor a catalog row's ``holder`` names (``ray:<namespace>:<actor name>``,
+        pipeline/holders.py); None if it names none."""
+        kind, _, rest = holder.partition(":")
+        name = rest.partition(":")[2]
+        return name if kind == "ray" and name else None
 
     def replica_pid(self, holder: str, deployment: str = "IndexConsumer") -> int | None:
-        """Process id of the live replica of ``deployment`` that a catalog row's ``holder`` names
-        (``ray:<namespace>:<actor name>``, pipeline/holders.py); None if it names none."""
-        import ray
-        from ray.util.state import list_actors
-
-        kind, _, rest = holder.partition(":")
-        _namespace, _, name = rest.partition(":")
-        if kind != "ray" or not name:
-            return None
-        actors = list_actors(
-            address=ray.get_runtime_context().gcs_address,
-            filters=[("name", "=", name), ("state", "=", "ALIVE")],
-            raise_on_missing_output=False,
-        )
-        want = f"ServeReplica:{self.app_name}:{deployment}"
-        pids = [int(a.pid) for a in actors if a.pid and a.class_name == want]
-        return pids[0] if pids else None
+        """Process id of the live replica of ``deployment`` that ``holder`` names; None if it names none."""
+        name = self.actor_name(holder)
+        return self.replica_pids_by_name(deployment, name).get(name) if name else None
 
     def kill_replica(self, deployment: str) -> str:
         """SIGKILL one replica of ``deployment`` and wait until Serve has started its successor."""

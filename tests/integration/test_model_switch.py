@@ -162,19 +162,6 @@ def wait_for_job(store: IndexStore, uris: set[str]) -> tuple[str, str]:
     raise AssertionError(f"no backfill job was running within {BUSY_TIMEOUT_S:.0f}s")
 
 
-def consumer_pids(host: AppHost) -> dict[str, int]:
-    """Process id of each live consumer replica, by its actor's name (as a holder names it)."""
-    import ray
-    from ray.util.state import list_actors
-
-    actors = list_actors(
-        address=ray.get_runtime_context().gcs_address,
-        filters=[("class_name", "=", f"ServeReplica:{host.app_name}:IndexConsumer"), ("state", "=", "ALIVE")],
-        raise_on_missing_output=False,
-    )
-    return {a.name: int(a.pid) for a in actors if a.name and a.pid}
-
-
 def kill_a_backfill_job(host: AppHost, store: IndexStore, vids: Mapping[str, str], lines: list[str]) -> tuple[int, int]:
     """SIGKILL the consumer running a backfill job of one of ``vids`` (video id by uri), and see that
     the kill landed mid-job: the task comes back to another consumer, which counts the dead holder
@@ -183,10 +170,9 @@ def kill_a_backfill_job(host: AppHost, store: IndexStore, vids: Mapping[str, str
     at the kill that landed."""
     for attempt in range(1, KILL_ATTEMPTS + 1):
         # The consumers' pids looked up before the wait, so the kill follows the look at once.
-        pids = consumer_pids(host)
+        pids = host.replica_pids_by_name("IndexConsumer")
         uri, holder = wait_for_job(store, set(vids))
-        name = holder.partition(":")[2].partition(":")[2]  # ray:<namespace>:<actor name>
-        pid = pids.get(name) or host.replica_pid(holder)
+        pid = pids.get(host.actor_name(holder) or "") or host.replica_pid(holder)
         if pid is None:
             continue  # the job ended and its replica went with it before the look
         os.kill(pid, signal.SIGKILL)
