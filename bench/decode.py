@@ -2,7 +2,7 @@
 
 Three ways to get one RGB frame a second, scaled to the encoder's input size, out of the same files:
 
-- vidx: ``pipeline.decode.open_sampled`` (what the indexer calls: one open for the stream facts and
+- vidx: ``pipeline.media.decode.open_sampled`` (what the indexer calls: one open for the stream facts and
   the frames; strategy ``auto``: only the GOPs and frames that hold a sample are decoded, unsampled
   non-reference frames skipped, swscale scaling; one decoder thread), in its worker process (CPU
   time: this process's and the worker's for the decode);
@@ -48,9 +48,9 @@ import av
 
 from bench.common import have_command, save_section
 from infra.dev.samples import write_textured_video
-from pipeline.decode import WORKER_ENTRY, DecodeStats, open_sampled, probe, scaled_size
-from pipeline.decode_settings import DecodeLimits, DecodeStrategy
-from pipeline.decode_worker import Worker
+from pipeline.media.decode import WORKER_ENTRY, DecodeStats, open_sampled, probe, scaled_size
+from pipeline.media.settings import DecodeLimits, DecodeStrategy
+from pipeline.media.workers import Worker
 
 EVERY_S = 1.0
 FPS = 30

@@ -90,7 +90,7 @@ def _query_png(path: Path, settings: Any) -> bytes:
     """The clip's middle sampled frame as PNG (lossless: the search embeds exactly the indexed pixels)."""
     from PIL import Image
 
-    from pipeline.decode import sample_frames
+    from pipeline.media.decode import sample_frames
 
     frames = list(sample_frames(path, settings.sampling.every_s, settings.limits, settings.sampling.decode_max_side))
     out = io.BytesIO()
@@ -170,9 +170,9 @@ def _job_lines(prefix: str) -> list[dict[str, Any]]:
 
 def _stages_alone(settings: Any, model_dir: Path, paths: list[Path], bucket: str, keys: list[str]) -> dict[str, float]:
     """Seconds for all ``paths`` per stage, each stage run alone over all of them."""
-    from pipeline.decode import sample_frames
-    from pipeline.embed import SiglipEncoder
-    from pipeline.stages import thumbnail_jpeg
+    from pipeline.embedding.siglip import SiglipEncoder
+    from pipeline.index.stages import thumbnail_jpeg
+    from pipeline.media.decode import sample_frames
     from storage.catalog import VideoRecord, VideoStatus
     from storage.frames import FrameRow, VideoFrames
     from storage.ids import frame_id

@@ -97,7 +97,7 @@ def run_through_encoder(
     is what the warm-up rate says fits in ``budget_s``. Returns (images/s, seconds, n)."""
     from ray import serve
 
-    from pipeline.encoders import Encoder, HandleEmbedder
+    from pipeline.embedding.encoders import Encoder, HandleEmbedder
     from pipeline.settings import ModelSettings
 
     model = ModelSettings(
@@ -149,7 +149,7 @@ def run_in_process(
     """``SiglipEncoder.embed_images`` in this process, ``batch`` frames a call, on the first n frames
     of ``pool`` (a multiple of ``batch``, sized by a warm-up batch to fit ``budget_s``). Returns
     (images/s, seconds, n)."""
-    from pipeline.embed import SiglipEncoder
+    from pipeline.embedding.siglip import SiglipEncoder
     from pipeline.settings import ModelSettings
 
     encoder = SiglipEncoder(

@@ -35,8 +35,8 @@ from numpy.typing import NDArray
 
 from bench.common import percentile, save_section
 from events.jobs import IndexJob
-from pipeline.api import create_app
-from pipeline.search import SearchService
+from pipeline.api.app import create_app
+from pipeline.query.search import SearchService
 from pipeline.settings import Settings
 from storage.config import IndexSettings
 from storage.frames import FRAMES, frames_schema

@@ -24,7 +24,7 @@ class JobSource(enum.StrEnum):
     API = "api"
     RECONCILE = "reconcile"
     REPLAY = "replay"
-    #: A backfill re-embedding an indexed video with the model being switched to (``pipeline.backfill``).
+    #: A backfill re-embedding an indexed video with the model being switched to (``pipeline.reindex.backfill``).
     REINDEX = "reindex"
 
 

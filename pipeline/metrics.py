@@ -2,7 +2,7 @@
 
 Replicas record on Ray's metrics API (``RayBackend``): each node's metrics agent exports them, with
 Ray's ``ray_`` prefix and the replica's ``deployment``/``replica`` labels, and the Api's ``/metrics``
-gathers them from every node (``pipeline.metrics_scrape``). Unit tests record on ``MemoryBackend``
+gathers them from every node (``pipeline.api.node_metrics``). Unit tests record on ``MemoryBackend``
 (prometheus_client, same exported names) or on nothing; no Ray import happens at module level.
 """
 
@@ -44,7 +44,7 @@ class Source(enum.StrEnum):
 
     #: Recorded in replicas as work happens, exported by each node's metrics agent.
     RECORDED = "recorded"
-    #: Recorded by the autoscaling policy in the Serve controller (``pipeline.autoscale``).
+    #: Recorded by the autoscaling policy in the Serve controller (``pipeline.serve.autoscale``).
     CONTROLLER = "controller"
     #: Read by the Api at scrape time from cheap live state (the broker, Serve, the router).
     SCRAPE = "scrape"
@@ -78,7 +78,7 @@ class MetricDef:
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
 SIZE_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
 
-#: The stages of ``pipeline.stages.StageClock`` one job reports; anything else counts as ``other``.
+#: The stages of ``pipeline.index.stages.StageClock`` one job reports; anything else counts as ``other``.
 STAGES = ("catalog", "head", "fetch", "cpu_wait", "decode", "embed", "thumbnails", "write")
 
 JOBS = MetricDef("vidx_jobs", "Index jobs finished, by outcome", Kind.COUNTER, ("outcome",))

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from events.config import AmqpSettings, VideoFilterSettings
-from pipeline.decode_settings import DecodeLimits, DecodeStrategy
+from pipeline.media.settings import DecodeLimits, DecodeStrategy
 from storage.config import IndexSettings, S3Settings
 
 #: SigLIP 2 base/16 at 224 px: same cost as SigLIP base (the B/16 architecture), better retrieval
@@ -158,7 +158,7 @@ class ServeSettings(BaseModel):
     #: encoder scaling) and shed load usually clear within a few seconds.
     retry_after_s: int = Field(default=5, ge=0, le=3600)
     #: How often the Api looks up the catalog's version; ``POST /v1/index`` marks ``queued`` from the
-    #: row at the version last seen (``pipeline.queued_marks``), so a row changed less than this
+    #: row at the version last seen (``pipeline.index.queued_marks``), so a row changed less than this
     #: before the request is left as it is rather than marked (a version older than ten of these
     #: is not used: the request then reads the row before its submit).
     api_version_refresh_s: float = Field(default=0.5, gt=0, le=60)
@@ -188,7 +188,7 @@ class ServeSettings(BaseModel):
 class AutoscaleSettings(BaseModel):
     """Replica counts that follow the load (``VIDX_AUTOSCALE__...``).
 
-    The IndexConsumer scales on the index queue's depth (``pipeline.autoscale``), the Encoder on
+    The IndexConsumer scales on the index queue's depth (``pipeline.serve.autoscale``), the Encoder on
     its ongoing requests (Ray's default policy). Off: ``serve.*_replicas`` are fixed counts.
     """
 
@@ -247,7 +247,7 @@ class CheckSettings(BaseModel):
 
 
 class ReindexSettings(BaseModel):
-    """Model switches (``vidx reindex``, ``pipeline.backfill``)."""
+    """Model switches (``vidx reindex``, ``pipeline.reindex.backfill``)."""
 
     #: A configured model (``model.id``) that differs from the index's active model starts a backfill
     #: to it at start-up; off, such a configuration is refused at start-up with what to do.
@@ -308,7 +308,7 @@ class Settings(BaseSettings):
     #: Once validated it holds the key in ``admin_key_file`` when that is set.
     admin_key: SecretStr | None = None
     admin_key_file: Path | None = None
-    #: Signs the short-lived thumbnail links the API hands out (``pipeline.media_links``); unset, a
+    #: Signs the short-lived thumbnail links the API hands out (``pipeline.query.links``); unset, a
     #: key derived from the API keys (rotating them retires old links).
     media_key: SecretStr | None = None
 

@@ -2,7 +2,7 @@
 
 Every write names the revision it read (``expected_rev``) and lands only if the row still holds it,
 so of two racing writers exactly one wins and the loser learns it lost. The transitions themselves
-(who may move a video from which state to which) live in ``pipeline.videostate``; docs/architecture.md
+(who may move a video from which state to which) live in ``pipeline.index.videostate``; docs/architecture.md
 draws them.
 """
 
@@ -65,7 +65,7 @@ VIDEOS_SCHEMA = pa.schema(
         #: Bumped by every write; a write lands only on the revision it read.
         pa.field("rev", pa.int64(), nullable=False),
         #: The task that last claimed the video, the consumer process that ran it, and how many
-        #: times that task's consumer died while holding it (the started-marker: see pipeline/consumer.py).
+        #: times that task's consumer died while holding it (the started-marker: see pipeline/index/consumer.py).
         pa.field("task_id", pa.string(), nullable=True),
         pa.field("holder", pa.string(), nullable=True),
         pa.field("crashes", pa.int64(), nullable=False),

@@ -10,7 +10,7 @@
         ├── LimitExceeded         a configured limit (bytes, duration, pixels, frames, time)
         └── ModelUnavailable      the configured model can't be loaded
 
-Library exceptions are converted at the boundary (storage/s3.py, pipeline/decode.py, ...),
+Library exceptions are converted at the boundary (storage/s3.py, pipeline/media/decode.py, ...),
 most specific first, and chained with ``raise ... from``.
 """
 

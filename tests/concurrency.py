@@ -3,7 +3,7 @@ bucket) on threads over a few keys, with seeded random interleavings of upload, 
 re-upload of identical bytes, redelivery (the same task twice at once), retry after a transient
 error and restart after a consumer died mid-job, and random pauses at every step boundary of every
 job. After every job has run to completion (at-least-once: an aborted job is run again), the
-invariant checker (``pipeline.check``) must find nothing and every key must be indexed exactly at
+invariant checker (``pipeline.upkeep.check``) must find nothing and every key must be indexed exactly at
 its current bytes, or gone.
 
     python -m tests.concurrency --seed 1234      # replay one schedule against the services in VIDX_* env
@@ -25,10 +25,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from events.jobs import IndexJob, JobOp, JobSource
-from pipeline.check import Checker, S3PageLister
-from pipeline.indexer import STEPS, Indexer
-from pipeline.objects import ObjectSource, S3ObjectSource
+from pipeline.index.indexer import STEPS, Indexer
+from pipeline.index.objects import ObjectSource, S3ObjectSource
 from pipeline.settings import Settings
+from pipeline.upkeep.check import Checker, S3PageLister
 from storage.catalog import VideoStatus
 from storage.catalog_writer import GroupedCatalogWriter
 from storage.errors import TransientError
@@ -97,7 +97,7 @@ def world(settings: Settings, minio: object, videos: dict[str, Path]) -> Iterato
     """Two "consumer processes" (an index-store connection and a grouped frame writer each) and one
     grouped catalog writer of their own (as the CatalogWriter deployment is) over the settings' index
     database, and the sample videos' bytes and sampled-frame counts."""
-    from pipeline.decode import sample_frames
+    from pipeline.media.decode import sample_frames
 
     data = {name: path.read_bytes() for name, path in videos.items()}
     frames_of = {

@@ -17,8 +17,8 @@ import pytest
 
 from events.jobs import IndexJob
 from events.router import EventRouter
-from pipeline.embed import SiglipEncoder
-from pipeline.indexer import Indexer, JobResult
+from pipeline.embedding.siglip import SiglipEncoder
+from pipeline.index.indexer import Indexer, JobResult
 from pipeline.settings import Settings
 from storage.tables import IndexStore
 from tests.services import Services, eventually, unique_prefix

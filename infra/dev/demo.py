@@ -18,7 +18,7 @@ from PIL import Image
 
 from infra.dev import stack
 from infra.dev.samples import frame_at, write_video
-from pipeline.cli_common import ApiClient, CliError, format_moment
+from pipeline.cli.common import ApiClient, CliError, format_moment
 from pipeline.settings import Settings
 from storage.ids import video_id
 

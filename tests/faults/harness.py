@@ -103,7 +103,7 @@ class AppHost:
     @staticmethod
     def actor_name(holder: str) -> str | None:
         """The actor a catalog row's ``holder`` names (``ray:<namespace>:<actor name>``,
-        pipeline/holders.py); None if it names none."""
+        pipeline/index/holders.py); None if it names none."""
         kind, _, rest = holder.partition(":")
         name = rest.partition(":")[2]
         return name if kind == "ray" and name else None
@@ -181,7 +181,7 @@ def start_app(
     import ray
     from ray import serve
 
-    from pipeline.deployments import build_app
+    from pipeline.serve.deployments import build_app
 
     services.prepare_buckets(prefix)
     env = {
@@ -401,12 +401,12 @@ class SameVideoRace:
     def __init__(self, host: AppHost, every: int = 2) -> None:
         from ray import serve
 
-        from pipeline.consumer import IndexTaskHandler
-        from pipeline.deadletters import DeadLetterQueue
-        from pipeline.encoders import HandleEmbedders
-        from pipeline.indexer import Indexer
-        from pipeline.lifecycle import LiveModels
-        from pipeline.taskqueue import CeleryJobSink
+        from events.deadletters import DeadLetterQueue
+        from pipeline.embedding.encoders import HandleEmbedders
+        from pipeline.index.consumer import IndexTaskHandler
+        from pipeline.index.indexer import Indexer
+        from pipeline.index.taskqueue import CeleryJobSink
+        from pipeline.reindex.lifecycle import LiveModels
         from storage.tables import IndexStore
 
         settings = host.settings
@@ -452,7 +452,7 @@ class SameVideoRace:
             self.threads.append(thread)
 
     def _run(self, handler: Any, job: Any, gate: threading.Barrier) -> None:
-        from pipeline.consumer import TaskContext
+        from pipeline.index.consumer import TaskContext
 
         task_id = f"side-{uuid.uuid4().hex}"
         try:
@@ -481,7 +481,7 @@ class SameVideoRace:
 @dataclass(frozen=True)
 class Kill:
     """One SIGKILL of the consumer holding a video: whom, when (seconds after the watch began), the
-    crashes its claim recorded, and how long until ``holder_alive`` (pipeline/holders.py), asked
+    crashes its claim recorded, and how long until ``holder_alive`` (pipeline/index/holders.py), asked
     from this process, said the holder was gone (None: it never did within the bound)."""
 
     holder: str
@@ -521,7 +521,7 @@ class KillEveryStart:
             self.errors.append(f"the watcher did not stop within {JOIN_TIMEOUT_S:.0f}s")
 
     def _watch(self) -> None:
-        from pipeline.holders import holder_alive
+        from pipeline.index.holders import holder_alive
         from storage.catalog import VideoStatus
 
         started = time.monotonic()
@@ -700,7 +700,7 @@ def converge(host: AppHost, plan: StreamPlan, log: StreamLog, timeout_s: float) 
 
 @dataclass(frozen=True)
 class CheckRun:
-    """What ``vidx check --json`` reported (pipeline/check.py ``CheckReport.as_json``) and its exit status."""
+    """What ``vidx check --json`` reported (pipeline/upkeep/check.py ``CheckReport.as_json``) and its exit status."""
 
     exit_code: int
     report: dict[str, Any]
@@ -730,7 +730,7 @@ class CheckRun:
 
 def vidx_check(*, bucket: str | None = None, prefix: str = "", env: Mapping[str, str] | None = None) -> CheckRun:
     """Run the real CLI, ``vidx check --json --grace 0 [--bucket B] [--prefix P]``, in this process
-    (typer's runner on ``pipeline.cli.app``), with the VIDX_* settings of ``os.environ`` (``start_app``
+    (typer's runner on ``pipeline.cli.main.app``), with the VIDX_* settings of ``os.environ`` (``start_app``
     puts the app's there) or of ``env``. Grace 0: a video still queued or indexing is an
     inconsistency (stuck), not in flight; a video failed at its object's version is not one.
 
@@ -739,8 +739,8 @@ def vidx_check(*, bucket: str | None = None, prefix: str = "", env: Mapping[str,
     """
     from typer.testing import CliRunner
 
-    from pipeline.cli import app
-    from pipeline.cli_check import FOUND_EXIT
+    from pipeline.cli.check import FOUND_EXIT
+    from pipeline.cli.main import app
 
     args = ["check", "--json", "--grace", "0", "--prefix", prefix]
     if bucket is not None:

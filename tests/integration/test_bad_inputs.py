@@ -27,9 +27,9 @@ from PIL import Image
 
 from events.jobs import IndexJob, JobOp
 from events.router import EventRouter
-from pipeline.embed import SiglipEncoder
-from pipeline.indexer import Indexer, JobResult, Outcome
-from pipeline.objects import S3ObjectSource
+from pipeline.embedding.siglip import SiglipEncoder
+from pipeline.index.indexer import Indexer, JobResult, Outcome
+from pipeline.index.objects import S3ObjectSource
 from pipeline.settings import LimitSettings, Settings
 from storage.catalog import VideoStatus
 from storage.db import storage_options

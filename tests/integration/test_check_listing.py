@@ -6,8 +6,8 @@ import io
 
 import pytest
 
-from pipeline.check import S3PageLister
 from pipeline.settings import Settings
+from pipeline.upkeep.check import S3PageLister
 from tests.services import Services, unique_prefix
 
 pytestmark = pytest.mark.integration

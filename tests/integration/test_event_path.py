@@ -15,7 +15,7 @@ import pika
 import pytest
 
 from events.jobs import JobOp
-from pipeline.indexer import Outcome
+from pipeline.index.indexer import Outcome
 from storage.catalog import VideoStatus
 from storage.errors import CorruptVideo, PermanentError
 from tests.harness import WAIT_S, Stack

@@ -12,7 +12,7 @@ import pytest
 
 from events.jobs import IndexJob, JobOp, JobSource
 from infra.dev.samples import write_video
-from pipeline.indexer import Indexer, Outcome
+from pipeline.index.indexer import Indexer, Outcome
 from pipeline.settings import Settings
 from storage.catalog import VideoStatus
 from storage.ids import video_id

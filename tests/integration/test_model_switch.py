@@ -26,8 +26,8 @@ import pytest
 from PIL import Image
 
 from infra.dev.samples import expected_sample_count
-from pipeline.backfill import has_model
-from pipeline.check import build_checker
+from pipeline.reindex.backfill import has_model
+from pipeline.upkeep.check import build_checker
 from storage.catalog import VideoStatus
 from storage.ids import fingerprint, video_id
 from storage.models import ModelTable
@@ -260,7 +260,7 @@ def test_a_model_switch_survives_a_consumer_kill_and_an_app_kill(
 
         from typer.testing import CliRunner
 
-        from pipeline.cli import app as cli
+        from pipeline.cli.main import app as cli
 
         started = CliRunner().invoke(cli, ["reindex", "--model", model_b, "--json"])
         assert started.exit_code == 0, started.output

@@ -16,13 +16,13 @@ import pika
 import pytest
 from typer.testing import CliRunner
 
+from events.deadletters import DeadLetterQueue
 from events.jobs import IndexJob, JobSource
 from events.records import BucketEvent, EventKind, decode_message
 from events.router import EventRouter, Planned
-from pipeline.cli import app
-from pipeline.consumer import IndexTaskHandler, TaskContext
-from pipeline.deadletters import DeadLetterQueue
-from pipeline.indexer import JobResult
+from pipeline.cli.main import app
+from pipeline.index.consumer import IndexTaskHandler, TaskContext
+from pipeline.index.indexer import JobResult
 from storage.catalog import VideoStatus
 from storage.errors import TransientError
 from storage.ids import video_id

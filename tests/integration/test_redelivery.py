@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from events.deadletters import DeadLetter, DeadLetterQueue, FailureKind
 from infra.dev.samples import expected_sample_count, write_video
-from pipeline.deadletters import DeadLetter, DeadLetterQueue, FailureKind
 from storage.catalog import VideoRecord, VideoStatus
 from storage.ids import video_id
 from storage.tables import IndexStore

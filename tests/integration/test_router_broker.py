@@ -24,7 +24,7 @@ from events.config import AmqpSettings, VideoFilterSettings
 from events.jobs import IndexJob
 from events.router import CONNECTION_NAME, EventRouter
 from events.subscribe import declare_event_topology
-from pipeline.cli_admin import parked_app
+from pipeline.cli.admin import parked_app
 from pipeline.settings import Settings
 from storage.errors import TransientError
 from tests.services import Services, eventually, unique_prefix

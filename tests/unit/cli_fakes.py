@@ -1,5 +1,5 @@
 """Stand-ins for what the ``vidx`` CLI talks to: the HTTP API (an ``httpx.MockTransport`` over a dict
-of catalog rows), MinIO (an in-memory ``minio_client``) and the TCP probes of ``pipeline.cli_errors``."""
+of catalog rows), MinIO (an in-memory ``minio_client``) and the TCP probes of ``pipeline.cli.errors``."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
 def services_reachable(monkeypatch: pytest.MonkeyPatch, reachable: bool = True) -> None:
-    """Every probe of ``pipeline.cli_errors`` answers ``reachable`` (no socket is opened)."""
-    from pipeline.cli_errors import Component
+    """Every probe of ``pipeline.cli.errors`` answers ``reachable`` (no socket is opened)."""
+    from pipeline.cli.errors import Component
 
     monkeypatch.setattr(Component, "reachable", lambda self, timeout_s=0.0: reachable)
 
@@ -95,7 +95,7 @@ class FakeApi:
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeApi:
         """Every ``ApiClient`` made from here on talks to this stand-in (with the key it would send)."""
-        from pipeline.cli_common import ApiClient
+        from pipeline.cli.common import ApiClient
 
         real_init = ApiClient.__init__
 

@@ -1,4 +1,4 @@
-"""pipeline/api.py: the v1 HTTP contract over stand-in services (no Ray, no storage)."""
+"""pipeline/api/app.py: the v1 HTTP contract over stand-in services (no Ray, no storage)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from PIL import Image
 from pydantic import SecretStr
 
 from events.jobs import IndexJob
-from pipeline.api import (
+from pipeline.api.app import (
     IMAGE_SEARCH_PATH,
     MAX_BODY_BYTES,
     MULTIPART_OVERHEAD_BYTES,
@@ -24,9 +24,9 @@ from pipeline.api import (
     create_app,
     is_admin_path,
 )
-from pipeline.search import MomentOut, SearchResponse, SearchService, decode_query_image
+from pipeline.index.videostate import QueueingSink, VideoStates
+from pipeline.query.search import MomentOut, SearchResponse, SearchService, decode_query_image
 from pipeline.settings import LimitSettings, Settings
-from pipeline.videostate import QueueingSink, VideoStates
 from storage.catalog import Catalog, VideoRecord, VideoStatus
 from storage.db import FreshTable
 from storage.errors import InvalidInput, LimitExceeded, TransientError
@@ -153,7 +153,7 @@ def client(
     queueing: bool = False,
 ) -> tuple[TestClient, FakeStore, FakeJobs, FakeSearch]:
     """The app over stand-ins. ``queueing``: submits go through ``QueueingSink``, as the Api
-    deployment wires it (``pipeline.taskqueue.queueing_sink``); else straight to the task queue."""
+    deployment wires it (``pipeline.index.taskqueue.queueing_sink``); else straight to the task queue."""
     settings = Settings(
         api_keys=[SecretStr(k) for k in api_keys or []],
         admin_key=SecretStr(admin_key) if admin_key else None,

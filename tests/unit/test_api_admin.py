@@ -12,14 +12,14 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
+from events.deadletters import DeadLetter, FailureKind, ReplayReport
 from events.jobs import IndexJob, JobOp, JobSink, JobSource
 from events.parked import ParkedEvent, ParkedReplayReport
-from pipeline.api import create_app
-from pipeline.api_admin import admin_router
-from pipeline.check import CheckReport, Finding, Inconsistency
-from pipeline.deadletters import DeadLetter, FailureKind, ReplayReport
-from pipeline.lifecycle import ModelLifecycle
+from pipeline.api.admin import admin_router
+from pipeline.api.app import create_app
+from pipeline.reindex.lifecycle import ModelLifecycle
 from pipeline.settings import Settings
+from pipeline.upkeep.check import CheckReport, Finding, Inconsistency
 from storage.config import S3Settings
 from storage.errors import ModelUnavailable
 from storage.models import ModelState, ModelTable

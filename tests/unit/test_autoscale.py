@@ -1,4 +1,4 @@
-"""pipeline/autoscale.py: the IndexConsumer's queue-depth policy, with an injected clock and a fake
+"""pipeline/serve/autoscale.py: the IndexConsumer's queue-depth policy, with an injected clock and a fake
 queue-depth source (no Ray cluster, no broker); the management API reader against a loopback server."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from pydantic import SecretStr
 
 from events.config import AmqpSettings
-from pipeline.autoscale import (
+from pipeline.serve.autoscale import (
     DECISION_FORMAT,
     BacklogPoller,
     ManagementQueueDepth,

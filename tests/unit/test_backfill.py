@@ -1,4 +1,4 @@
-"""pipeline/backfill.py over a real local LanceDB and a recording task queue: what a round submits
+"""pipeline/reindex/backfill.py over a real local LanceDB and a recording task queue: what a round submits
 (the window, resubmission after its interval on an injected clock), what holds the switch back, the
 switch as one lifecycle write, progress, a new coordinator carrying on; and a real index job
 paused mid-flight while a round runs on another thread."""
@@ -17,8 +17,8 @@ import pytest
 from numpy.typing import NDArray
 
 from events.jobs import IndexJob, JobOp, JobSource
-from pipeline.backfill import BackfillCoordinator, BackfillRound
-from pipeline.indexer import Indexer
+from pipeline.index.indexer import Indexer
+from pipeline.reindex.backfill import BackfillCoordinator, BackfillRound
 from pipeline.settings import Settings
 from storage.catalog import ModelIndex, VideoRecord, VideoStatus
 from storage.config import IndexSettings, S3Settings
@@ -475,7 +475,7 @@ def test_a_new_table_whose_index_state_cant_be_read_waits_within_the_same_bound(
     def failing(*args: Any) -> None:
         raise OSError("the store refused")
 
-    monkeypatch.setattr("pipeline.backfill.vector_index_state", failing)
+    monkeypatch.setattr("pipeline.reindex.backfill.vector_index_state", failing)
     backfilling(store)
     put(store, "a.mp4", indexes=(entry(A, "e1"), entry(B, "e1")))
     held = index_waiting(store, Recorded(), Clock(), wait_s=100.0).round()

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from events.jobs import IndexJob, JobOp, JobSource
-from pipeline.backfill import BackfillCoordinator, BackfillRound
-from pipeline.indexer import Outcome
+from pipeline.index.indexer import Outcome
+from pipeline.reindex.backfill import BackfillCoordinator, BackfillRound
 from storage.catalog import VideoStatus
 from storage.tables import IndexStore
 from tests.media import write_video

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from events.jobs import IndexJob, JobOp
-from pipeline.check import MAX_REPORTED, Checker, Finding
 from pipeline.settings import Settings
+from pipeline.upkeep.check import MAX_REPORTED, Checker, Finding
 from storage.catalog import VideoRecord, VideoStatus
 from storage.frames import FrameRow, FrameSummary, VideoFrames
 from storage.ids import fingerprint, s3_uri, video_id

@@ -1,4 +1,4 @@
-"""pipeline/check.py with several live models over a real local LanceDB: each table's rows are held
+"""pipeline/upkeep/check.py with several live models over a real local LanceDB: each table's rows are held
 against the catalog's entry for that table, findings about rows name their model in
 ``report.models``, and a backfill's partial progress is not a finding."""
 
@@ -13,9 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.check import Checker, Finding, FrameReader
-from pipeline.lifecycle import LiveModels
+from pipeline.reindex.lifecycle import LiveModels
 from pipeline.settings import Settings
+from pipeline.upkeep.check import Checker, Finding, FrameReader
 from storage.catalog import ModelIndex, VideoRecord, VideoStatus
 from storage.frames import FrameRow, FrameSummary, VideoFrames, frames_schema
 from storage.ids import fingerprint, s3_uri, video_id

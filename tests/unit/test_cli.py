@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from events.config import AmqpSettings
-from pipeline.cli import app
+from pipeline.cli.main import app
 from tests.unit.cli_fakes import offline_env, services_reachable
 
 COMMANDS = ["up", "down", "status", "upload", "search", "videos", "index", "tiny-model", "wait"]
@@ -171,7 +171,7 @@ def test_the_app_is_handed_key_files_not_keys(offline: Path, fake_services: list
 
 
 def test_cli_sends_the_stack_key(offline: Path, fake_services: list[str]) -> None:
-    from pipeline.cli_common import ApiClient
+    from pipeline.cli.common import ApiClient
     from pipeline.settings import Settings
 
     assert CliRunner().invoke(app, ["up"]).exit_code == 0
@@ -182,7 +182,7 @@ def test_cli_sends_the_stack_key(offline: Path, fake_services: list[str]) -> Non
 
 
 def test_cli_prefers_the_configured_key(offline: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.cli_common import ApiClient
+    from pipeline.cli.common import ApiClient
     from pipeline.settings import Settings
 
     monkeypatch.setenv("VIDX_API_KEY", "configured-key-0123456789")
@@ -190,7 +190,7 @@ def test_cli_prefers_the_configured_key(offline: Path, monkeypatch: pytest.Monke
 
 
 def test_cli_without_any_key_sends_none(offline: Path) -> None:
-    from pipeline.cli_common import ApiClient
+    from pipeline.cli.common import ApiClient
     from pipeline.settings import Settings
 
     assert "authorization" not in ApiClient(Settings())._client.headers
@@ -199,7 +199,7 @@ def test_cli_without_any_key_sends_none(offline: Path) -> None:
 def test_a_refused_key_is_one_line_that_says_what_to_set(offline: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import httpx
 
-    from pipeline import cli
+    from pipeline.cli import main as cli
 
     def refuse(request: httpx.Request) -> httpx.Response:
         body = {"error": {"code": "unauthorized", "message": "a valid API key is required"}}
@@ -222,7 +222,7 @@ def test_a_refused_key_is_one_line_that_says_what_to_set(offline: Path, monkeypa
 
 
 def _parked(args: list[str]) -> Any:
-    from pipeline.cli_admin import parked_app
+    from pipeline.cli.admin import parked_app
     from pipeline.settings import Settings
 
     return CliRunner().invoke(parked_app, args, obj=Settings())

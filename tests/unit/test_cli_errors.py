@@ -10,8 +10,8 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
-from pipeline.cli_errors import redact
+from pipeline.cli.errors import redact
+from pipeline.cli.main import app
 from tests.unit.cli_fakes import FakeApi, FakeMinio, services_reachable, unused_port
 
 PASSWORD = "s3cr3t-pw"
@@ -84,7 +84,7 @@ def test_an_unreachable_component_is_named_with_its_address_and_the_fix(
 
 
 def test_rabbitmq_only_matters_to_check_when_it_repairs(ports: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.cli_errors import Component
+    from pipeline.cli.errors import Component
 
     monkeypatch.setattr(Component, "reachable", lambda self, timeout_s=0.0: self.name != "RabbitMQ")
     assert _one_line(["check", "--repair"]) == RABBITMQ.format(**ports)
@@ -162,7 +162,7 @@ def test_a_component_that_goes_away_mid_command_is_named(
     ports: dict[str, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import storage.tables
-    from pipeline.cli_errors import Component
+    from pipeline.cli.errors import Component
 
     probes: list[str] = []
 
@@ -220,7 +220,7 @@ def test_a_server_error_says_to_retry(ports: dict[str, int], monkeypatch: pytest
 
 
 def test_an_api_that_does_not_answer_in_time_is_named(ports: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.cli_common import ApiClient
+    from pipeline.cli.common import ApiClient
 
     real_init = ApiClient.__init__
 

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
-import pipeline.cli_reindex as cli_reindex
-from pipeline.cli import app
-from pipeline.cli_upload import TIMEOUT_EXIT
+import pipeline.cli.reindex as cli_reindex
+from pipeline.cli.main import app
+from pipeline.cli.upload import TIMEOUT_EXIT
 from pipeline.settings import Settings
 from storage.config import S3Settings
 from storage.errors import ModelUnavailable

@@ -16,8 +16,8 @@ import typer.main
 from typer.testing import CliRunner
 
 from events.config import AmqpSettings
-from pipeline.cli import app
-from pipeline.cli_check import FOUND_EXIT
+from pipeline.cli.check import FOUND_EXIT
+from pipeline.cli.main import app
 from tests.unit.cli_fakes import FakeApi, FakeMinio, offline_env, services_reachable
 
 #: Every command that lists something, with arguments that make it list; each must take ``--json``.
@@ -158,7 +158,7 @@ class FakeChecker:
         self.runs: list[tuple[list[str], bool]] = []
 
     def run(self, buckets: list[str], prefix: str = "", repair: bool = False) -> Any:
-        from pipeline.check import CheckReport, Finding, Inconsistency
+        from pipeline.upkeep.check import CheckReport, Finding, Inconsistency
 
         self.runs.append((buckets, repair))
         report = CheckReport(repair=repair, buckets=list(buckets), listed=2, videos=2, in_sync=1)
@@ -176,9 +176,9 @@ def stand_ins(offline: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     """The API (two videos; uploads get indexed), MinIO, a broker holding two parked events and
     two dead letters, a checker that finds one missing video and an index (a local directory)
     answering with one model; every probe succeeds."""
-    import pipeline.check
-    import pipeline.cli_reindex
-    import pipeline.taskqueue
+    import pipeline.cli.reindex
+    import pipeline.index.taskqueue
+    import pipeline.upkeep.check
     import storage.tables
     from events.parked import park
     from storage.models import ModelState, ModelTable
@@ -204,12 +204,12 @@ def stand_ins(offline: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
     broker.queues[Settings().serve.failed_queue] = broker.queues.pop("failed")
     checker = FakeChecker()
-    monkeypatch.setattr(pipeline.check, "build_checker", lambda settings, store, sink: checker)
+    monkeypatch.setattr(pipeline.upkeep.check, "build_checker", lambda settings, store, sink: checker)
     index = storage.tables.IndexStore(Settings().s3, uri=str(tmp_path / "index"))
     index.models.write(ModelState(active=ModelTable.new("tiny", 8)), 0)
-    monkeypatch.setattr(pipeline.cli_reindex, "index_store", lambda settings: index)
+    monkeypatch.setattr(pipeline.cli.reindex, "index_store", lambda settings: index)
     monkeypatch.setattr(storage.tables, "IndexStore", lambda s3: object())
-    monkeypatch.setattr(pipeline.taskqueue, "queueing_sink", lambda settings, store: ListSink())
+    monkeypatch.setattr(pipeline.index.taskqueue, "queueing_sink", lambda settings, store: ListSink())
     clip = tmp_path / "holiday.mp4"
     clip.write_bytes(b"not really a video, the stand-ins don't mind")
     return {"api": api, "minio": minio, "broker": broker, "checker": checker, "file": clip}
@@ -304,7 +304,7 @@ class _Terminal(io.StringIO):
 def test_a_table_fits_a_narrow_terminal_and_keeps_every_character(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from pipeline.cli_output import Column, table
+    from pipeline.cli.output import Column, table
 
     monkeypatch.setenv("COLUMNS", "40")
     out = _Terminal()
@@ -318,7 +318,7 @@ def test_a_table_fits_a_narrow_terminal_and_keeps_every_character(monkeypatch: p
 
 
 def test_a_table_on_a_pipe_never_wraps(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from pipeline.cli_output import Column, table
+    from pipeline.cli.output import Column, table
 
     monkeypatch.setenv("COLUMNS", "40")
     uri = "s3://videos/" + "x" * 300 + ".mp4"
@@ -331,7 +331,7 @@ def test_a_table_on_a_pipe_never_wraps(monkeypatch: pytest.MonkeyPatch, capsys: 
 def test_bars_only_for_a_terminal_and_never_with_json(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from pipeline.cli_output import bars_on
+    from pipeline.cli.output import bars_on
 
     monkeypatch.setattr(sys, "stderr", _Terminal())
     assert bars_on(as_json=False) and not bars_on(as_json=True)

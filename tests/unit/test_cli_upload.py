@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import pipeline.cli_upload as cli_upload
-from pipeline.cli import app
-from pipeline.cli_errors import ApiError
-from pipeline.cli_upload import TIMEOUT_EXIT, WAIT_PROBES_PER_ROUND, IndexWait, Uploaded
+import pipeline.cli.upload as cli_upload
+from pipeline.cli.errors import ApiError
+from pipeline.cli.main import app
+from pipeline.cli.upload import TIMEOUT_EXIT, WAIT_PROBES_PER_ROUND, IndexWait, Uploaded
 from tests.unit.cli_fakes import FakeApi, FakeMinio, services_reachable, unused_port, video_row
 
 
@@ -100,7 +100,7 @@ def test_wait_gives_up_at_its_timeout_with_exit_124_and_no_call_past_it(
 def test_wait_with_json_prints_each_video_and_no_bar(
     stack: tuple[FakeApi, FakeMinio], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pipeline.cli_output as output
+    import pipeline.cli.output as output
 
     monkeypatch.setattr(output, "bars_on", lambda as_json: not as_json)  # as on a terminal
     api, _ = stack
@@ -120,7 +120,7 @@ def test_wait_with_json_prints_each_video_and_no_bar(
 def test_on_a_terminal_the_bar_counts_videos_indexed_and_failed(
     stack: tuple[FakeApi, FakeMinio], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pipeline.cli_output as output
+    import pipeline.cli.output as output
 
     monkeypatch.setattr(output, "bars_on", lambda as_json: not as_json)
     api, _ = stack

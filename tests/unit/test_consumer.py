@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
+from events.deadletters import DeadLetter, FailureKind
 from events.jobs import IndexJob, JobOp, JobSource
-from pipeline.consumer import IndexTaskHandler, TaskContext
-from pipeline.deadletters import DeadLetter, FailureKind
-from pipeline.indexer import ConsumerKilled, JobResult, Outcome
+from pipeline.index.consumer import IndexTaskHandler, TaskContext
+from pipeline.index.indexer import ConsumerKilled, JobResult, Outcome
 from storage.errors import CorruptVideo, TransientError
 
 JOB = IndexJob(op=JobOp.INDEX, bucket="videos", key="a/b.mp4", source=JobSource.EVENT)

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from events.deadletters import DeadLetter, DeadLetterQueue, FailureKind, decode_dead_letter
 from events.jobs import IndexJob, JobOp, JobSource
-from pipeline.deadletters import DeadLetter, DeadLetterQueue, FailureKind, decode_dead_letter
 from storage.errors import TransientError
 from tests.unit.test_parked import FakeBroker, patch_broker
 

@@ -1,4 +1,4 @@
-"""pipeline/decode.py: frame sampling by presentation time, probing, limits and failure reasons."""
+"""pipeline/media/decode.py: frame sampling by presentation time, probing, limits and failure reasons."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pydantic
 import pytest
 
 from infra.dev.samples import write_textured_video
-from pipeline.decode import (
+from pipeline.media.decode import (
     DecodeLimits,
     DecodeStats,
     DecodeStrategy,

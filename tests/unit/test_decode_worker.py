@@ -1,4 +1,4 @@
-"""pipeline/decode.py's worker processes: a decode that hangs is abandoned at ``max_decode_s``, a decoder
+"""pipeline/media/decode.py's worker processes: a decode that hangs is abandoned at ``max_decode_s``, a decoder
 that crashes fails its video, and neither leaves a thread or a process behind."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.decode import ABANDON_GRACE_S, DecodeLimits, DecodeStats, open_sampled, probe, sample_frames
+from pipeline.media.decode import ABANDON_GRACE_S, DecodeLimits, DecodeStats, open_sampled, probe, sample_frames
 from storage.errors import CorruptVideo, LimitExceeded, NotAVideo, TransientError
 from tests.media import mae, write_corrupt_mp4, write_video
 

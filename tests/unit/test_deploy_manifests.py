@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.cli_deploy import load_settings
-from pipeline.serve_config import embed, serve_config, validate_serve_config
+from pipeline.cli.deploy import load_settings
+from pipeline.serve.config import embed, serve_config, validate_serve_config
 from tests.manifests import (
     COMPOSE,
     K8S_SETTINGS,

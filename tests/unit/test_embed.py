@@ -16,8 +16,8 @@ from numpy.typing import NDArray
 from PIL import Image
 
 from infra.dev.tinymodel import HIDDEN_SIZE, build_tiny_siglip
-from pipeline.embed import SiglipEncoder
-from pipeline.search import decode_query_image
+from pipeline.embedding.siglip import SiglipEncoder
+from pipeline.query.search import decode_query_image
 from pipeline.settings import ModelSettings
 from storage.errors import InvalidInput, ModelUnavailable
 from tests.media import ORIENTATIONS, oriented_image
@@ -104,7 +104,7 @@ def test_array_and_pil_give_the_same_vector(encoder: SiglipEncoder) -> None:
 
 @pytest.mark.parametrize("orientation", [3, 6, 8])
 def test_an_exif_rotated_query_image_embeds_as_the_upright_one(encoder: SiglipEncoder, orientation: int) -> None:
-    # A photo stored sideways by a phone, decoded the way an image query is (pipeline/search.py).
+    # A photo stored sideways by a phone, decoded the way an image query is (pipeline/query/search.py).
     upright = np.ascontiguousarray(np.concatenate(_block_images(2, seed=4), axis=1))
     query = decode_query_image(oriented_image(upright, orientation, "PNG"), 1 << 20, 1 << 20)
 
@@ -160,7 +160,7 @@ def test_hub_id_tries_the_cache_before_the_hub(monkeypatch: pytest.MonkeyPatch) 
             calls.append(kwargs["local_files_only"])
             raise OSError(f"We couldn't connect to 'https://huggingface.co' for {source}.\nCheck your connection.")
 
-    monkeypatch.setattr("pipeline.embed.AutoModel", _Offline)
+    monkeypatch.setattr("pipeline.embedding.siglip.AutoModel", _Offline)
     with pytest.raises(ModelUnavailable) as caught:
         SiglipEncoder(ModelSettings(id="google/siglip2-base-patch16-224", device="cpu"))
     assert calls == [True, False]
@@ -210,7 +210,7 @@ def test_device_preprocessing_matches_the_image_processor(encoder: SiglipEncoder
 def test_device_preprocessing_matches_a_bicubic_processor() -> None:
     from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
 
-    from pipeline.embed import DevicePreprocessor
+    from pipeline.embedding.siglip import DevicePreprocessor
 
     processor = SiglipImageProcessorPil(size={"height": 224, "width": 224}, resample=3)
     preprocess = DevicePreprocessor.from_processor(processor, "cpu", torch.float32)
@@ -224,7 +224,7 @@ def test_device_preprocessing_matches_a_bicubic_processor() -> None:
 def test_unsupported_processors_keep_the_library_path() -> None:
     from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
 
-    from pipeline.embed import DevicePreprocessor
+    from pipeline.embedding.siglip import DevicePreprocessor
 
     nearest = SiglipImageProcessorPil(size={"height": 32, "width": 32}, resample=0)
     assert DevicePreprocessor.from_processor(nearest, "cpu", torch.float32) is None
@@ -255,7 +255,7 @@ def test_mixed_shapes_in_one_batch_embed_as_alone(encoder: SiglipEncoder) -> Non
 def fresh_batch_queues() -> Iterator[None]:
     """Ray keeps a ``@serve.batch`` method's queue on the class (made on first call, unpicklable):
     drop it after the test, or a later test can no longer serialize the Encoder class, as Serve does."""
-    from pipeline.encoders import Encoder
+    from pipeline.embedding.encoders import Encoder
 
     yield
     for name in ("embed_image", "embed_text", "embed_chunk"):
@@ -278,7 +278,7 @@ def test_encoder_deployment_batches_concurrent_calls_as_configured(
     method: concurrent one-frame calls (several videos' frames) are embedded in batches of that size."""
     import asyncio
 
-    from pipeline.encoders import Encoder
+    from pipeline.embedding.encoders import Encoder
 
     # Outside a replica: the batch queue only reads max_ongoing_requests from the replica context.
     replica = SimpleNamespace(_deployment_config=SimpleNamespace(max_ongoing_requests=256))
@@ -335,12 +335,12 @@ def test_tiny_model_rejects_a_width_the_heads_do_not_divide(tmp_path: Path) -> N
 def test_model_dim_reads_each_models_size_without_building_a_model(
     tiny_model_dir: Path, other_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipeline.model_config import model_dim
+    from pipeline.embedding.config import model_dim
 
     def no_model(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("model_dim built a model")
 
-    monkeypatch.setattr("pipeline.embed.AutoModel.from_pretrained", no_model)
+    monkeypatch.setattr("pipeline.embedding.siglip.AutoModel.from_pretrained", no_model)
     monkeypatch.setattr("transformers.SiglipModel.from_pretrained", no_model)
     assert model_dim(str(tiny_model_dir)) == HIDDEN_SIZE
     assert model_dim(str(other_model_dir)) == OTHER_SIZE
@@ -352,13 +352,13 @@ def test_model_dim_reads_each_models_size_without_building_a_model(
 
 
 def test_model_dim_is_the_loaded_encoders_dim(other_model_dir: Path) -> None:
-    from pipeline.model_config import model_dim
+    from pipeline.embedding.config import model_dim
 
     assert model_dim(str(other_model_dir)) == SiglipEncoder(_settings(other_model_dir)).dim
 
 
 def test_model_dim_of_a_missing_or_empty_directory_raises_model_unavailable(tmp_path: Path) -> None:
-    from pipeline.model_config import model_dim
+    from pipeline.embedding.config import model_dim
 
     missing = tmp_path / "no-such-model"
     with pytest.raises(ModelUnavailable, match="VIDX_MODEL__ID") as caught:
@@ -371,7 +371,7 @@ def test_model_dim_of_a_missing_or_empty_directory_raises_model_unavailable(tmp_
 def test_model_dim_refuses_towers_of_different_sizes(tmp_path: Path) -> None:
     from transformers import SiglipConfig
 
-    from pipeline.model_config import model_dim
+    from pipeline.embedding.config import model_dim
 
     SiglipConfig(text_config={"hidden_size": 32}, vision_config={"hidden_size": 48}).save_pretrained(tmp_path)
     with pytest.raises(ModelUnavailable, match=r"text \(32\) and image \(48\) embeddings differ in size"):
@@ -379,7 +379,7 @@ def test_model_dim_refuses_towers_of_different_sizes(tmp_path: Path) -> None:
 
 
 def test_model_dim_of_a_hub_id_tries_the_cache_before_the_hub(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.model_config import model_dim
+    from pipeline.embedding.config import model_dim
 
     calls: list[bool] = []
 
@@ -397,7 +397,7 @@ def test_model_dim_of_a_hub_id_tries_the_cache_before_the_hub(monkeypatch: pytes
 def _serve_encoder(model_dir: Path, monkeypatch: pytest.MonkeyPatch, **overrides: object) -> Any:
     """The Encoder's Serve shell outside a replica (the batch queue reads max_ongoing_requests from
     the replica context)."""
-    from pipeline.encoders import Encoder
+    from pipeline.embedding.encoders import Encoder
 
     replica = SimpleNamespace(_deployment_config=SimpleNamespace(max_ongoing_requests=256))
     monkeypatch.setattr("ray.serve.get_replica_context", lambda: replica)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from pipeline.encoders import (
+from pipeline.embedding.encoders import (
     EmbedFailure,
     Encoder,
     HandleEmbedder,
@@ -25,8 +25,8 @@ from pipeline.encoders import (
     SerialEmbedder,
     split_rows,
 )
+from pipeline.embedding.pool import ModelPool
 from pipeline.metrics import MemoryBackend, Metrics
-from pipeline.model_pool import ModelPool
 from pipeline.settings import ModelSettings
 from storage.errors import EncoderUnavailable
 
@@ -270,7 +270,7 @@ def test_the_fused_layouts_embedder_runs_one_chunk_at_a_time() -> None:
 
 
 def test_gpu_shares_follow_the_layout() -> None:
-    from pipeline.deployments import FUSED_GPU_SHARE, gpu_shares
+    from pipeline.serve.deployments import FUSED_GPU_SHARE, gpu_shares
     from pipeline.settings import ServeSettings, Settings
 
     split, fused = Settings(), Settings(serve=ServeSettings(layout="fused"))

@@ -1,4 +1,4 @@
-"""pipeline/indexer.py over an in-memory object store, a deterministic embedder and a local LanceDB."""
+"""pipeline/index/indexer.py over an in-memory object store, a deterministic embedder and a local LanceDB."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from numpy.typing import NDArray
 
 from events.jobs import IndexJob, JobOp, JobSource
-from pipeline.indexer import ConsumerKilled, Indexer, JobResult, Outcome
+from pipeline.index.indexer import ConsumerKilled, Indexer, JobResult, Outcome
+from pipeline.index.videostate import QueueingSink, VideoStates
 from pipeline.settings import Settings
-from pipeline.videostate import QueueingSink, VideoStates
 from storage.catalog import VideoRecord, VideoStatus
 from storage.errors import CorruptVideo, LimitExceeded, TransientError
 from storage.frames import VideoFrames

@@ -1,4 +1,4 @@
-"""pipeline/indexer.py with several live models: a job writes every live model's table and its entry,
+"""pipeline/index/indexer.py with several live models: a job writes every live model's table and its entry,
 embeds only with the models whose rows are missing, deletes from every live table and leaves tables
 not live alone; two jobs of one video racing (one paused at a step boundary) end with one set of rows
 per table, which the checker finds consistent."""
@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
+from events.deadletters import DeadLetter, FailureKind
 from events.jobs import IndexJob, JobOp, JobSource
-from pipeline.check import Checker
-from pipeline.consumer import IndexTaskHandler, TaskContext
-from pipeline.deadletters import DeadLetter, FailureKind
-from pipeline.indexer import Indexer, Outcome
+from pipeline.index.consumer import IndexTaskHandler, TaskContext
+from pipeline.index.indexer import Indexer, Outcome
 from pipeline.settings import Settings
+from pipeline.upkeep.check import Checker
 from storage.catalog import VideoStatus
 from storage.config import S3Settings
 from storage.errors import EncoderUnavailable, TransientError
@@ -262,7 +262,7 @@ def test_a_backfill_job_that_fails_writing_the_new_table_keeps_the_active_models
     record = world.store.catalog.get(vid)
     assert record is not None and record.status is VideoStatus.INDEXING and record.frames == -1
     # A's rows were not touched: its entry stays, so the video is still searchable and, failed or
-    # not, still needs the new model before any switch (pipeline/backfill.py).
+    # not, still needs the new model before any switch (pipeline/reindex/backfill.py).
     assert record.index_in(A.table) is not None and record.index_in(B.table) is None
     assert world.checker().run(["videos"]).models[A.model] == 0
 

@@ -30,22 +30,22 @@ FORBIDDEN = {
 
 #: The Serve app's module and what its deployments import lazily (in their constructors).
 SERVE_MODULES = (
-    "pipeline.deployments",
-    "pipeline.serve_config",
-    "pipeline.encoders",
-    "pipeline.consumer",
-    "pipeline.indexer",
-    "pipeline.api",
-    "pipeline.api_admin",
-    "pipeline.search",
-    "pipeline.metrics_scrape",
-    "pipeline.check",
-    "pipeline.scheduled_check",
-    "pipeline.holders",
-    "pipeline.decode_worker",
+    "pipeline.serve.deployments",
+    "pipeline.serve.config",
+    "pipeline.embedding.encoders",
+    "pipeline.index.consumer",
+    "pipeline.index.indexer",
+    "pipeline.api.app",
+    "pipeline.api.admin",
+    "pipeline.query.search",
+    "pipeline.api.node_metrics",
+    "pipeline.upkeep.check",
+    "pipeline.upkeep.scheduled",
+    "pipeline.index.holders",
+    "pipeline.media.workers",
     "events.parked",
-    "pipeline.taskqueue",
-    "pipeline.videostate",
+    "pipeline.index.taskqueue",
+    "pipeline.index.videostate",
     "storage.maintenance",
     "events.router",
 )
@@ -227,11 +227,11 @@ def found() -> list[Import]:
 
 def test_the_checker_reads_every_package(found: list[Import]) -> None:
     known = module_files(ROOT)
-    assert {"storage.catalog", "events.router", "pipeline.deployments", "infra.dev.stack"} <= set(known)
+    assert {"storage.catalog", "events.router", "pipeline.serve.deployments", "infra.dev.stack"} <= set(known)
     # Sanity: it sees the imports it must see (a module-level one, a lazy one in a constructor).
     pairs = {(i.source, i.target) for i in found}
     assert ("storage.tables", "storage.catalog") in pairs
-    assert ("pipeline.deployments", "pipeline.consumer") in pairs
+    assert ("pipeline.serve.deployments", "pipeline.index.consumer") in pairs
 
 
 def test_storage_imports_nothing_above_it(found: list[Import]) -> None:
@@ -259,7 +259,7 @@ def test_nothing_the_serve_app_can_import_reaches_dev_tooling(found: list[Import
 
 def test_the_serve_app_loads_no_dev_tooling() -> None:
     loaded = loaded_modules(SERVE_MODULES)
-    assert "pipeline.deployments" in loaded
+    assert "pipeline.serve.deployments" in loaded
     dev = [m for m in loaded if m == "infra.dev" or m.startswith("infra.dev.")]
     assert dev == [], f"importing the Serve app loads dev tooling: {dev}"
 

@@ -1,4 +1,4 @@
-"""pipeline/lifecycle.py over a real local LanceDB: the start-up check of the configured model (first
+"""pipeline/reindex/lifecycle.py over a real local LanceDB: the start-up check of the configured model (first
 model, legacy ``frames`` adopted or refused, another model refused or backfilled, dimension changes
 refused), ``vidx reindex`` start/abort/cleanup (racing starts included), LiveModels' cache and its
 fallback on a failed re-read (a fake clock), and status_json's progress."""
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.lifecycle import STALE_AFTER_REFRESHES, LiveModels, ModelLifecycle, status_json
+from pipeline.reindex.lifecycle import STALE_AFTER_REFRESHES, LiveModels, ModelLifecycle, status_json
 from pipeline.settings import Settings
 from storage.config import S3Settings
 from storage.errors import ModelConfigError, ReindexRefused, TransientError

@@ -18,13 +18,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from events.jobs import IndexJob, JobOp, JobSource
 from pipeline import metrics as vm
-from pipeline.api import create_app
-from pipeline.consumer import IndexTaskHandler, TaskContext
-from pipeline.joblog import log_job
-from pipeline.metrics_page import exposition
-from pipeline.metrics_scrape import NodeMetrics, QueueDepths, merge, vidx_lines
+from pipeline.api.app import create_app
+from pipeline.api.node_metrics import NodeMetrics, QueueDepths, merge, vidx_lines
+from pipeline.api.prometheus import exposition
+from pipeline.index.consumer import IndexTaskHandler, TaskContext
+from pipeline.index.joblog import log_job
+from pipeline.index.stages import StageClock
 from pipeline.settings import Settings
-from pipeline.stages import StageClock
 from storage.errors import CorruptVideo, LimitExceeded, NotAVideo, TransientError
 from tests.unit.test_api import FakeJobs, FakeSearch, FakeStore, router_stats
 from tests.unit.test_consumer import JOB, Letters, Runner
@@ -112,13 +112,13 @@ def test_the_consumer_counts_outcomes_failures_and_dead_letters() -> None:
 
 
 def test_every_stage_the_indexer_times_is_a_known_stage() -> None:
-    source = (ROOT / "pipeline" / "indexer.py").read_text()
+    source = (ROOT / "pipeline" / "index" / "indexer.py").read_text()
     timed = set(re.findall(r'clock\.(?:stage|timed)\("(\w+)"', source))
     assert timed and timed <= set(vm.STAGES)
 
 
 def test_the_controllers_metric_names_are_the_ones_listed() -> None:
-    source = (ROOT / "pipeline" / "autoscale.py").read_text()
+    source = (ROOT / "pipeline" / "serve" / "autoscale.py").read_text()
     for metric in vm.METRICS:
         if metric.source is vm.Source.CONTROLLER:
             assert f'"{metric.name}"' in source
@@ -239,7 +239,7 @@ def test_a_jobs_line_is_one_json_object_with_its_fields() -> None:
         def emit(self, record: logging.LogRecord) -> None:
             records.append(record)
 
-    logger = logging.getLogger("pipeline.joblog")
+    logger = logging.getLogger("pipeline.index.joblog")
     keep = Keep()
     logger.addHandler(keep)
     logger.setLevel(logging.INFO)

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from infra.dev.tinymodel import HIDDEN_SIZE, build_tiny_siglip
-from pipeline.encoders import PoolEmbedders
-from pipeline.model_pool import ModelPool, preload
+from pipeline.embedding.encoders import PoolEmbedders
+from pipeline.embedding.pool import ModelPool, preload
 from pipeline.settings import ModelSettings
 from storage.errors import ModelUnavailable
 
@@ -154,7 +154,7 @@ def test_the_encoder_requires_the_configured_model_only_when_the_index_answers_w
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import storage.tables
-    from pipeline.encoders import answers_with
+    from pipeline.embedding.encoders import answers_with
     from storage.config import S3Settings
     from storage.models import ModelState, ModelTable, table_name
     from storage.tables import IndexStore
@@ -178,7 +178,7 @@ def test_the_encoder_requires_the_configured_model_only_when_the_index_answers_w
 
 def test_the_encoders_read_of_the_active_model_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     import storage.tables
-    from pipeline.encoders import answers_with
+    from pipeline.embedding.encoders import answers_with
     from storage.config import S3Settings
 
     release = threading.Event()

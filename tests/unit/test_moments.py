@@ -1,4 +1,4 @@
-"""pipeline/moments.py: frame hits -> merged, ranked moments."""
+"""pipeline/query/moments.py: frame hits -> merged, ranked moments."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pipeline.moments import FrameHit, Moment, merge_moments
+from pipeline.query.moments import FrameHit, Moment, merge_moments
 
 
 def hit(ts_s: float, score: float, video: str = "va") -> FrameHit:

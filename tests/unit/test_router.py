@@ -427,7 +427,7 @@ def test_a_broker_close_is_described_by_its_reply_not_just_its_type() -> None:
     assert describe(pika.exceptions.AMQPConnectionError("amqp://guest:secret@host")) == "AMQPConnectionError"
 
 
-# -- the sink the router submits through (pipeline/taskqueue.py) -----------------------------------------
+# -- the sink the router submits through (pipeline/index/taskqueue.py) -----------------------------------------
 
 
 class RaisingAdapter:
@@ -453,7 +453,7 @@ class RaisingAdapter:
 def test_every_broker_error_on_submit_is_transient_and_never_quotes_the_url(
     exc: BaseException, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipeline import taskqueue
+    from pipeline.index import taskqueue
     from pipeline.settings import Settings
 
     monkeypatch.setattr(taskqueue, "instantiate_adapter_from_config", lambda config: RaisingAdapter(exc))
@@ -465,7 +465,7 @@ def test_every_broker_error_on_submit_is_transient_and_never_quotes_the_url(
 
 
 def test_a_bug_on_submit_is_not_mistaken_for_a_broker_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline import taskqueue
+    from pipeline.index import taskqueue
     from pipeline.settings import Settings
 
     monkeypatch.setattr(taskqueue, "instantiate_adapter_from_config", lambda config: RaisingAdapter(KeyError("x")))

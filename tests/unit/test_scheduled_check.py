@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.check import Checker
-from pipeline.scheduled_check import ScheduledCheck
 from pipeline.settings import Settings
+from pipeline.upkeep.check import Checker
+from pipeline.upkeep.scheduled import ScheduledCheck
 from storage.tables import IndexStore
 from tests.unit.test_check import BUCKET, Listing, index
 

@@ -1,4 +1,4 @@
-"""pipeline/search.py: query images are bounded before their pixels are decoded and searched upright;
+"""pipeline/query/search.py: query images are bounded before their pixels are decoded and searched upright;
 moments end within their video."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from numpy.typing import NDArray
 from PIL import Image
 
-from pipeline.search import SearchResponse, SearchService, decode_query_image
+from pipeline.query.search import SearchResponse, SearchService, decode_query_image
 from pipeline.settings import Settings
 from storage.catalog import VideoRecord, VideoStatus
 from storage.errors import InvalidInput, LimitExceeded

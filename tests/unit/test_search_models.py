@@ -1,4 +1,4 @@
-"""pipeline/search.py with a model lifecycle: searches read the active model's table only, embed the
+"""pipeline/query/search.py with a model lifecycle: searches read the active model's table only, embed the
 query with the active model, say which model answered, follow a switch; moments are merged with
 each video's own sampling interval in the table searched."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from pipeline.search import SearchResponse, SearchService
+from pipeline.query.search import SearchResponse, SearchService
 from pipeline.settings import Settings
 from storage.catalog import ModelIndex, VideoRecord, VideoStatus
 from storage.frames import FRAMES, FrameRow, VideoFrames

@@ -1,4 +1,4 @@
-"""The Serve config made from the settings (pipeline.serve_config, ``vidx serve-config``): the
+"""The Serve config made from the settings (pipeline.serve.config, ``vidx serve-config``): the
 committed file is the generator's output, Ray's schema takes it strictly, settings flow into it,
 credentials never do, and the builder it names builds the app it describes."""
 
@@ -12,9 +12,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from pipeline.cli_deploy import load_settings
-from pipeline.cli_deploy import serve_config as serve_config_command
-from pipeline.serve_config import (
+from pipeline.cli.deploy import load_settings
+from pipeline.cli.deploy import serve_config as serve_config_command
+from pipeline.serve.config import (
     HEADER,
     IMPORT_PATH,
     embed,
@@ -175,7 +175,7 @@ def test_a_misspelled_or_mistyped_field_is_rejected() -> None:
 
 
 def test_the_builder_refuses_args_that_are_no_settings() -> None:
-    from pipeline.serve_config import app_builder
+    from pipeline.serve.config import app_builder
 
     with pytest.raises(ValueError, match=r"unknown settings in the Serve config's args: sampling\.every\b"):
         app_builder({"sampling": {"every": 2}})
@@ -188,7 +188,7 @@ def test_the_builder_builds_the_app_the_config_describes(tmp_path: Path) -> None
     from ray.serve._private.build_app import build_app
     from ray.serve._private.utils import import_attr
 
-    from pipeline.autoscale import POLICY_PATH
+    from pipeline.serve.autoscale import POLICY_PATH
 
     settings = Settings(state_dir=tmp_path, autoscale={"encoder_max_replicas": 3, "consumer_max_replicas": 6})
     config = serve_config(settings)
@@ -267,6 +267,6 @@ def test_the_command_fails_in_one_line_on_bad_settings(tmp_path: Path) -> None:
 
 
 def test_the_command_is_registered_in_the_cli() -> None:
-    from pipeline.cli import app
+    from pipeline.cli.main import app
 
     assert "serve-config" in [c.name for c in app.registered_commands]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.decode_settings import DecodeLimits
+from pipeline.media.settings import DecodeLimits
 from pipeline.settings import DEFAULT_MODEL_ID, SamplingSettings, Settings
 
 

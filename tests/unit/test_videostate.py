@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from events.jobs import IndexJob, JobOp, JobSource
-from pipeline.queued_marks import STALE_INTERVALS, DeferredMarks, VersionClock
+from pipeline.index.queued_marks import STALE_INTERVALS, DeferredMarks, VersionClock
+from pipeline.index.videostate import QueueingSink, VideoStates
 from pipeline.settings import Settings
-from pipeline.videostate import QueueingSink, VideoStates
 from storage.catalog import VideoRecord, VideoStatus
 from storage.errors import TransientError
 from storage.tables import IndexStore

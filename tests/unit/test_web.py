@@ -1,4 +1,4 @@
-"""pipeline/web.py and pipeline/media_links.py: the page, its assets, upload links and signed
+"""pipeline/api/web.py and pipeline/query/links.py: the page, its assets, upload links and signed
 thumbnail links, over the API's stand-ins (no Ray, no storage)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from pipeline.media_links import EXPIRY_STEP_S, MediaSigner, S3Links, derive_key, media_signer
+from pipeline.api.web import ASSETS, upload_key
+from pipeline.query.links import EXPIRY_STEP_S, MediaSigner, S3Links, derive_key, media_signer
 from pipeline.settings import Settings
-from pipeline.web import ASSETS, upload_key
 from storage.catalog import VideoRecord, VideoStatus
 from storage.config import S3Settings
 from storage.errors import InvalidInput
@@ -121,7 +121,7 @@ HTML_SINKS = (
 def test_app_js_uses_no_html_sinks() -> None:
     from importlib import resources
 
-    script = resources.files("pipeline").joinpath("webui", "app.js").read_text()
+    script = resources.files("pipeline.api").joinpath("webui", "app.js").read_text()
     assert [sink for sink in HTML_SINKS if sink in script] == []
 
 
@@ -129,7 +129,7 @@ def test_every_element_app_js_looks_up_is_on_the_page() -> None:
     import re
     from importlib import resources
 
-    webui = resources.files("pipeline").joinpath("webui")
+    webui = resources.files("pipeline.api").joinpath("webui")
     script, page = webui.joinpath("app.js").read_text(), webui.joinpath("index.html").read_text()
     wanted = set(re.findall(r'\$\("#([\w-]+)', script))
     assert {"search-model", "tab-model", "model-progress", "model-active"} <= wanted  # the model panel

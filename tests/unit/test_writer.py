@@ -19,7 +19,7 @@ import pytest
 from numpy.typing import NDArray
 
 from events.jobs import IndexJob, JobOp, JobSource
-from pipeline.indexer import Indexer, Outcome
+from pipeline.index.indexer import Indexer, Outcome
 from pipeline.settings import Settings
 from storage.db import sql_quote
 from storage.errors import TransientError

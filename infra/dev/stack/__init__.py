@@ -18,7 +18,7 @@ from infra.dev.stack.minio import MINIO_STOP_TIMEOUT_S, minio_client, start_mini
 from infra.dev.stack.process import host_port, running_pid, stop
 from infra.dev.stack.rabbitmq import RABBITMQ_STOP_TIMEOUT_S, start_rabbitmq, stop_epmd
 from infra.dev.stack.ray import RAY_STOP_TIMEOUT_S, dashboard_url, ray_address, start_ray
-from pipeline.cli_errors import redact
+from pipeline.cli.errors import redact
 from pipeline.settings import Settings
 
 __all__ = [

@@ -1,0 +1,398 @@
+"""The HTTP contract (v1): FastAPI routes over plain services. Errors are JSON
+``{"error": {"code", "message"}}`` with a 4xx/5xx status, never a traceback; a ``TransientError``
+(a store, the task queue or the encoder blipping) is a 503 with ``Retry-After``."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import hashlib
+import hmac
+import logging
+import posixpath
+import re
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Annotated, Any, Protocol
+
+from fastapi import APIRouter, FastAPI, File, HTTPException, Query, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client.metrics_core import Metric
+from pydantic import BaseModel, SecretStr
+from starlette._utils import get_route_path
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from events.jobs import IndexJob, JobOp, JobSource
+from pipeline.api.prometheus import exposition
+from pipeline.api.web import is_page_path, web_router
+from pipeline.query.links import S3Links, media_signer
+from pipeline.query.search import SearchResponse, SearchService
+from pipeline.settings import Settings
+from storage.catalog import VideoRecord, VideoStatus
+from storage.errors import InvalidInput, LimitExceeded, ReindexRefused, TransientError, VidxError
+from storage.ids import parse_s3_uri, video_id
+from storage.tables import IndexStore
+
+log = logging.getLogger(__name__)
+
+
+class JobSubmitter(Protocol):
+    def submit(self, job: IndexJob) -> str: ...
+
+
+class IndexRequest(BaseModel):
+    uri: str
+
+
+class IndexAccepted(BaseModel):
+    video_id: str
+    task_id: str
+    status: str
+
+
+class VideoOut(BaseModel):
+    video_id: str
+    uri: str
+    status: str
+    error: str | None
+    frames: int
+    duration_s: float | None
+    model: str | None
+    updated_at: datetime
+    #: Every model the video is indexed with: the table, the frames it holds and their sampling.
+    models: list[dict[str, Any]] = []
+
+    @classmethod
+    def of(cls, r: VideoRecord) -> VideoOut:
+        return cls(
+            video_id=r.video_id,
+            uri=r.uri,
+            status=r.status.value,
+            error=r.error,
+            frames=r.frames,
+            duration_s=r.duration_s,
+            model=r.model,
+            updated_at=r.updated_at,
+            models=[{"model": i.model, "table": i.table, "frames": i.frames, "every_s": i.every_s} for i in r.indexes],
+        )
+
+
+class VideoList(BaseModel):
+    videos: list[VideoOut]
+
+
+#: Seconds a client is asked to wait before retrying a 503 (``Retry-After``): transient failures
+#: (a store or queue restarting, the encoder scaling) usually clear within a few seconds.
+RETRY_AFTER_S = 5
+
+
+def _error(status: int, code: str, message: str, retry_after_s: int = RETRY_AFTER_S) -> JSONResponse:
+    headers = {"Retry-After": str(retry_after_s)} if status == 503 else None
+    return JSONResponse(status_code=status, content={"error": {"code": code, "message": message}}, headers=headers)
+
+
+#: Room for multipart headers around an image when bounding an image search's body.
+MULTIPART_OVERHEAD_BYTES = 64 * 1024
+#: Largest body of any other request (JSON control bodies such as ``{"uri": ...}``).
+MAX_BODY_BYTES = 1024 * 1024
+#: The one path served without a key (load balancers and ``vidx up`` probe it).
+PUBLIC_PATH = "/healthz"
+#: Paths under this prefix need the admin key (dead letters, reindex).
+ADMIN_PREFIX = "/v1/admin"
+IMAGE_SEARCH_PATH = "/v1/search/image"
+#: Thumbnails open with a key or with a live signed link (``pipeline.query.links``).
+THUMBNAIL_PATH = re.compile(r"/v1/frames/[^/]+/thumbnail")
+#: Paths answered whatever the load: probes must tell "busy" from "down".
+UNSHED_PATHS = frozenset({PUBLIC_PATH, "/metrics"})
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    422: "invalid_request",
+    503: "unavailable",
+}
+
+
+class Access(enum.Enum):
+    """What a request's bearer key opens."""
+
+    NONE = "none"
+    USER = "user"
+    ADMIN = "admin"
+
+
+class BearerKeys:
+    """Checks ``Authorization: Bearer KEY`` against the configured keys in constant time.
+
+    Keys are kept as SHA-256 digests: each comparison is between equal-length values, so neither
+    a key's content nor its length leaks through timing, and every key is compared on every call.
+    """
+
+    def __init__(self, api_keys: list[SecretStr], admin_key: SecretStr | None) -> None:
+        self._users = [self._digest(k.get_secret_value()) for k in api_keys]
+        self._admin = self._digest(admin_key.get_secret_value()) if admin_key else None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._users) or self._admin is not None
+
+    @property
+    def admin_enabled(self) -> bool:
+        return self._admin is not None
+
+    @staticmethod
+    def _digest(key: str) -> bytes:
+        return hashlib.sha256(key.encode()).digest()
+
+    def access(self, authorization: str | None) -> Access:
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return Access.NONE
+        given = self._digest(token.strip())
+        user = False
+        for digest in self._users:
+            user |= hmac.compare_digest(given, digest)
+        admin = self._admin is not None and hmac.compare_digest(given, self._admin)
+        return Access.ADMIN if admin else Access.USER if user else Access.NONE
+
+
+def route_path(scope: Scope) -> str:
+    """The request path below the app's mount point (Serve's route prefix arrives as ``root_path``),
+    read by Starlette's own rule: access is decided on exactly the path the router routes."""
+    return get_route_path(scope)
+
+
+def is_admin_path(path: str) -> bool:
+    """Whether ``path`` is under ``/v1/admin``, however it is spelled (case, ``//``, ``.`` segments)."""
+    squeezed = re.sub(r"/+", "/", "/" + path.lower())
+    return any(p == ADMIN_PREFIX or p.startswith(ADMIN_PREFIX + "/") for p in (squeezed, posixpath.normpath(squeezed)))
+
+
+class BodyTooLarge(HTTPException):
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, f"request body exceeds max bytes {max_bytes}")
+
+
+class BodyLimit:
+    """ASGI middleware bounding request bodies as they are read, whatever ``Content-Length`` says:
+    a declared length over the bound is refused before reading; a body that grows past it (chunked,
+    or longer than declared) fails the read with 413."""
+
+    def __init__(self, app: ASGIApp, max_bytes_for: Callable[[str], int]) -> None:
+        self._app = app
+        self._max_bytes_for = max_bytes_for
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        max_bytes = self._max_bytes_for(route_path(scope))
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared and (not declared.isdigit() or int(declared) > max_bytes):
+            exc = BodyTooLarge(max_bytes)
+            await _error(413, "too_large", str(exc.detail))(scope, receive, send)
+            return
+        received = 0
+
+        async def bounded() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > max_bytes:
+                    # fastapi's HTTPException: FastAPI re-raises it from body parsing as it is.
+                    raise BodyTooLarge(max_bytes)
+            return message
+
+        await self._app(scope, bounded, send)
+
+
+class Admission:
+    """ASGI middleware bounding the requests the app works on at once: past ``max_in_flight`` a
+    request is answered 503 with ``Retry-After`` at once (load shed, nothing done); the paths in
+    ``UNSHED_PATHS`` are neither counted nor shed. One event loop per replica: no lock needed."""
+
+    def __init__(self, app: ASGIApp, max_in_flight: int, retry_after_s: int) -> None:
+        self._app = app
+        self._max_in_flight = max_in_flight
+        self._retry_after_s = retry_after_s
+        self.in_flight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or route_path(scope) in UNSHED_PATHS:
+            await self._app(scope, receive, send)
+            return
+        if self.in_flight >= self._max_in_flight:
+            message = f"over {self._max_in_flight} requests in flight; retry after {self._retry_after_s} s"
+            await _error(503, "overloaded", message, self._retry_after_s)(scope, receive, send)
+            return
+        self.in_flight += 1
+        try:
+            await self._app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+
+def create_app(
+    settings: Settings,
+    search: SearchService,
+    store: IndexStore,
+    jobs: JobSubmitter,
+    stats: Callable[[], Awaitable[dict[str, Any]]],
+    admin: APIRouter | None = None,
+    check_state: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+    replicas: Callable[[], Awaitable[dict[str, dict[str, int]]]] | None = None,
+    queues: Callable[[], Awaitable[dict[str, int]]] | None = None,
+    recorded: Callable[[], Awaitable[list[Metric]]] | None = None,
+    links: S3Links | None = None,
+    active_table: Callable[[], str] | None = None,
+) -> FastAPI:
+    """Build the API over its services (plain objects: testable without Ray). ``admin``: the
+    ``/v1/admin`` routes (``pipeline.api.admin``), guarded by the admin key; ``check_state``: the
+    scheduled check's last round (``/v1/status``, ``/metrics``); ``replicas``: replicas by
+    deployment and state, ``queues``: messages per queue role, ``recorded``: the metrics every
+    replica recorded (all three ``/metrics``); ``links``: the presigned-link signer for uploads
+    (the search's, to share one client); ``active_table``: the active model's frames table, where
+    thumbnails are read (by default ``frames``)."""
+    app = FastAPI(title="vidx", version="1", docs_url="/docs", redoc_url=None)
+    keys = BearerKeys(settings.api_keys, settings.admin_key)
+    limits = settings.limits
+    retry_after_s = settings.serve.retry_after_s
+
+    def max_body_bytes(path: str) -> int:
+        return limits.max_image_bytes + MULTIPART_OVERHEAD_BYTES if path == IMAGE_SEARCH_PATH else MAX_BODY_BYTES
+
+    # Added first, so it runs inside ``auth``: no body is read before the key is checked.
+    app.add_middleware(BodyLimit, max_bytes_for=max_body_bytes)
+    thumbnails = media_signer(settings)
+
+    @app.middleware("http")
+    async def auth(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        path = route_path(request.scope)
+        if path == PUBLIC_PATH or (request.method in ("GET", "HEAD") and is_page_path(path)):
+            return await call_next(request)
+        signed = THUMBNAIL_PATH.fullmatch(path) and thumbnails.verify(path, dict(request.query_params))
+        if signed and request.method in ("GET", "HEAD"):
+            return await call_next(request)
+        if is_admin_path(path) and not keys.admin_enabled:
+            # Dead letters and reconcile are never open: without an admin key they are off.
+            return _error(403, "forbidden", "admin endpoints are off: set VIDX_ADMIN_KEY or VIDX_ADMIN_KEY_FILE")
+        if not keys.enabled:
+            return await call_next(request)
+        access = keys.access(request.headers.get("authorization"))
+        if access is Access.NONE:
+            given = "authorization" in request.headers
+            response = _error(401, "unauthorized", "a valid API key is required: Authorization: Bearer KEY")
+            response.headers["WWW-Authenticate"] = 'Bearer realm="vidx"' + (', error="invalid_token"' if given else "")
+            return response
+        if is_admin_path(path) and access is not Access.ADMIN:
+            return _error(403, "forbidden", "this endpoint needs the admin key")
+        return await call_next(request)
+
+    # Added last, so it runs first: shed load costs no key check and reads no body.
+    app.add_middleware(Admission, max_in_flight=settings.serve.api_max_in_flight, retry_after_s=retry_after_s)
+
+    @app.exception_handler(VidxError)
+    async def vidx_error(request: Request, exc: VidxError) -> JSONResponse:
+        if isinstance(exc, LimitExceeded):
+            return _error(413, "too_large", str(exc))
+        if isinstance(exc, ReindexRefused):  # refused in the lifecycle's current state: a conflict
+            return _error(409, "conflict", str(exc))
+        if isinstance(exc, InvalidInput):
+            return _error(400, "bad_request", str(exc))
+        if isinstance(exc, TransientError):
+            log.warning("%s %s answered 503: %s", request.method, route_path(request.scope), exc)
+            return _error(503, "unavailable", str(exc), retry_after_s)
+        return _error(400, "bad_request", exc.reason)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(exc.status_code, _HTTP_CODES.get(exc.status_code, "error"), str(exc.detail), retry_after_s)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return _error(422, "invalid_request", f"{where}: {first.get('msg', 'invalid request')}")
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return _error(500, "internal", "internal error; see the server log")
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/v1/index", status_code=202)
+    async def index(body: IndexRequest) -> IndexAccepted:
+        bucket, key = parse_s3_uri(body.uri, settings.s3.buckets)
+        job = IndexJob(op=JobOp.INDEX, bucket=bucket, key=key, source=JobSource.API)
+        task_id = await asyncio.to_thread(jobs.submit, job)
+        return IndexAccepted(video_id=job.video_id, task_id=task_id, status=VideoStatus.QUEUED.value)
+
+    @app.get("/v1/videos/{video_id}")
+    async def get_video(video_id: str) -> VideoOut:
+        record = await asyncio.to_thread(store.catalog.get, video_id)
+        if record is None:
+            raise HTTPException(404, f"no video {video_id}")
+        return VideoOut.of(record)
+
+    @app.get("/v1/videos")
+    async def list_videos(
+        uri: str | None = None,
+        status: VideoStatus | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> VideoList:
+        if uri is not None:
+            bucket, key = parse_s3_uri(uri, settings.s3.buckets)
+            record = await asyncio.to_thread(store.catalog.get, video_id(bucket, key))
+            return VideoList(videos=[VideoOut.of(record)] if record else [])
+        records = await asyncio.to_thread(store.catalog.find, status=status, limit=limit)
+        return VideoList(videos=[VideoOut.of(r) for r in records])
+
+    @app.get("/v1/search")
+    async def search_text(request: Request, q: str, k: int = 10) -> SearchResponse:
+        return await search.search_text(q, k, str(request.base_url))
+
+    @app.post(IMAGE_SEARCH_PATH)
+    async def search_image(request: Request, image: Annotated[UploadFile, File()], k: int = 10) -> SearchResponse:
+        # The body was bounded while it was read (BodyLimit); the part itself is bounded here.
+        data = await image.read(limits.max_image_bytes + 1)
+        return await search.search_image(data, k, str(request.base_url))
+
+    @app.get("/v1/frames/{frame_id}/thumbnail")
+    async def thumbnail(frame_id: str, v: str | None = None) -> Response:
+        """The frame's JPEG; ``v`` (the content version, in the links search hands out) makes the
+        link one picture's: it is cached as such, and finds nothing once the video is overwritten."""
+
+        def read() -> bytes | None:
+            frames = store.frames if active_table is None else store.frames_table(active_table())
+            return frames.thumbnail(frame_id, v)
+
+        data = await asyncio.to_thread(read)
+        if not data:
+            raise HTTPException(404, f"no thumbnail for {frame_id}" + (f" at version {v}" if v else ""))
+        cache = f"private, max-age={settings.s3.presign_ttl_s}, immutable" if v else "private, no-cache"
+        return Response(content=data, media_type="image/jpeg", headers={"Cache-Control": cache})
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        text = await exposition(stats, check_state, replicas, queues, recorded)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/status")
+    async def status() -> dict[str, Any]:
+        """What the app knows of itself: the scheduled check's last round."""
+        return {"check": await check_state() if check_state is not None else None}
+
+    app.include_router(web_router(settings, links or S3Links(settings.s3), store))
+    if admin is not None:
+        app.include_router(admin)
+    return app

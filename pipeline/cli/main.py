@@ -1,0 +1,324 @@
+"""The ``vidx`` command line: the local stack, uploads, and the HTTP API (search, videos, index).
+
+Settings are built once, in the callback. Every failure ends with one line on stderr and a non-zero
+exit status, never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import mimetypes
+import webbrowser
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+
+from pipeline.cli.admin import dlq_app, parked_app, reconcile
+from pipeline.cli.check import check
+from pipeline.cli.common import ApiClient, CliError, hms, settings_of
+from pipeline.cli.deploy import serve_config
+from pipeline.cli.errors import errors, fail, minio, rabbitmq
+from pipeline.cli.output import Column, print_json, table
+from pipeline.cli.reindex import reindex
+from pipeline.cli.upload import upload, wait
+from pipeline.settings import Settings
+
+app = typer.Typer(
+    name="vidx",
+    help="Video moment search: MinIO bucket events -> RabbitMQ -> Ray Serve -> SigLIP -> LanceDB.",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+@app.callback()
+def _main(ctx: typer.Context) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # pika logs every refused connection attempt while we wait for the broker.
+    logging.getLogger("pika").setLevel(logging.CRITICAL)
+    try:
+        ctx.obj = Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        fail(f"invalid settings: {where}: {first['msg']} (from VIDX_{where.upper().replace('.', '__')})", 2)
+
+
+# -- the local stack ------------------------------------------------------------------------------------
+
+
+@app.command()
+def up(ctx: typer.Context) -> None:
+    """Start the local stack (RabbitMQ, MinIO, Ray, the Serve app) under the state dir."""
+    from infra.dev import stack
+
+    with errors():
+        stack.up(settings_of(ctx), echo=typer.echo)
+
+
+@app.command()
+def down(ctx: typer.Context) -> None:
+    """Stop everything 'vidx up' started."""
+    from infra.dev import stack
+
+    with errors():
+        stack.down(settings_of(ctx), echo=typer.echo)
+
+
+@app.command()
+def status(ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Show whether each component of the local stack runs."""
+    from infra.dev import stack
+
+    with errors():
+        settings = settings_of(ctx)
+        components = stack.status(settings)
+    check = _check_state(settings) if any(c.name == "app" and c.running for c in components) else None
+    if as_json:
+        print_json(
+            [*(c.to_dict() for c in components), {"name": "check", "detail": _describe_check(check), "state": check}]
+        )
+        return
+    rows = [
+        (c.name, "running" if c.running else "stopped", None if c.detail == "stopped" else c.detail) for c in components
+    ]
+    table(
+        [Column("COMPONENT"), Column("STATE"), Column("DETAIL", fold=True)],
+        [*rows, ("check", _check_verdict(check), _describe_check(check))],
+        empty="no components",
+    )
+
+
+def _check_verdict(state: dict[str, Any] | None) -> str:
+    if state is None:
+        return "unknown"
+    last = state.get("last")
+    if not last:
+        return "pending"
+    return "drift" if last["inconsistencies"] else "ok"
+
+
+def _check_state(settings: Settings) -> dict[str, Any] | None:
+    """The scheduled check's last round, from the running app (None when it can't be asked)."""
+    try:
+        state: dict[str, Any] | None = ApiClient(settings).request("GET", "/v1/status").get("check")
+    except CliError:
+        return None
+    return state
+
+
+def _describe_check(state: dict[str, Any] | None) -> str:
+    if state is None:
+        return "unknown (the app is not answering)"
+    last = state.get("last")
+    if not last:
+        return f"no round yet ({state.get('rounds', 0)} rounds; every VIDX_CHECK__INTERVAL_S)"
+    kinds = ", ".join(f"{k} {n}" for k, n in last["counts"].items() if n) or "none"
+    error = f"; last error: {state['last_error']}" if state.get("last_error") else ""
+    return (
+        f"last round {last['started_at']}: {last['inconsistencies']} inconsistencies ({kinds}), "
+        f"{last['in_flight']} in flight, {last['submitted']} repairs submitted{error}"
+    )
+
+
+# -- data -----------------------------------------------------------------------------------------------
+
+# Uploading and waiting for indexing live in their own module.
+app.command()(upload)
+app.command()(wait)
+
+
+@app.command()
+def search(
+    ctx: typer.Context,
+    text: Annotated[str | None, typer.Argument(help="What to look for, in words.")] = None,
+    image: Annotated[Path | None, typer.Option("--image", help="Search with a picture instead.")] = None,
+    k: Annotated[int, typer.Option("-k", help="How many moments.")] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
+) -> None:
+    """Find the moments that best match a text or an image."""
+    with errors():
+        if (text is None) == (image is None):
+            raise CliError("give either a TEXT or --image FILE")
+        api = ApiClient(settings_of(ctx))
+        if image is not None:
+            with image.open("rb") as f:
+                mime = mimetypes.guess_type(image.name)[0] or "application/octet-stream"
+                answer = api.request(
+                    "POST", "/v1/search/image", params={"k": k}, files={"image": (image.name, f, mime)}
+                )
+        else:
+            answer = api.request("GET", "/v1/search", params={"q": text, "k": k})
+    if as_json:
+        print_json(answer)
+        return
+    results = answer.get("results", [])
+    table(
+        [
+            Column("SCORE", right=True),
+            Column("VIDEO", fold=True),
+            Column("MOMENT"),
+            Column("BEST"),
+            Column("PLAY", fold=True),
+        ],
+        [
+            (f"{r['score']:.3f}", r["uri"], f"{hms(r['start_s'])}–{hms(r['end_s'])}", hms(r["ts_s"]), r["video_url"])
+            for r in results
+        ],
+        empty="no moments found",
+    )
+    model = f", answered by {answer['model']}" if answer.get("model") else ""
+    typer.echo(f"({len(results)} moments in {answer.get('took_ms', 0):.0f} ms{model})", err=True)
+
+
+@app.command()
+def videos(
+    ctx: typer.Context,
+    status_: Annotated[str | None, typer.Option("--status", help="queued|indexing|indexed|failed|deleted")] = None,
+    uri: Annotated[str | None, typer.Option(help="One video by its s3:// URI.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many.")] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
+) -> None:
+    """List videos in the catalog with their indexing status."""
+    params: dict[str, Any] = {"limit": limit}
+    if status_:
+        params["status"] = status_
+    if uri:
+        params["uri"] = uri
+    with errors():
+        answer = ApiClient(settings_of(ctx)).request("GET", "/v1/videos", params=params)
+    if as_json:
+        print_json(answer)
+        return
+    rows = answer.get("videos", [])
+    columns = [Column("STATUS"), Column("FRAMES", right=True), Column("DURATION", right=True), Column("URI", fold=True)]
+    errors_seen = any(v.get("error") for v in rows)
+    table(
+        columns + ([Column("ERROR", fold=True)] if errors_seen else []),
+        [
+            (
+                v["status"],
+                v["frames"],
+                hms(v["duration_s"]) if v.get("duration_s") is not None else None,
+                v["uri"],
+                *([v.get("error")] if errors_seen else []),
+            )
+            for v in rows
+        ],
+        empty="no videos",
+    )
+
+
+@app.command()
+def index(
+    ctx: typer.Context,
+    uri: Annotated[str, typer.Argument(help="s3://bucket/key of a video")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
+) -> None:
+    """Queue a video for (re)indexing."""
+    with errors():
+        answer = ApiClient(settings_of(ctx)).request("POST", "/v1/index", json={"uri": uri})
+    if as_json:
+        print_json(answer)
+        return
+    typer.echo(f"{answer['status']}: {uri} (video {answer['video_id']}, task {answer['task_id']})")
+
+
+@app.command("tiny-model")
+def tiny_model(
+    directory: Annotated[Path, typer.Argument(help="Where to write the checkpoint.")],
+    seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
+) -> None:
+    """Build a tiny random SigLIP checkpoint (offline; for tests and demos, not for real search)."""
+    with errors():
+        from infra.dev.tinymodel import build_tiny_siglip
+
+        path = build_tiny_siglip(directory, seed=seed).resolve()
+    typer.echo(f"tiny SigLIP checkpoint written to {path}")
+    typer.echo(f"use it with: export VIDX_MODEL__ID={path}")
+
+
+def _prepare_services(settings: Settings) -> None:
+    """Declare the event queue, create the buckets and subscribe them (idempotent)."""
+    import pika
+
+    from events.subscribe import declare_event_topology, prepare_buckets
+    from infra.dev.stack import minio_client
+
+    connection = pika.BlockingConnection(pika.URLParameters(settings.amqp.url.get_secret_value()))
+    declare_event_topology(connection.channel(), settings.amqp)
+    connection.close()
+    prepare_buckets(minio_client(settings), settings.s3.buckets, settings.s3.index_bucket, settings.amqp.queue_arn)
+
+
+@app.command()
+def serve(ctx: typer.Context) -> None:
+    """Run the Ray Serve app in the foreground on a local Ray instance (containers; see infra/compose.yaml).
+    MinIO and RabbitMQ must already be reachable at the configured URLs."""
+    settings = settings_of(ctx)
+    with errors(rabbitmq(settings), minio(settings)):
+        import ray
+        from ray import serve as ray_serve
+
+        from pipeline.serve.deployments import build_app
+
+        _prepare_services(settings)
+        from pipeline.embedding.config import model_dim
+        from pipeline.reindex.lifecycle import ModelLifecycle
+        from storage.tables import IndexStore
+
+        # A configured model the index isn't on is refused here, in one line, before Ray starts.
+        ModelLifecycle(IndexStore(settings.s3), settings, model_dim).preflight()
+        ray.init(address="local", num_cpus=settings.serve.ray_num_cpus, include_dashboard=False)
+        ray_serve.start(http_options={"host": settings.serve.host, "port": settings.serve.port})
+        ray_serve.run(
+            build_app(settings), name=settings.serve.app_name, route_prefix=settings.serve.route_prefix, blocking=True
+        )
+
+
+@app.command()
+def demo(ctx: typer.Context) -> None:
+    """Start the stack, upload generated sample videos, wait until indexed, search them."""
+    with errors():
+        from infra.dev.demo import run_demo
+
+        run_demo(settings_of(ctx), typer.echo)
+
+
+@app.command("open")
+def open_page(
+    ctx: typer.Context,
+    print_only: Annotated[bool, typer.Option("--print", help="Only print the URL; open no browser.")] = False,
+) -> None:
+    """Open the web page (search, moments, player, uploads) in a browser; prints its URL."""
+    url = settings_of(ctx).api_url.rstrip("/") + "/"
+    typer.echo(url)
+    if print_only:
+        return
+    with errors():
+        opened = webbrowser.open(url)
+    if not opened:
+        fail("no web browser found (set BROWSER, or open the URL above yourself; `vidx open --print` only prints it)")
+
+
+# The operator commands live in their own module; registered here, after the helpers they import.
+
+app.command()(reconcile)
+app.command()(check)
+app.command()(reindex)
+app.command("serve-config")(serve_config)
+app.add_typer(dlq_app, name="dlq")
+app.add_typer(parked_app, name="parked")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""The cluster's catalog writes in one place: the CatalogWriter deployment (one replica, a shell over
+``storage.catalog_writer.GroupedCatalogWriter``) and the handle every consumer writes through.
+
+One writer for the whole fleet keeps the catalog's commit rate fixed however many consumers run:
+more consumers make each commit carry more videos, not more commits (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from storage.catalog import VideoRecord
+from storage.errors import TransientError
+
+#: Room for ``close`` (``storage.catalog_writer.CLOSE_TIMEOUT_S``) when the replica stops.
+SHUTDOWN_TIMEOUT_S = 45.0
+
+
+@serve.deployment(
+    name="CatalogWriter", num_replicas=1, max_ongoing_requests=4096, graceful_shutdown_timeout_s=SHUTDOWN_TIMEOUT_S
+)
+class CatalogWriter:
+    """Takes compare-and-set writes of catalog rows from every consumer and commits them in groups."""
+
+    def __init__(self, settings: Any) -> None:
+        from pipeline.serve.logs import route_logs_to_replica
+        from storage.catalog_writer import GroupedCatalogWriter
+        from storage.tables import IndexStore
+
+        route_logs_to_replica()
+        w = settings.writer
+        self._writer = GroupedCatalogWriter(
+            IndexStore(settings.s3).catalog, min_interval_s=w.catalog_min_interval_s, max_writes=w.catalog_max_writes
+        )
+        self._timeout_s = w.catalog_write_timeout_s
+
+    async def write(self, record: VideoRecord, expected_rev: int) -> VideoRecord | None:
+        """Raises:
+        TransientError: the commit failed or gave no outcome within ``catalog_write_timeout_s``.
+        """
+        pending = self._writer.submit(record, expected_rev)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(pending.future), self._timeout_s)
+        except TimeoutError as exc:
+            raise TransientError(f"no outcome of the catalog write of {record.video_id} in time") from exc
+
+    def stats(self) -> dict[str, int]:
+        s = self._writer.stats
+        return {"commits": s.commits, "writes": s.writes, "lost": s.lost, "failed_commits": s.failed_commits}
+
+    def __del__(self) -> None:
+        self._writer.close()
+
+
+class _HandleWrite:
+    def __init__(self, response: Any, video_id: str) -> None:
+        self._response = response
+        self._video_id = video_id
+
+    def result(self, timeout_s: float) -> VideoRecord | None:
+        """Raises:
+        TransientError: the writer failed, died or did not answer within ``timeout_s`` (the write
+            may still land: callers treat it like any failed write).
+        """
+        try:
+            outcome: VideoRecord | None = self._response.result(timeout_s=timeout_s)
+        except TransientError:  # the writer's own (Ray re-raises it as a subclass of the cause)
+            raise
+        except Exception as exc:  # Ray's actor, timeout and task errors alike
+            self._response.cancel()
+            raise TransientError(
+                f"catalog write of {self._video_id} failed: {type(exc).__name__} (deadline {timeout_s:g}s)"
+            ) from exc
+        return outcome
+
+
+class HandleCatalogWrites:
+    """``CatalogWrites`` over the CatalogWriter deployment, for synchronous callers (Celery threads)."""
+
+    def __init__(self, writer: DeploymentHandle) -> None:
+        self._writer = writer
+
+    def submit(self, record: VideoRecord, expected_rev: int) -> _HandleWrite:
+        return _HandleWrite(self._writer.write.remote(record, expected_rev), record.video_id)

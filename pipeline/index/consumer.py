@@ -1,0 +1,163 @@
+"""What the IndexConsumer does with one task, without Ray or Celery: run the job, and decide between
+done, retry and dead letter.
+
+    permanent error (not a video, corrupt, over a limit, malformed job)
+        -> the catalog says ``failed`` with the reason, a dead letter is stored, the task completes
+    transient error (S3, broker, encoder) or an unexpected one
+        -> re-raised: Celery retries with exponential backoff (``serve.max_retries`` times, at most
+           60 s apart); on the last attempt the catalog says ``failed`` and a dead letter is stored
+    a redelivered task (a dropped connection, a broker restart, a consumer that died)
+        -> just run again: a redelivery is not a failed attempt. Only a start whose consumer died
+           while holding the video is charged (the started-marker in the catalog, see
+           ``Indexer._crashes``); after ``serve.max_crashes`` of those the video is failed and
+           dead-lettered, so a video that kills its consumer every time does not loop.
+
+A task is acknowledged only after this returns (acks_late), so a dead letter is stored before the
+task leaves the queue; a crash in between stores it twice, and the list shows it once (same id).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from events.deadletters import DeadLetter, FailureKind
+from events.jobs import IndexJob
+from pipeline.index.indexer import ConsumerKilled, JobResult
+from pipeline.metrics import FailureReason, Metrics, failure_reason
+from storage.errors import PermanentError, TransientError, VidxError
+
+log = logging.getLogger(__name__)
+
+
+class JobRunner(Protocol):
+    def run(self, job: IndexJob, task_id: str | None = None) -> JobResult: ...
+
+    def record_failure(self, job: IndexJob, reason: str, version: str | None = None) -> None: ...
+
+
+class DeadLetterSink(Protocol):
+    def publish(self, letter: DeadLetter) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TaskContext:
+    """What Celery knows about the running task."""
+
+    task_id: str
+    #: Retries so far (0 on the first attempt).
+    retries: int
+    #: The broker delivered this message before and it was never acknowledged (logged only: whether
+    #: a consumer died with it is for the started-marker to tell).
+    redelivered: bool = False
+
+
+class IndexTaskHandler:
+    """Runs index tasks; ``max_retries`` is the task queue's retry budget; ``metrics`` counts each
+    task's outcome, each failure's reason class and each dead letter."""
+
+    def __init__(
+        self, runner: JobRunner, dead_letters: DeadLetterSink, max_retries: int, metrics: Metrics | None = None
+    ) -> None:
+        self._runner = runner
+        self._dead_letters = dead_letters
+        self._max_retries = max_retries
+        self._metrics = metrics or Metrics()
+        self._running = 0
+        self._idle = threading.Condition()
+
+    def handle(self, payload: Any, task: TaskContext) -> dict[str, Any]:
+        """Run one task.
+
+        Raises:
+            TransientError (or any unexpected error): retry it; the last attempt does not raise.
+        """
+        with self._idle:
+            self._running += 1
+        started = time.monotonic()
+        outcome = "retry"  # what a raise means: Celery runs the task again
+        try:
+            answer = self._handle(payload, task)
+            outcome = str(answer.get("outcome", "unknown"))
+            return answer
+        finally:
+            self._metrics.job(outcome, time.monotonic() - started)
+            with self._idle:
+                self._running -= 1
+                self._idle.notify_all()
+
+    def drain(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` for the tasks running now to end (a replica being scaled down has
+        stopped taking tasks: letting them finish spares their videos a redelivery that would count as
+        a crash). Returns how many are still running."""
+        deadline = time.monotonic() + timeout_s
+        with self._idle:
+            while self._running and (left := deadline - time.monotonic()) > 0:
+                self._idle.wait(left)
+            return self._running
+
+    def _handle(self, payload: Any, task: TaskContext) -> dict[str, Any]:
+        try:
+            job = IndexJob.model_validate(payload)
+        except ValidationError as exc:
+            reason = f"malformed job ({exc.error_count()} invalid fields)"
+            self._dead_letters.publish(
+                DeadLetter(
+                    id=task.task_id,
+                    kind=FailureKind.MALFORMED,
+                    reason=reason,
+                    attempts=task.retries + 1,
+                    raw_job=repr(payload)[:2000],
+                )
+            )
+            self._metrics.failed(FailureReason.MALFORMED_JOB, FailureKind.MALFORMED.value)
+            log.warning("task %s dead-lettered: %s", task.task_id, reason)
+            return {"outcome": "failed", "reason": reason}
+        if task.redelivered:
+            log.info("task %s for %s redelivered: running it again", task.task_id, job.uri)
+        try:
+            result = self._runner.run(job, task.task_id)
+        except PermanentError as exc:
+            # Usually recorded already (decode, limits); not when the object store refused a HEAD.
+            self._record_failure(job, exc.reason)
+            killed = isinstance(exc, ConsumerKilled)
+            kind = FailureKind.CRASH_LOOP if killed else FailureKind.PERMANENT
+            self._dead_letter(job, task, kind, exc.reason)
+            self._metrics.failed(FailureReason.CRASH_LOOP if killed else failure_reason(exc), kind.value)
+            return {"video_id": job.video_id, "outcome": "failed", "reason": exc.reason}
+        except Exception as exc:
+            cause = str(exc) if isinstance(exc, VidxError) else f"internal error ({type(exc).__name__})"
+            attempt = task.retries + 1
+            if task.retries < self._max_retries:
+                log.warning("job %s attempt %d failed, will retry: %s", job.uri, attempt, cause)
+                raise
+            reason = f"gave up after {attempt} attempts: {cause}"
+            self._record_failure(job, reason)
+            self._dead_letter(job, task, FailureKind.EXHAUSTED, reason)
+            self._metrics.failed(failure_reason(exc), FailureKind.EXHAUSTED.value)
+            return {"video_id": job.video_id, "outcome": "failed", "reason": reason}
+        return {
+            "video_id": result.video_id,
+            "outcome": result.outcome.value,
+            "frames": result.frames,
+            "stages": result.stages,
+        }
+
+    def _record_failure(self, job: IndexJob, reason: str) -> None:
+        """Best effort: the store that failed the job is often the one that is down. The dead letter
+        still goes out, and the scheduled check finds a row left ``indexing`` past its grace."""
+        try:
+            self._runner.record_failure(job, reason)
+        except TransientError as exc:
+            log.warning("could not record the failure of %s (%s); the scheduled check will find it", job.uri, exc)
+
+    def _dead_letter(self, job: IndexJob, task: TaskContext, kind: FailureKind, reason: str) -> None:
+        self._dead_letters.publish(
+            DeadLetter(id=task.task_id, kind=kind, reason=reason, attempts=task.retries + 1, job=job)
+        )
+        log.warning("job %s dead-lettered (%s): %s", job.uri, kind.value, reason)

@@ -1,0 +1,402 @@
+"""The index job, without Ray: read the video's row, HEAD the object, then remove its rows, confirm
+them, or fetch, decode, embed and replace them — each catalog change a compare-and-set through
+``pipeline.index.videostate``. docs/architecture.md explains why every interleaving converges.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from events.jobs import IndexJob, JobOp, JobSource
+from pipeline.index.extract import Embedders, EmbedStage, FrameEmbedder, OneEmbedder
+from pipeline.index.joblog import log_job
+from pipeline.index.objects import ObjectSource, S3ObjectSource
+from pipeline.index.result import ConsumerKilled, JobResult, Outcome
+from pipeline.index.stages import StageClock
+from pipeline.index.videostate import Attempt, VideoStates
+from pipeline.metrics import Metrics
+from pipeline.settings import Settings
+from storage.catalog import IN_FLIGHT, ModelIndex, VideoRecord, VideoStatus
+from storage.catalog_writer import CatalogWrites, PendingWrite
+from storage.errors import PermanentError, TransientError
+from storage.frames import FRAMES, VideoFrames
+from storage.ids import fingerprint
+from storage.models import ModelTable
+from storage.s3 import ObjectHead
+from storage.tables import IndexStore
+from storage.writer import FrameWriter
+
+log = logging.getLogger(__name__)
+
+#: Rounds one job goes (read, HEAD, act) while other writers keep changing the video under it.
+MAX_CONVERGE_ROUNDS = 5
+
+#: A step boundary of a job and the job: ``hooks(step, job)`` runs there (tests pause jobs at them).
+StepHook = Callable[[str, IndexJob], None]
+
+#: The boundaries, in the order one job can pass them.
+STEPS = ("read", "head", "claim", "fetch", "recheck", "write", "written", "finish", "settled", "remove", "removed")
+
+
+def _no_hook(step: str, job: IndexJob) -> None:
+    return None
+
+
+@dataclass(slots=True)
+class _Dirty:
+    """Whether this job changed the video's rows since it last settled the row, and in which tables."""
+
+    rows_changed: bool = False
+    tables: set[str] = field(default_factory=set)
+
+
+class _Lost(Exception):
+    """Another writer changed the video's row (or the object) under this round: go around again."""
+
+
+class Indexer:
+    """Runs index and delete jobs against the object store and the index tables."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        embedder: FrameEmbedder,
+        store: IndexStore | None = None,
+        objects: ObjectSource | None = None,
+        writer: FrameWriter | None = None,
+        *,
+        catalog_writes: CatalogWrites | None = None,
+        holder: str = "local",
+        holder_alive: Callable[[str], bool] = lambda holder: True,
+        hooks: StepHook = _no_hook,
+        metrics: Metrics | None = None,
+        models: Callable[[], list[ModelTable]] | None = None,
+        models_now: Callable[[], list[ModelTable]] | None = None,
+        embedders: Embedders | None = None,
+        writer_for: Callable[[str], FrameWriter] | None = None,
+    ) -> None:
+        """``writer`` replaces a video's frames (a ``GroupedFrameWriter`` shares commits between the
+        jobs of one process; default: one commit per video); ``catalog_writes`` takes the catalog's
+        writes (default: one commit each). ``holder`` names this process in the started-marker;
+        ``holder_alive`` tells whether another holder's process still runs (a claim it left behind
+        while dead counts as a crash). ``models`` gives the frames tables a job writes (the active
+        model's, and during a backfill the target's: ``LiveModels.live``; default: ``frames``),
+        ``models_now`` the same read afresh before a job settles; ``embedders`` embeds with each
+        and ``writer_for`` gives each table's writer (default: ``writer`` for ``frames``)."""
+        self._settings = settings
+        self._embedders: Embedders = embedders or OneEmbedder(embedder)
+        self._models = models or (lambda: [ModelTable(embedder.model_id, 0, FRAMES)])
+        self._models_now = models_now or self._models
+        self._store = store or IndexStore(settings.s3)
+        self._states = VideoStates(
+            self._store.catalog, catalog_writes, write_timeout_s=settings.writer.catalog_write_timeout_s
+        )
+        self._objects = objects or S3ObjectSource(settings.s3, settings.limits)
+        default_writer: FrameWriter = writer or self._store.frames
+        self._writer_for = writer_for or (
+            lambda name: default_writer if name == FRAMES else self._store.frames_table(name)
+        )
+        self._holder = holder
+        self._holder_alive = holder_alive
+        self._hooks = hooks
+        self._metrics = metrics or Metrics()
+        s = settings.serve
+        self._embedding = EmbedStage(
+            settings, self._objects, self._embedders, self._metrics, s.consumer_cpu_slots or s.consumer_concurrency
+        )
+
+    @property
+    def sampling_label(self) -> str:
+        return f"every_s={self._settings.sampling.every_s:g}"
+
+    @property
+    def holder(self) -> str:
+        return self._holder
+
+    def run(self, job: IndexJob, task_id: str | None = None) -> JobResult:
+        """Bring the index of ``job``'s object in line with the object.
+
+        Raises:
+            PermanentError: the object can't be indexed (the catalog says why), or ``ConsumerKilled``.
+            TransientError: worth retrying; the catalog still says ``indexing`` (or what it said before).
+        """
+        started = time.monotonic()
+        clock = StageClock()
+        attempt = Attempt(task_id, self._holder) if task_id is not None else None
+        dirty = _Dirty()
+        try:
+            for _ in range(MAX_CONVERGE_ROUNDS):
+                try:
+                    result = self._round(job, attempt, clock, dirty)
+                except _Lost as lost:
+                    log.info("%s: %s; looking again", job.uri, lost)
+                    continue
+                break
+            else:
+                raise TransientError(f"{job.uri} kept changing under the job ({MAX_CONVERGE_ROUNDS} rounds)")
+        except Exception as exc:
+            if dirty.rows_changed:
+                self._unsettle(job, frozenset(dirty.tables))
+            self._metrics.stages(clock.seconds)
+            log_job(job, task_id, clock, time.monotonic() - started, error=exc)
+            raise
+        self._metrics.stages(clock.seconds)
+        log_job(job, task_id, clock, time.monotonic() - started, outcome=result.outcome.value, frames=result.frames)
+        return replace(result, stages=dict(clock.seconds))
+
+    def record_failure(self, job: IndexJob, reason: str, version: str | None = None) -> None:
+        """Mark ``job``'s video failed with ``reason`` (its old rows, if any, stay searchable), unless
+        the catalog holds a settled outcome (indexed, deleted) of another or unknown version.
+
+        Raises:
+            TransientError: the catalog could not be written (the scheduled check finds the row later).
+        """
+        for _ in range(MAX_CONVERGE_ROUNDS):
+            if self._states.fail(job, self._states.read(job.video_id), reason, version) is not None:
+                return
+        raise TransientError(f"could not record the failure of {job.uri}: the row kept changing")
+
+    def _unsettle(self, job: IndexJob, touched: frozenset[str]) -> None:
+        """This job changed the video's rows and is leaving before it settled the row, which may now
+        disagree with them: put it back in flight (best effort), so a retry, or the scheduled check
+        past its grace, redoes the video (if even this write fails, the check's walk finds the
+        mismatch). Only the entries of the tables in ``touched`` go (a failed backfill job keeps the
+        active model's entry)."""
+        try:
+            seen = self._states.read(job.video_id)
+            self._states.unsettle(job, seen, touched)
+        except TransientError as exc:
+            log.warning("%s: could not mark the row unsettled (%s); the scheduled check will find it", job.uri, exc)
+
+    # -- one round: read, HEAD, act ---------------------------------------------------------------
+    def _round(self, job: IndexJob, attempt: Attempt | None, clock: StageClock, dirty: _Dirty) -> JobResult:
+        self._hooks("read", job)
+        with clock.stage("catalog"):
+            seen = self._states.read(job.video_id)
+        self._hooks("head", job)
+        with clock.stage("head"):
+            head = self._objects.head(job.bucket, job.key)
+        if head is None:
+            return self._remove(job, seen, clock, dirty)
+        if job.op is JobOp.DELETE:
+            log.info("delete event for %s but the object exists: indexing it", job.uri)
+        return self._index(job, seen, head, attempt, clock, dirty)
+
+    def _remove(self, job: IndexJob, seen: VideoRecord | None, clock: StageClock, dirty: _Dirty) -> JobResult:
+        with clock.stage("catalog"):
+            live = self._models()
+            rows = sum(self._store.frames_table(t.table).count(job.video_id) for t in live)
+        if rows == 0 and (seen is None or seen.status is VideoStatus.DELETED):
+            if job.settle:  # a `queued` mark may be in flight: this write makes it lose
+                with clock.stage("catalog"):
+                    if self._states.removed(job, seen) is None:
+                        raise _Lost("the row changed while it was settled")
+            return JobResult(job.video_id, Outcome.UNCHANGED)
+        self._hooks("remove", job)
+        dirty.rows_changed = True  # from here on (the write may land even if the call fails)
+        dirty.tables.update(t.table for t in live)
+        with clock.stage("write"):
+            for table in live:
+                self._writer_for(table.table).replace(VideoFrames(job.video_id, job.uri, "", "", "", rows=[]))
+        self._hooks("removed", job)
+        with clock.stage("catalog"):
+            now = self._states.read(job.video_id)
+            if self._states.removed(job, now) is None:
+                raise _Lost("the row changed while its rows were removed")
+        self._hooks("settled", job)
+        # A backfill may have begun since ``live`` was read, and a job of it written the video into
+        # the new table meanwhile (its claim came before the read of ``now``, so before this read).
+        with clock.stage("write"):
+            for table in self._models_now():
+                if table not in live:
+                    dirty.tables.add(table.table)
+                    self._writer_for(table.table).replace(VideoFrames(job.video_id, job.uri, "", "", "", rows=[]))
+        # An upload may have landed (and its job finished) while the rows were being removed.
+        with clock.stage("head"):
+            if self._objects.head(job.bucket, job.key) is not None:
+                raise _Lost("uploaded again while its rows were removed")
+        dirty.rows_changed = False
+        return JobResult(job.video_id, Outcome.DELETED)
+
+    def _rows_hold(self, table: str, video_id: str, fp: str, frames: int) -> bool:
+        """Whether frames table ``table`` holds exactly ``frames`` rows of ``video_id``, all of fingerprint ``fp``."""
+        summary = self._store.frames_table(table).summary(video_id)
+        return summary.rows == frames and summary.duplicate_ids == 0 and set(summary.fingerprints) <= {fp}
+
+    def _index(
+        self,
+        job: IndexJob,
+        seen: VideoRecord | None,
+        head: ObjectHead,
+        attempt: Attempt | None,
+        clock: StageClock,
+        dirty: _Dirty,
+    ) -> JobResult:
+        every_s = self._settings.sampling.every_s
+        # A backfill job reads the lifecycle afresh: on a cache from before the backfill began it
+        # would find nothing to add and hold a slot of the backfill's window until resubmitted.
+        live = self._models_now() if job.source is JobSource.REINDEX else self._models()
+        fps = {t.table: fingerprint(head.version, t.model, every_s) for t in live}
+        # What each live table already holds of this exact content, model and sampling: trusted only
+        # after looking (a job that lost a race may have written over it).
+        kept: list[ModelIndex] = []
+        if seen is not None:
+            with clock.stage("catalog"):
+                for t in live:
+                    entry = seen.index_in(t.table)
+                    if (
+                        entry is not None
+                        and entry.fingerprint == fps[t.table]
+                        and self._rows_hold(t.table, job.video_id, entry.fingerprint, entry.frames)
+                    ):
+                        kept.append(entry)
+        need = [t for t in live if t.table not in {k.table for k in kept}]
+        if seen is not None and not need:
+            settled = seen.status is VideoStatus.INDEXED and seen.version == head.version
+            if job.settle or not settled:  # settle: a `queued` mark may be in flight
+                # The row's own count is the active table's (a row a failed write unsettled says -1).
+                row = seen.evolve(fingerprint=kept[0].fingerprint, frames=kept[0].frames)
+                with clock.stage("catalog"):
+                    if self._states.confirm(row, head.version) is None:
+                        raise _Lost("the row changed while it was confirmed")
+            return JobResult(job.video_id, Outcome.UNCHANGED, frames=kept[0].frames)
+        self._hooks("claim", job)
+        with clock.stage("catalog"):
+            crashes = self._crashes(seen, attempt)
+            if crashes >= self._settings.serve.max_crashes:
+                raise ConsumerKilled(
+                    f"the consumer died {crashes} times while indexing this video (killed, out of memory or crashed)"
+                )
+            claim = self._states.claim_async(
+                job,
+                seen,
+                version=head.version,
+                model=live[0].model,
+                sampling=self.sampling_label,
+                attempt=attempt,
+                crashes=crashes,
+            )
+        # The claim commits (shared with other jobs' writes) while the object is fetched and embedded;
+        # its outcome is in before any row is written or the failure recorded.
+        self._hooks("fetch", job)
+        # The active model's rows never wait on the target's: if only the target can't embed, the
+        # video is indexed with the active model and the backfill comes back for it.
+        searchable = need[0] is not live[0]  # the active model's rows hold this version already
+        try:
+            optional = frozenset(t.table for t in need if t is not live[0]) if not searchable else frozenset()
+            embedded, duration_s = self._embedding.rows(head, job.video_id, need, clock, optional)
+            need = [t for t in need if t.table in embedded]
+        except PermanentError as exc:
+            self._claimed(claim, clock, job, best_effort=True)
+            self.record_failure(job, exc.reason, version=head.version)
+            raise
+        except BaseException:
+            claimed = self._claimed(claim, clock, job, best_effort=True)
+            if claimed is not None and searchable and not dirty.rows_changed:
+                self._release(claimed, kept, live[0], head.version, clock)
+            raise
+        if self._claimed(claim, clock, job) is None:
+            raise _Lost("the row changed before it was claimed")
+        # Overlapping jobs of one key: only one that saw the current version writes.
+        self._hooks("recheck", job)
+        with clock.stage("head"):
+            current = self._objects.head(job.bucket, job.key)
+        if current is None or current.version != head.version:
+            raise _Lost("the object changed while it was embedded")
+        self._hooks("write", job)
+        # Returns once the commit holding these rows succeeded (possibly shared with other jobs).
+        dirty.rows_changed = True  # from here on (the write may land even if the call fails)
+        dirty.tables.update(t.table for t in need)
+        with clock.stage("write"):
+            for t in need:
+                frames = VideoFrames(job.video_id, job.uri, head.version, fps[t.table], t.model, embedded[t.table])
+                self._writer_for(t.table).replace(frames)
+        self._hooks("written", job)
+        count = len(next(iter(embedded.values())))
+        written = [ModelIndex(t.table, t.model, fps[t.table], count, every_s) for t in need]
+        indexes = tuple(sorted([*kept, *written], key=lambda i: [t.table for t in live].index(i.table)))
+        with clock.stage("catalog"):
+            # Settle only with the tables live now: one added since ``live`` was read (a backfill
+            # begun after this read waits for this claimed row, older than its ``live_from``), and
+            # the active one (a switch meanwhile may have made a left-out target active).
+            fresh = self._models_now()
+            held = {e.table for e in indexes}
+            if any(t not in live for t in fresh if t.table not in held) or fresh[0].table not in held:
+                raise _Lost("the live models changed while the video was embedded")
+            now = self._states.read(job.video_id)
+            if now is not None and now.status is VideoStatus.INDEXED and _holds_all(now, written):
+                pass  # a twin job of the same content finished first: its rows equal these
+            elif now is None or now.status not in IN_FLIGHT or now.version not in (head.version, None):
+                raise _Lost(f"another job moved the row to {now.status.value if now else 'nothing'} meanwhile")
+            else:
+                self._hooks("finish", job)
+                if (
+                    self._states.finish(
+                        now,
+                        version=head.version,
+                        fingerprint=indexes[0].fingerprint,
+                        frames=indexes[0].frames,
+                        duration_s=duration_s,
+                        indexes=indexes,
+                    )
+                    is None
+                ):
+                    raise _Lost("the row changed while it was finished")
+        dirty.rows_changed = False
+        self._hooks("settled", job)
+        # The object may have changed between the check above and the commit, and the job for the
+        # new version may already have finished: look once more, so the last writer converges.
+        with clock.stage("head"):
+            after = self._objects.head(job.bucket, job.key)
+        if after is None or after.version != head.version:
+            raise _Lost("the object changed while its rows were written")
+        return JobResult(job.video_id, Outcome.INDEXED, frames=count)
+
+    def _release(
+        self, claimed: VideoRecord, kept: list[ModelIndex], active: ModelTable, version: str, clock: StageClock
+    ) -> None:
+        """A job that only had to add another model's rows (a backfill job) failed before writing any:
+        the row goes back to indexed with what the active model's rows hold, checked by this job, not
+        left claimed to end up ``failed``; unless a switch made another table active meanwhile."""
+        with clock.stage("catalog"):
+            try:
+                if self._models_now()[0].table != active.table:
+                    return
+                entry = next(k for k in kept if k.table == active.table)
+                settled = claimed.evolve(fingerprint=entry.fingerprint, frames=entry.frames, indexes=tuple(kept))
+                self._states.confirm(settled, version)
+            except TransientError as exc:  # left claimed: the retry (or the check past its grace) settles it
+                log.warning("%s: could not put the row back to indexed (%s)", claimed.uri, exc)
+
+    def _claimed(
+        self, claim: PendingWrite, clock: StageClock, job: IndexJob, *, best_effort: bool = False
+    ) -> VideoRecord | None:
+        """The claim's outcome. ``best_effort`` (the job is leaving anyway): a failed claim write is
+        only logged."""
+        with clock.stage("catalog"):
+            try:
+                return self._states.wait(claim)
+            except TransientError as exc:
+                if not best_effort:
+                    raise
+                log.warning("%s: the claim's write failed (%s)", job.uri, exc)
+                return None
+
+    def _crashes(self, seen: VideoRecord | None, attempt: Attempt | None) -> int:
+        """Times this task's consumer died while holding the video, this start included: a claim of
+        this task left ``indexing`` by a process that no longer runs is one more."""
+        if attempt is None or seen is None or seen.task_id != attempt.task_id:
+            return 0
+        if seen.status is not VideoStatus.INDEXING or seen.holder is None:
+            return seen.crashes
+        if seen.holder == self._holder:
+            return seen.crashes  # this process is alive: a retry or a redelivery, not a crash
+        return seen.crashes if self._holder_alive(seen.holder) else seen.crashes + 1
+
+
+def _holds_all(record: VideoRecord, entries: Sequence[ModelIndex]) -> bool:
+    """Whether ``record`` says each table of ``entries`` holds that entry's rows."""
+    return all((e := record.index_in(i.table)) is not None and e.fingerprint == i.fingerprint for i in entries)

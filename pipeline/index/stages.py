@@ -1,0 +1,64 @@
+"""Pieces of one index job's work: its per-stage wall clock, frame chunks, thumbnails."""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from itertools import islice
+from typing import TypeVar
+
+import numpy as np
+from numpy.typing import NDArray
+from PIL import Image
+
+from pipeline.media.decode import SampledFrame
+
+T = TypeVar("T")
+
+
+class StageClock:
+    """Adds up wall time per pipeline stage of one job."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        #: The stage an exception first left: where the job failed (None while nothing did).
+        self.failed_in: str | None = None
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        except BaseException:
+            if self.failed_in is None:
+                self.failed_in = name
+            raise
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def timed(self, name: str, items: Iterator[T]) -> Iterator[T]:
+        """``items``, with the time spent producing each one counted under ``name``."""
+        while True:
+            with self.stage(name):
+                item = next(items, None)
+            if item is None:
+                return
+            yield item
+
+    def summary(self) -> str:
+        return " ".join(f"{k}={v:.2f}s" for k, v in self.seconds.items())
+
+
+def chunks(frames: Iterator[SampledFrame], size: int) -> Iterator[list[SampledFrame]]:
+    while chunk := list(islice(frames, size)):
+        yield chunk
+
+
+def thumbnail_jpeg(rgb: NDArray[np.uint8], max_side: int) -> bytes:
+    image = Image.fromarray(rgb)
+    image.thumbnail((max_side, max_side))
+    out = io.BytesIO()
+    image.save(out, format="JPEG", quality=75)
+    return out.getvalue()

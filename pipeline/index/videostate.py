@@ -1,0 +1,217 @@
+"""The per-video state machine over the catalog: each transition is one compare-and-set on the
+revision the caller read (``Catalog.write``), so no interleaving of jobs can write over a change it
+did not see. docs/architecture.md draws the states and who moves them.
+
+A transition returns the row as written, or None when another writer changed the row first: the
+caller reads again and decides anew.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from events.jobs import IndexJob, JobSink
+from storage.catalog import IN_FLIGHT, Catalog, ModelIndex, VideoRecord, VideoStatus
+from storage.catalog_writer import CatalogWrites, DirectWrites, PendingWrite
+from storage.errors import TransientError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """Who is running a job: the task id (stable across retries and redeliveries) and the consumer
+    process (``holder``) running it now."""
+
+    task_id: str
+    holder: str
+
+
+#: Longest a transition waits for the outcome of its write (a grouped commit, see ``storage.catalog_writer``).
+WRITE_TIMEOUT_S = 60.0
+
+
+class VideoStates:
+    """The transitions of ``videos`` rows (see the module docstring). Reads go to ``catalog``;
+    writes to ``writes`` (by default one commit per write; a ``GroupedCatalogWriter`` shares them)."""
+
+    def __init__(
+        self, catalog: Catalog, writes: CatalogWrites | None = None, *, write_timeout_s: float = WRITE_TIMEOUT_S
+    ) -> None:
+        self.catalog = catalog
+        self._writes: CatalogWrites = writes or DirectWrites(catalog)
+        self._write_timeout_s = write_timeout_s
+
+    def _write(self, record: VideoRecord, expected_rev: int) -> VideoRecord | None:
+        """Raises:
+        TransientError: the write failed or its outcome did not come in time (it may still land).
+        """
+        return self._writes.submit(record, expected_rev).result(self._write_timeout_s)
+
+    def wait(self, pending: PendingWrite) -> VideoRecord | None:
+        """The outcome of a write started by a ``*_async`` transition (bounded like every write)."""
+        return pending.result(self._write_timeout_s)
+
+    def read(self, video_id: str) -> VideoRecord | None:
+        return self.catalog.get(video_id)
+
+    def queue_async(self, job: IndexJob, seen: VideoRecord | None) -> PendingWrite | None:
+        """absent | indexed | failed | deleted -> queued, once a job of the video was submitted,
+        compare-and-set on the row as read *before* that submit (see ``QueueingSink``). A row already
+        queued or being indexed is left as it is (None)."""
+        if seen is None:
+            return self._writes.submit(VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.QUEUED), 0)
+        if seen.status in IN_FLIGHT:
+            return None
+        return self._writes.submit(seen.evolve(status=VideoStatus.QUEUED, error=None), seen.rev)
+
+    def claim_async(
+        self,
+        job: IndexJob,
+        seen: VideoRecord | None,
+        *,
+        version: str,
+        model: str,
+        sampling: str,
+        attempt: Attempt | None,
+        crashes: int,
+    ) -> PendingWrite:
+        """any -> indexing ``version``: the started-marker (task, holder, crashes). What ``frames``
+        holds (``frames``, ``fingerprint``) is kept: nothing has been written yet. Returns at once:
+        the caller may fetch and decode meanwhile, but must have the outcome (``wait``) before it
+        writes any rows."""
+        base = seen or VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.INDEXING)
+        claimed = base.evolve(
+            status=VideoStatus.INDEXING,
+            version=version,
+            model=model,
+            sampling=sampling,
+            error=None,
+            task_id=attempt.task_id if attempt else None,
+            holder=attempt.holder if attempt else None,
+            crashes=crashes,
+        )
+        return self._writes.submit(claimed, seen.rev if seen else 0)
+
+    def claim(self, job: IndexJob, seen: VideoRecord | None, **marker: Any) -> VideoRecord | None:
+        """``claim_async`` (same keywords), waiting for its outcome."""
+        return self.wait(self.claim_async(job, seen, **marker))
+
+    def finish(
+        self,
+        seen: VideoRecord,
+        *,
+        version: str,
+        fingerprint: str,
+        frames: int,
+        duration_s: float | None,
+        indexes: tuple[ModelIndex, ...] = (),
+    ) -> VideoRecord | None:
+        """queued | indexing ``version`` -> indexed, right after this job's rows were committed.
+        ``seen`` must have been read after that commit: any job that touched the rows later either
+        changed the row already (so this write loses) or will lose its own write to this one.
+        ``indexes``: what each model's table now holds (``fingerprint``/``frames``: the first's)."""
+        return self._write(
+            seen.evolve(
+                status=VideoStatus.INDEXED,
+                version=version,
+                fingerprint=fingerprint,
+                frames=frames,
+                duration_s=duration_s,
+                error=None,
+                indexes=indexes,
+            ),
+            seen.rev,
+        )
+
+    def confirm(self, seen: VideoRecord, version: str) -> VideoRecord | None:
+        """-> indexed, when ``frames`` already holds exactly the rows of ``version`` (checked by the caller)."""
+        return self._write(seen.evolve(status=VideoStatus.INDEXED, version=version, error=None), seen.rev)
+
+    def removed(self, job: IndexJob, seen: VideoRecord | None) -> VideoRecord | None:
+        """any -> deleted, right after this job removed the video's rows (``seen`` read after that)."""
+        base = seen or VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.DELETED)
+        gone = base.evolve(
+            status=VideoStatus.DELETED, frames=0, fingerprint=None, error=None, duration_s=None, indexes=()
+        )
+        return self._write(gone, seen.rev if seen else 0)
+
+    def unsettle(
+        self, job: IndexJob, seen: VideoRecord | None, touched: frozenset[str] | None = None
+    ) -> VideoRecord | None:
+        """any -> indexing, by a job leaving after it changed the rows and before it settled the row:
+        what the row says of the rows can't be trusted, so it goes back in flight (a retry, or the
+        scheduled check past its grace, redoes the video). ``frames``/``fingerprint`` say "unknown"
+        (-1 rows) so no reader takes them for the truth; of ``indexes`` only the entries of the
+        tables in ``touched`` go (None: all)."""
+        base = seen or VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.INDEXING)
+        kept = () if touched is None else tuple(i for i in base.indexes if i.table not in touched)
+        gone = base.evolve(
+            status=VideoStatus.INDEXING,
+            frames=-1,
+            fingerprint=None,
+            error="a job left its rows unsettled",
+            indexes=kept,
+        )
+        return self._write(gone, seen.rev if seen else 0)
+
+    def fail(self, job: IndexJob, seen: VideoRecord | None, reason: str, version: str | None) -> VideoRecord | None:
+        """queued | indexing | failed | (anything at ``version``) -> failed(reason). A settled outcome
+        (indexed, deleted) of another or an unknown version is left alone: another job settled the
+        video meanwhile. The rows, if any, stay (still searchable, still what ``frames`` holds)."""
+        settled = seen is not None and seen.status in (VideoStatus.INDEXED, VideoStatus.DELETED)
+        if seen is not None and settled and (version is None or seen.version != version):
+            # Left alone; but a job that must write (``IndexJob.settle``) rewrites it as it is, so a
+            # `queued` mark still in flight loses.
+            return self._write(seen, seen.rev) if job.settle else seen
+        base = seen or VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.FAILED)
+        failed = base.evolve(status=VideoStatus.FAILED, error=reason, version=version or base.version)
+        return self._write(failed, seen.rev if seen else 0)
+
+
+class QueueingSink:
+    """A ``JobSink`` that marks the video ``queued`` once its job is submitted, without waiting for
+    the mark. The mark is a compare-and-set on the row as it was before the submit, so it lands only
+    if nothing changed the row since; and the job it submitted always writes the row
+    (``IndexJob.settle``), even when it finds nothing to do, so the mark can never outlive the job's
+    own outcome: it lands before the job's write (which then loses, and the job settles the row
+    again) or not at all. A failed submit writes nothing. Bucket events don't go through here: the
+    router submits straight away and the row says ``indexing`` once a consumer takes the job.
+
+    With ``deferred`` (the API), the submit reads nothing: it takes the catalog version the clock
+    last saw and the mark is made on a thread from the row at that version
+    (``pipeline.index.queued_marks``); without it the row is read before the submit."""
+
+    def __init__(self, sink: JobSink, states: VideoStates, deferred: DeferredQueueing | None = None) -> None:
+        self._sink = sink
+        self._states = states
+        self._deferred = deferred
+
+    def submit(self, job: IndexJob) -> str:
+        """Raises:
+        TransientError: the task queue did not take the job.
+        """
+        settle = job.model_copy(update={"settle": True})
+        if self._deferred is not None and (version := self._deferred.version()) is not None:
+            task_id = self._sink.submit(settle)
+            self._deferred.mark(job, version)
+            return task_id
+        try:
+            seen = self._states.read(job.video_id)
+        except TransientError as exc:  # the job matters, the status is a courtesy
+            log.warning("could not read %s before its submit, so it is not marked queued: %s", job.uri, exc)
+            return self._sink.submit(job)
+        # The job always writes the row (``settle``), so this mark, if still in flight, loses to it.
+        task_id = self._sink.submit(settle)
+        self._states.queue_async(job, seen)
+        return task_id
+
+
+class DeferredQueueing(Protocol):
+    """Where ``QueueingSink`` takes a catalog version from before the submit, and leaves the mark."""
+
+    def version(self) -> int | None: ...
+
+    def mark(self, job: IndexJob, version: int) -> None: ...

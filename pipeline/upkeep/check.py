@@ -1,0 +1,412 @@
+"""The invariant checker: bucket, catalog and frames held against each other (``vidx check``, the
+admin API, and a scheduled, leased, incremental round inside the app).
+
+For every video: what ``frames`` holds is exactly what its catalog row says (``frames`` rows, all of
+``fingerprint``, no repeated ``frame_id``); ``indexed`` means the object exists at the fingerprint's
+version, model and sampling; ``deleted`` (or no row) means no rows and no object; nothing stays
+``queued``/``indexing`` past a grace. Each breach is a ``Finding``; repairing submits the job that
+converges it (the consumer HEADs the object, so a repair racing live events is harmless).
+
+Memory stays bounded per page: one listing page, the catalog rows in its key range and those
+videos' frame summaries (S3 lists keys in UTF-8 byte order; the catalog is scanned in the same order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import posixpath
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Protocol
+
+from events.jobs import IndexJob, JobOp, JobSink, JobSource
+from pipeline.upkeep.report import MAX_REPORTED, CheckReport, Finding, Inconsistency
+from storage.catalog import IN_FLIGHT, VideoRecord, VideoStatus
+from storage.config import S3Settings
+from storage.errors import TransientError
+from storage.frames import FRAMES, FrameSummary
+from storage.ids import fingerprint, s3_uri, video_id
+from storage.models import ModelTable
+from storage.s3 import ObjectHead, ObjectStore
+
+if TYPE_CHECKING:
+    from pipeline.settings import Settings
+    from storage.tables import IndexStore
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MAX_REPORTED", "CheckReport", "Checker", "Finding", "Inconsistency", "S3PageLister", "build_checker"]
+
+
+class PageLister(Protocol):
+    def pages(self, bucket: str, prefix: str, start_after: str | None) -> Iterator[list[ObjectHead]]: ...
+
+
+class CatalogReader(Protocol):
+    def scan(self, uri_from: str, uri_to: str, *, include_from: bool) -> Iterator[VideoRecord]: ...
+
+    def in_flight_since(self, before: datetime) -> list[VideoRecord]: ...
+
+
+class FrameReader(Protocol):
+    def summaries_in(self, uri_from: str, uri_to: str, *, include_from: bool) -> dict[str, FrameSummary]: ...
+
+
+class S3PageLister:
+    """``PageLister`` over aiobotocore, driven from synchronous code on one private event loop."""
+
+    def __init__(self, s3: S3Settings) -> None:
+        self._s3 = s3
+
+    def pages(self, bucket: str, prefix: str, start_after: str | None = None) -> Iterator[list[ObjectHead]]:
+        with asyncio.Runner() as runner:
+            store = ObjectStore(self._s3)
+            runner.run(store.__aenter__())
+            try:
+                listing = store.list_current(bucket, prefix, start_after)
+                while True:
+                    page = runner.run(_next_page(listing))
+                    if page is None:
+                        return
+                    yield page
+            finally:
+                runner.run(store.__aexit__(None, None, None))
+
+
+async def _next_page(listing: AsyncIterator[list[ObjectHead]]) -> list[ObjectHead] | None:
+    try:
+        return await anext(listing)
+    except StopAsyncIteration:
+        return None
+
+
+def _prefix_end(bucket: str, prefix: str) -> str:
+    """The smallest URI greater than every ``s3://bucket/prefix…``: the prefix with its last
+    character incremented."""
+    start = s3_uri(bucket, prefix)
+    return start[:-1] + chr(ord(start[-1]) + 1)
+
+
+def _split_uri(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return bucket, key
+
+
+class Checker:
+    """Holds buckets, catalog and frames against each other; optionally submits the repairs."""
+
+    def __init__(
+        self,
+        *,
+        model_id: str,
+        every_s: float,
+        extensions: Iterable[str],
+        catalog: CatalogReader,
+        frames: FrameReader,
+        lister: PageLister,
+        sink: JobSink | None,
+        in_flight_grace_s: float,
+        new_object_grace_s: float,
+        models: Callable[[], list[ModelTable]] | None = None,
+        frames_for: Callable[[str], FrameReader] | None = None,
+    ) -> None:
+        """``models`` gives the live frames tables (active first, ``LiveModels.live``) and
+        ``frames_for`` each one's reader: each video's rows in each are held against its catalog
+        entry for that table. Without them, the one ``frames`` table against the row's own
+        ``frames``/``fingerprint`` (``model_id``'s index)."""
+        self._models = models
+        self._frames_for = frames_for
+        self._model_id = model_id
+        self._every_s = every_s
+        self._extensions = {e.lower() for e in extensions}
+        self._catalog = catalog
+        self._frames = frames
+        self._lister = lister
+        self._sink = sink
+        self._stuck_after = timedelta(seconds=in_flight_grace_s)
+        self._new_after = timedelta(seconds=new_object_grace_s)
+
+    def run(
+        self,
+        buckets: Iterable[str],
+        *,
+        prefix: str = "",
+        repair: bool = False,
+        max_objects: int | None = None,
+        resume_after: tuple[str, str] | None = None,
+    ) -> CheckReport:
+        """Check ``s3://bucket/prefix…`` of each bucket; with ``max_objects``, stop after about that
+        many objects and say where to resume (``report.resume_after``).
+
+        Raises:
+            TransientError: the object store, a table or the task queue is unavailable; repairs
+                already submitted stay submitted and a rerun picks up the rest.
+        """
+        if repair and self._sink is None:
+            raise ValueError("a job sink is needed to repair")
+        try:
+            return self._run(list(buckets), prefix, repair, max_objects, resume_after)
+        except (RuntimeError, OSError) as exc:  # a table read failed mid-stream (scans are generators)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            raise TransientError(f"check: index table read failed: {first}") from exc
+
+    def stuck(self, *, repair: bool) -> CheckReport:
+        """Rows queued/indexing past the grace, found by one catalog query rather than by walking the
+        buckets (the scheduled check runs this every round, so no row waits for the walk to reach it).
+
+        Raises:
+            TransientError: the catalog or the task queue is unavailable.
+        """
+        report = CheckReport(repair=repair)
+        for record in self._catalog.in_flight_since(datetime.now(UTC) - self._stuck_after):
+            report.videos += 1
+            report.add(
+                Inconsistency(Finding.STUCK, record.uri, record.video_id, f"{record.status.value} past the grace")
+            )
+            if repair and self._sink is not None:
+                bucket, key = _split_uri(record.uri)
+                self._sink.submit(IndexJob(op=JobOp.INDEX, bucket=bucket, key=key, source=JobSource.RECONCILE))
+                report.submitted += 1
+        return report
+
+    def _run(
+        self,
+        buckets: list[str],
+        prefix: str,
+        repair: bool,
+        max_objects: int | None,
+        resume_after: tuple[str, str] | None,
+    ) -> CheckReport:
+        report = CheckReport(repair=repair)
+        if self._models is not None:
+            report.models = {t.model: 0 for t in self._models()}
+        now = datetime.now(UTC)
+        budget = max_objects
+        names = list(buckets)
+        skipping = resume_after is not None
+        for bucket in names:
+            if skipping and resume_after is not None:
+                if bucket != resume_after[0]:
+                    continue
+                skipping = False
+                start_after: str | None = resume_after[1]
+            else:
+                start_after = None
+            report.buckets.append(bucket)
+            stopped = self._bucket(report, bucket, prefix, start_after, now, repair, budget)
+            if stopped is not None:
+                report.resume_after = (bucket, stopped)
+                break
+            if budget is not None:
+                budget = max(0, budget - report.listed)
+        report.took_s = (datetime.now(UTC) - report.started_at).total_seconds()
+        log.info("check %s", report.summary())
+        return report
+
+    def _bucket(
+        self,
+        report: CheckReport,
+        bucket: str,
+        prefix: str,
+        start_after: str | None,
+        now: datetime,
+        repair: bool,
+        budget: int | None,
+    ) -> str | None:
+        """Check one bucket from ``start_after``; the last key checked when the budget ran out."""
+        if start_after is None:
+            lower, include_lower = s3_uri(bucket, prefix), True
+        else:
+            lower, include_lower = s3_uri(bucket, start_after), False
+        seen_here = 0
+        for page in self._lister.pages(bucket, prefix, start_after):
+            if not page:
+                continue
+            report.listed += len(page)
+            seen_here += len(page)
+            upper = s3_uri(bucket, page[-1].key)
+            self._range(report, bucket, page, lower, upper, include_lower, now, repair)
+            lower, include_lower = upper, False
+            if budget is not None and seen_here >= budget:
+                return page[-1].key
+        self._range(report, bucket, [], lower, _prefix_end(bucket, prefix), include_lower, now, repair, tail=prefix)
+        return None
+
+    def _range(
+        self,
+        report: CheckReport,
+        bucket: str,
+        objects: list[ObjectHead],
+        lower: str,
+        upper: str,
+        include_lower: bool,
+        now: datetime,
+        repair: bool,
+        tail: str | None = None,
+    ) -> None:
+        """Judge every video of one key range: its objects (one listing page), its catalog rows and
+        its frame rows, each read for that range only. ``tail``: the range past the last page, up to
+        the prefix's end (exclusive in effect: no URI under the prefix equals it)."""
+        rows = {r.video_id: r for r in self._catalog.scan(lower, upper, include_from=include_lower)}
+        tables = self._tables()
+        frames: dict[str, dict[str, FrameSummary]] = {}
+        for t in tables:
+            reader = self._frames if self._frames_for is None else self._frames_for(t.table)
+            frames[t.table] = reader.summaries_in(lower, upper, include_from=include_lower)
+        if tail is not None:
+            under = s3_uri(bucket, tail)
+            rows = {v: r for v, r in rows.items() if r.uri.startswith(under)}
+            frames = {n: {v: f for v, f in held.items() if f.uri.startswith(under)} for n, held in frames.items()}
+
+        def take(vid: str) -> dict[str, FrameSummary]:
+            return {n: held.pop(vid) for n, held in frames.items() if vid in held}
+
+        for obj in objects:
+            vid = video_id(bucket, obj.key)
+            self._one(report, s3_uri(bucket, obj.key), vid, obj, rows.pop(vid, None), take(vid), tables, now, repair)
+        for record in rows.values():  # cataloged in this key range, not in the bucket
+            self._one(report, record.uri, record.video_id, None, record, take(record.video_id), tables, now, repair)
+        for vid in sorted({v for held in frames.values() for v in held}):  # rows, neither object nor catalog row
+            held = take(vid)
+            self._one(report, next(iter(held.values())).uri, vid, None, None, held, tables, now, repair)
+
+    def _tables(self) -> list[ModelTable]:
+        if self._models is None:
+            return [ModelTable(self._model_id, 0, FRAMES)]
+        return self._models()
+
+    def _one(
+        self,
+        report: CheckReport,
+        uri: str,
+        vid: str,
+        obj: ObjectHead | None,
+        record: VideoRecord | None,
+        rows: dict[str, FrameSummary],
+        tables: list[ModelTable],
+        now: datetime,
+        repair: bool,
+    ) -> None:
+        if record is None and not any(r.rows for r in rows.values()):
+            if obj is None:
+                return
+            if posixpath.splitext(obj.key)[1].lower() not in self._extensions:
+                report.ignored += 1
+                return
+        report.videos += 1
+        found = self._judge(obj, record, rows, tables, now)
+        if found is None:
+            return
+        if not isinstance(found, tuple):
+            if found == "in_flight":
+                report.in_flight += 1
+            elif found == "failed":
+                report.failed += 1
+            else:
+                report.in_sync += 1
+            return
+        finding, detail, model = found
+        report.add(Inconsistency(finding, uri, vid, detail), model)
+        if repair and self._sink is not None:
+            bucket, key = _split_uri(uri)
+            op = JobOp.INDEX if obj is not None else JobOp.DELETE
+            self._sink.submit(
+                IndexJob(
+                    op=op, bucket=bucket, key=key, source=JobSource.RECONCILE, hint_version=obj.version if obj else None
+                )
+            )
+            report.submitted += 1
+
+    def _expected(self, record: VideoRecord, table: ModelTable) -> tuple[int, str | None]:
+        """The rows the catalog says ``table`` holds of the video: how many, of which fingerprint."""
+        if self._models is None:
+            return record.frames, record.fingerprint
+        entry = record.index_in(table.table)
+        return (entry.frames, entry.fingerprint) if entry is not None else (0, None)
+
+    def _judge(
+        self,
+        obj: ObjectHead | None,
+        record: VideoRecord | None,
+        rows: dict[str, FrameSummary],
+        tables: list[ModelTable],
+        now: datetime,
+    ) -> tuple[Finding, str, str | None] | str | None:
+        """The finding for one video (with the model whose rows it is about), or ``in_sync`` /
+        ``failed`` / ``in_flight``."""
+        in_flight = record is not None and record.status in IN_FLIGHT
+        if in_flight and record is not None and now - record.updated_at < self._stuck_after:
+            return "in_flight"
+        fresh = obj is not None and obj.last_modified is not None and now - obj.last_modified < self._new_after
+        for t in tables:
+            held = rows.get(t.table, FrameSummary())
+            if held.duplicate_ids:
+                detail = f"{held.duplicate_ids} repeated frame ids in {held.rows} rows"
+                return Finding.DUPLICATE_FRAMES, self._of(t, detail), self._label(t)
+        if record is None:
+            for t in tables:
+                if (held := rows.get(t.table, FrameSummary())).rows:
+                    return Finding.ORPHAN_ROWS, self._of(t, f"{held.rows} rows, no catalog row"), self._label(t)
+            return "in_flight" if fresh else (Finding.MISSING, "in the bucket, not in the catalog", None)
+        for t in tables:
+            held = rows.get(t.table, FrameSummary())
+            count, fp = self._expected(record, t)
+            if held.rows != count or not set(held.fingerprints) <= ({fp} if fp else set()):
+                has = ", ".join(f"{n} of {f}" for f, n in held.fingerprints.items()) or "none"
+                detail = f"{record.status.value}: catalog says {count} rows of {fp or '-'}, frames holds {has}"
+                return Finding.ROWS_MISMATCH, self._of(t, detail), self._label(t)
+        if in_flight:
+            return Finding.STUCK, f"{record.status.value} since {record.updated_at.isoformat()}", None
+        if obj is None:
+            if record.status is VideoStatus.DELETED:
+                return None
+            return Finding.ORPHANED, f"{record.status.value}, object gone", None
+        active = tables[0]
+        current = fingerprint(obj.version, active.model, self._every_s)
+        _, active_fp = self._expected(record, active)
+        if record.status is VideoStatus.INDEXED and active_fp == current:
+            return "in_sync"
+        if record.status is VideoStatus.FAILED and record.version == obj.version:
+            return "failed"
+        if fresh:
+            return "in_flight"
+        detail = f"{record.status.value} at version {record.version or '-'}, object at {obj.version}"
+        return Finding.STALE, detail, None
+
+    def _label(self, table: ModelTable) -> str | None:
+        return None if self._models is None else table.model
+
+    def _of(self, table: ModelTable, detail: str) -> str:
+        return detail if self._models is None else f"{table.model} ({table.table}): {detail}"
+
+
+def build_checker(
+    settings: Settings,
+    store: IndexStore,
+    sink: JobSink | None,
+    models: Callable[[], list[ModelTable]] | None = None,
+) -> Checker:
+    """The checker of this index's live models (or of ``models``' tables, active first), this
+    deployment's sampling and buckets (CLI, admin API, scheduled round)."""
+    from pipeline.reindex.lifecycle import LiveModels
+
+    live = LiveModels(store.models, settings.reindex.live_refresh_s)
+
+    def live_tables() -> list[ModelTable]:
+        # An index no app has started on yet has no lifecycle row: its one table is ``frames``.
+        return live.state().live() or [ModelTable(settings.model.id, 0, FRAMES)]
+
+    return Checker(
+        model_id=settings.model.id,
+        every_s=settings.sampling.every_s,
+        extensions=settings.videos.extensions,
+        catalog=store.catalog,
+        frames=store.frames,
+        lister=S3PageLister(settings.s3),
+        sink=sink,
+        in_flight_grace_s=settings.check.in_flight_grace_s,
+        new_object_grace_s=settings.check.new_object_grace_s,
+        models=models or live_tables,
+        frames_for=store.frames_table,
+    )
