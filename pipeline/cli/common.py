@@ -3,24 +3,82 @@ demo in ``infra.dev``). One-line failures live in ``pipeline.cli.errors``, outpu
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import typer
 
 from pipeline.cli.errors import ApiError, CliError
 from pipeline.settings import Settings
 
-__all__ = ["HTTP_TIMEOUT_S", "ApiClient", "ApiError", "CliError", "format_moment", "hms", "settings_of"]
+__all__ = [
+    "ADMIN_KEY_FILE",
+    "API_KEY_FILE",
+    "HTTP_TIMEOUT_S",
+    "ApiClient",
+    "ApiError",
+    "CliError",
+    "client_key",
+    "format_moment",
+    "hms",
+    "minio_client",
+    "settings_of",
+]
 
 #: How long one API call may take (a search embeds the query on a CPU).
 HTTP_TIMEOUT_S = 60.0
 #: Where the API's address comes from (``settings.api_url``).
 API_SETTINGS = "VIDX_SERVE__HOST / VIDX_SERVE__PORT"
+#: The key files ``vidx up`` makes under the state dir, read by clients when no key is configured.
+API_KEY_FILE = "api-key"
+ADMIN_KEY_FILE = "admin-key"
 
 
 def settings_of(ctx: typer.Context) -> Settings:
     settings: Settings = ctx.obj
     return settings
+
+
+def client_key(settings: Settings, admin: bool = False) -> str | None:
+    """The key a client of the API sends: the configured one, else the key file under the state dir
+    (``API_KEY_FILE``, ``ADMIN_KEY_FILE``), else None.
+
+    Raises CliError when a key file exists but can't be read.
+    """
+    root = settings.state_dir.resolve()
+    if admin:
+        candidates: list[Any] = [settings.admin_key, root / ADMIN_KEY_FILE]
+    else:
+        first = settings.api_keys[0] if settings.api_keys else None
+        candidates = [first, root / API_KEY_FILE, settings.admin_key, root / ADMIN_KEY_FILE]
+    for candidate in candidates:
+        if candidate is None:
+            continue
+        if not isinstance(candidate, Path):
+            key: str = candidate.get_secret_value()
+            return key
+        if candidate.exists():
+            try:
+                return candidate.read_text(encoding="utf-8").strip() or None
+            except OSError as exc:
+                raise CliError(f"could not read the API key in {candidate}: {exc.strerror}") from exc
+    return None
+
+
+def minio_client(settings: Settings) -> Any:
+    """A MinIO client for the configured object store (uploads, bucket set-up)."""
+    from minio import Minio
+
+    s3 = settings.s3
+    parsed = urlparse(s3.endpoint_url)
+    return Minio(
+        parsed.netloc,
+        access_key=s3.access_key.get_secret_value(),
+        secret_key=s3.secret_key.get_secret_value(),
+        secure=parsed.scheme == "https",
+        region=s3.region,
+    )
 
 
 # -- HTTP API -------------------------------------------------------------------------------------------
@@ -35,8 +93,6 @@ class ApiClient:
 
     def __init__(self, settings: Settings, admin: bool = False) -> None:
         import httpx
-
-        from infra.dev.stack import client_key
 
         self.url = settings.api_url
         key = client_key(settings, admin=admin)

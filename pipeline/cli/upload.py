@@ -206,7 +206,7 @@ def upload(
 ) -> None:
     """Upload videos to a watched bucket; each upload is indexed through its bucket event. With --wait,
     exits 1 if any failed (listing why) and 124 if any is still not settled after --timeout."""
-    from infra.dev.stack import minio_client
+    from pipeline.cli.common import minio_client
 
     settings = settings_of(ctx)
     target = bucket or settings.s3.upload_bucket

@@ -138,8 +138,10 @@ class FakeMinio:
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeMinio:
         import infra.dev.stack as stack
+        from pipeline.cli import common
 
         monkeypatch.setattr(stack, "minio_client", lambda settings: self)
+        monkeypatch.setattr(common, "minio_client", lambda settings: self)
         return self
 
 

@@ -28,27 +28,24 @@ FORBIDDEN = {
     "events": ("pipeline", "infra"),
 }
 
-#: The Serve app's module and what its deployments import lazily (in their constructors).
-SERVE_MODULES = (
-    "pipeline.serve.deployments",
-    "pipeline.serve.config",
-    "pipeline.embedding.encoders",
-    "pipeline.index.consumer",
-    "pipeline.index.indexer",
-    "pipeline.api.app",
-    "pipeline.api.admin",
-    "pipeline.query.search",
-    "pipeline.api.node_metrics",
-    "pipeline.upkeep.check",
-    "pipeline.upkeep.scheduled",
-    "pipeline.index.holders",
-    "pipeline.media.workers",
-    "events.parked",
-    "pipeline.index.taskqueue",
-    "pipeline.index.videostate",
-    "storage.maintenance",
-    "events.router",
-)
+#: Inside pipeline/: what each capability (a subpackage) may import of the others. The shared
+#: top-level modules (``pipeline.settings``, ``pipeline.metrics``) are open to all; they import only
+#: ``media``'s decode settings. docs/architecture.md draws the same arrows.
+TOP = "top"
+CAPABILITY_IMPORTS: dict[str, frozenset[str]] = {
+    TOP: frozenset({"media"}),
+    "media": frozenset(),
+    "embedding": frozenset(),
+    "query": frozenset(),
+    "reindex": frozenset(),
+    "index": frozenset({"media", "embedding", "reindex"}),
+    "upkeep": frozenset({"index", "reindex"}),
+    "api": frozenset({"index", "query", "reindex", "upkeep"}),
+    "serve": frozenset({"api", "embedding", "index", "media", "query", "reindex", "upkeep"}),
+    "cli": frozenset({"embedding", "index", "reindex", "serve", "upkeep"}),
+}
+#: The one module of the CLI that may import the dev tooling (``vidx up/down/status/demo``).
+CLI_DEV_MODULE = "pipeline.cli.dev"
 
 SUBPROCESS_TIMEOUT_S = 90
 
@@ -250,18 +247,81 @@ def test_no_import_cycles(found: list[Import]) -> None:
     assert groups == [], f"{len(groups)} import cycle(s); the imports inside each:\n{report}"
 
 
-def test_nothing_the_serve_app_can_import_reaches_dev_tooling(found: list[Import]) -> None:
-    chains = import_chains(found, SERVE_MODULES)
-    bad = {m: chain for m, chain in chains.items() if m == "infra.dev" or m.startswith("infra.dev.")}
+def serve_modules(root: Path = ROOT) -> list[str]:
+    """The Serve app's modules: the composition root, ``pipeline.serve`` (what its deployments import
+    lazily, in their constructors, is followed by ``import_chains``)."""
+    return [m for m in module_files(root, ["pipeline"]) if m == "pipeline.serve" or m.startswith("pipeline.serve.")]
+
+
+def test_nothing_the_serve_app_can_import_reaches_infra(found: list[Import]) -> None:
+    chains = import_chains(found, serve_modules())
+    bad = {m: chain for m, chain in chains.items() if m == "infra" or m.startswith("infra.")}
     report = "\n\n".join("\n".join(str(i) for i in chain) for chain in bad.values())
-    assert bad == {}, f"the Serve app's modules can import dev tooling (lazy imports included):\n{report}"
+    assert bad == {}, f"the Serve app's modules can import infra/ (lazy imports included):\n{report}"
 
 
 def test_the_serve_app_loads_no_dev_tooling() -> None:
-    loaded = loaded_modules(SERVE_MODULES)
+    loaded = loaded_modules(serve_modules())
     assert "pipeline.serve.deployments" in loaded
     dev = [m for m in loaded if m == "infra.dev" or m.startswith("infra.dev.")]
     assert dev == [], f"importing the Serve app loads dev tooling: {dev}"
+
+
+def capability(module: str) -> str | None:
+    """The capability of a ``pipeline`` module: its subpackage, ``TOP`` for a shared top-level
+    module, None outside ``pipeline`` (and for ``pipeline`` itself)."""
+    parts = module.split(".")
+    if parts[0] != "pipeline" or len(parts) == 1:
+        return None
+    return parts[1] if parts[1] in CAPABILITY_IMPORTS and parts[1] != TOP else TOP
+
+
+def crossing_imports(found: Iterable[Import], allowed: dict[str, frozenset[str]]) -> list[Import]:
+    """Imports from one capability of pipeline/ into another that ``allowed`` does not list."""
+    bad = []
+    for imp in found:
+        source, target = capability(imp.source), capability(imp.target)
+        if source is None or target is None or source == target or (target == TOP and source != TOP):
+            continue
+        if target not in allowed.get(source, frozenset()):
+            bad.append(imp)
+    return bad
+
+
+def dev_tooling_importers(found: Iterable[Import], package: str) -> set[str]:
+    """The modules of ``package`` that import ``infra.dev`` themselves."""
+    return {
+        i.source
+        for i in found
+        if (i.source == package or i.source.startswith(package + "."))
+        and (i.target == "infra.dev" or i.target.startswith("infra.dev."))
+    }
+
+
+def test_every_capability_of_pipeline_is_known() -> None:
+    folders = {p.name for p in (ROOT / "pipeline").iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(CAPABILITY_IMPORTS) - {TOP}
+
+
+def test_capabilities_inside_pipeline_import_only_what_they_may(found: list[Import]) -> None:
+    bad = [str(i) for i in crossing_imports(found, CAPABILITY_IMPORTS)]
+    report = "\n".join(bad)
+    assert bad == [], f"imports across pipeline/'s capabilities that CAPABILITY_IMPORTS does not allow:\n{report}"
+
+
+def test_media_and_embedding_import_no_sibling_capability(found: list[Import]) -> None:
+    bad = [
+        str(i)
+        for i in found
+        if capability(i.source) in ("media", "embedding")
+        and capability(i.target) not in (None, TOP, capability(i.source))
+    ]
+    assert bad == [], "media/ or embedding/ imports another capability:\n" + "\n".join(bad)
+
+
+def test_only_one_module_of_the_cli_imports_dev_tooling(found: list[Import]) -> None:
+    assert dev_tooling_importers(found, "pipeline.cli") == {CLI_DEV_MODULE}
+    assert dev_tooling_importers(found, "pipeline") == {CLI_DEV_MODULE}
 
 
 def test_the_settings_do_not_load_pyav() -> None:
@@ -315,3 +375,52 @@ def test_the_checker_finds_lazy_upward_imports_and_cycles(tmp_path: Path) -> Non
     assert sorted(groups) == [["events.jobs", "storage.a"], ["pipeline.d", "pipeline.e"]]
     chain = import_chains(found, ["storage.c"])["pipeline.b"]  # through a lazy import in a function
     assert [(i.source, i.target) for i in chain] == [("storage.c", "storage.a"), ("storage.a", "pipeline.b")]
+
+
+def test_the_checker_finds_crossing_capabilities_dev_tooling_in_the_cli_and_infra_in_the_serve_app(
+    tmp_path: Path,
+) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "storage/__init__.py": "",
+            "events/__init__.py": "",
+            "infra/__init__.py": "",
+            "infra/dev/__init__.py": "",
+            "infra/dev/stack.py": "",
+            "infra/images.py": "",
+            "pipeline/__init__.py": "",
+            "pipeline/settings.py": "from pipeline.media import settings\n",
+            "pipeline/media/__init__.py": "",
+            "pipeline/media/settings.py": "",
+            "pipeline/media/decode.py": "def lazy():\n    from pipeline.index import jobs\n",
+            "pipeline/embedding/__init__.py": "",
+            "pipeline/embedding/model.py": "from pipeline import settings\n",
+            "pipeline/index/__init__.py": "",
+            "pipeline/index/jobs.py": "from pipeline.media.decode import lazy\nfrom pipeline.query import search\n",
+            "pipeline/query/__init__.py": "",
+            "pipeline/query/search.py": "",
+            "pipeline/cli/__init__.py": "",
+            "pipeline/cli/dev.py": "from infra.dev import stack\n",
+            "pipeline/cli/upload.py": "def f():\n    import infra.dev.stack\n",
+            "pipeline/serve/__init__.py": "",
+            "pipeline/serve/app.py": "def build():\n    from pipeline.index import late\n",
+            "pipeline/index/late.py": "def f():\n    from infra import images\n",
+        },
+    )
+    found = imports(root)
+    crossing = sorted((i.source, i.target) for i in crossing_imports(found, CAPABILITY_IMPORTS))
+    # media -> index (lazy) and index -> query are not allowed; top -> media, index -> media and
+    # serve -> index are; anything -> the top-level settings is.
+    assert crossing == [
+        ("pipeline.index.jobs", "pipeline.query.search"),
+        ("pipeline.media.decode", "pipeline.index.jobs"),
+    ]
+    assert dev_tooling_importers(found, "pipeline.cli") == {"pipeline.cli.dev", "pipeline.cli.upload"}
+    serve = serve_modules(root)
+    assert serve == ["pipeline.serve", "pipeline.serve.app"]
+    reached = import_chains(found, serve)
+    assert [(i.source, i.target) for i in reached["infra.images"]] == [
+        ("pipeline.serve.app", "pipeline.index.late"),
+        ("pipeline.index.late", "infra.images"),
+    ]

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from infra.dev.stack.app import DRIVER_TIMEOUT_S, RUNNING, healthy, run_driver, start_app
-from infra.dev.stack.keys import StackKeys, client_key, ensure_keys
+from infra.dev.stack.keys import StackKeys, ensure_keys
 from infra.dev.stack.layout import Echo, Layout, StackError
 from infra.dev.stack.minio import MINIO_STOP_TIMEOUT_S, minio_client, start_minio
 from infra.dev.stack.process import host_port, running_pid, stop
@@ -27,7 +27,6 @@ __all__ = [
     "Layout",
     "StackError",
     "StackKeys",
-    "client_key",
     "down",
     "minio_client",
     "status",

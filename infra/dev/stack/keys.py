@@ -66,27 +66,3 @@ def key_env(settings: Settings, layout: Layout) -> dict[str, str]:
     if settings.admin_key is None and layout.admin_key_file.exists():
         env["VIDX_ADMIN_KEY_FILE"] = str(layout.admin_key_file)
     return env
-
-
-def client_key(settings: Settings, admin: bool = False) -> str | None:
-    """The key a client of the API sends: the configured one, else the stack's file, else None.
-
-    Raises StackError when the stack's key file exists but can't be read.
-    """
-    layout = Layout.of(settings)
-    if admin:
-        candidates = [settings.admin_key, layout.admin_key_file]
-    else:
-        first = settings.api_keys[0] if settings.api_keys else None
-        candidates = [first, layout.api_key_file, settings.admin_key, layout.admin_key_file]
-    for candidate in candidates:
-        if candidate is None:
-            continue
-        if not isinstance(candidate, Path):
-            return candidate.get_secret_value()
-        if candidate.exists():
-            try:
-                return candidate.read_text(encoding="utf-8").strip() or None
-            except OSError as exc:
-                raise StackError(f"could not read the API key in {candidate}: {exc.strerror}") from exc
-    return None

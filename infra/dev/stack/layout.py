@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.cli.common import ADMIN_KEY_FILE, API_KEY_FILE
 from pipeline.settings import Settings
 from storage.errors import VidxError
 
@@ -52,11 +53,11 @@ class Layout:
 
     @property
     def api_key_file(self) -> Path:
-        return self.root / "api-key"
+        return self.root / API_KEY_FILE
 
     @property
     def admin_key_file(self) -> Path:
-        return self.root / "admin-key"
+        return self.root / ADMIN_KEY_FILE
 
     def log(self, name: str) -> Path:
         return self.logs / f"{name}.log"

@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlparse
 
 from infra.dev.stack.layout import Echo, Layout, StackError
 from infra.dev.stack.process import alive, host_port, port_open, running_pid, spawn, taken, wait
+from pipeline.cli.common import minio_client
 from pipeline.settings import Settings
 
 # parents[3]: infra/dev/stack/minio.py -> stack -> dev -> infra -> the repository root.
@@ -18,20 +17,6 @@ MINIO_INSTALLER = Path(__file__).resolve().parents[3] / "infra/local/install-min
 MINIO_BUILD_TIMEOUT_S = 1200.0
 MINIO_START_TIMEOUT_S = 60.0
 MINIO_STOP_TIMEOUT_S = 30.0
-
-
-def minio_client(settings: Settings) -> Any:
-    from minio import Minio
-
-    s3 = settings.s3
-    parsed = urlparse(s3.endpoint_url)
-    return Minio(
-        parsed.netloc,
-        access_key=s3.access_key.get_secret_value(),
-        secret_key=s3.secret_key.get_secret_value(),
-        secure=parsed.scheme == "https",
-        region=s3.region,
-    )
 
 
 def _minio_binary(layout: Layout) -> str:
