@@ -51,6 +51,7 @@ from infra.dev.samples import write_textured_video
 from pipeline.media.decode import WORKER_ENTRY, DecodeStats, open_sampled, probe, scaled_size
 from pipeline.media.settings import DecodeLimits, DecodeStrategy
 from pipeline.media.workers import Worker
+from storage.sampling import Sampling
 
 EVERY_S = 1.0
 FPS = 30
@@ -114,7 +115,7 @@ def vidx(
     isolated: bool = True,
 ) -> int:
     limits = DecodeLimits(max_frames=1_000_000)
-    video = open_sampled(path, EVERY_S, limits, MAX_SIDE, strategy=strategy, stats=stats, isolated=isolated)
+    video = open_sampled(path, Sampling(EVERY_S), limits, MAX_SIDE, strategy=strategy, stats=stats, isolated=isolated)
     return sum(1 for _ in video.frames)
 
 

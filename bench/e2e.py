@@ -92,7 +92,7 @@ def _query_png(path: Path, settings: Any) -> bytes:
 
     from pipeline.media.decode import sample_frames
 
-    frames = list(sample_frames(path, settings.sampling.every_s, settings.limits, settings.sampling.decode_max_side))
+    frames = list(sample_frames(path, settings.sampling.spec, settings.limits, settings.sampling.decode_max_side))
     out = io.BytesIO()
     Image.fromarray(frames[len(frames) // 2].rgb).save(out, format="PNG")
     return out.getvalue()
@@ -171,8 +171,8 @@ def _job_lines(prefix: str) -> list[dict[str, Any]]:
 def _stages_alone(settings: Any, model_dir: Path, paths: list[Path], bucket: str, keys: list[str]) -> dict[str, float]:
     """Seconds for all ``paths`` per stage, each stage run alone over all of them."""
     from pipeline.embedding.siglip import SiglipEncoder
-    from pipeline.index.stages import thumbnail_jpeg
     from pipeline.media.decode import sample_frames
+    from pipeline.media.frames import thumbnail_jpeg
     from storage.catalog import VideoRecord, VideoStatus
     from storage.frames import FrameRow, VideoFrames
     from storage.ids import frame_id
@@ -198,7 +198,7 @@ def _stages_alone(settings: Any, model_dir: Path, paths: list[Path], bucket: str
                 list(
                     sample_frames(
                         path,
-                        settings.sampling.every_s,
+                        settings.sampling.spec,
                         settings.limits,
                         max_side=settings.sampling.decode_max_side,
                     )

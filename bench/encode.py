@@ -97,7 +97,8 @@ def run_through_encoder(
     is what the warm-up rate says fits in ``budget_s``. Returns (images/s, seconds, n)."""
     from ray import serve
 
-    from pipeline.embedding.encoders import Encoder, HandleEmbedder
+    from pipeline.embedding.encoders import HandleEmbedder
+    from pipeline.serve.encoder import Encoder
     from pipeline.settings import ModelSettings
 
     model = ModelSettings(

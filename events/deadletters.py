@@ -5,8 +5,8 @@ task adapter moves a task to when its handler raises after its last retry), so t
 in the broker's UI too. The consumer publishes a typed ``DeadLetter`` (JSON) with publisher confirms;
 a message Ray's adapter moved there (a Celery task message) is read as well.
 
-Listing takes messages without acknowledging them and hands them all back (nack, requeue) when done:
-the queue is unchanged. Replaying resubmits the chosen jobs and acknowledges only those.
+Listing and replaying go the way of every held queue (``events.held``): a listing leaves the queue as
+it was; a replay resubmits the chosen jobs and acknowledges only those.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from __future__ import annotations
 import ast
 import enum
 import json
-import logging
 from collections.abc import Collection
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,11 +22,10 @@ import pika
 import pika.exceptions
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from events.browse import Taken, close_quietly, connect
+from events.held import HeldQueue, ReplayReport
 from events.jobs import IndexJob, JobSink, JobSource
-from events.parked import Taken, browse, close_quietly, connect
 from storage.errors import TransientError
-
-log = logging.getLogger(__name__)
 
 
 class FailureKind(enum.StrEnum):
@@ -113,27 +110,14 @@ def decode_dead_letter(body: bytes, headers: dict[str, Any] | None) -> DeadLette
         raise ValueError(f"unreadable dead letter ({exc.error_count()} invalid fields)") from exc
 
 
-@dataclass(frozen=True, slots=True)
-class ReplayReport:
-    replayed: list[DeadLetter]
-    #: Messages left on the queue after the replay (as far as this call saw).
-    remaining: int
+class DeadLetterQueue(HeldQueue[DeadLetter]):
+    """Publish, list and replay dead letters. Each call opens its own short connection."""
 
-
-class DeadLetterQueue:
-    """Publish, list and replay dead letters. Each call opens its own short connection (pika's
-    blocking connections aren't thread-safe, and failures are rare)."""
+    what = "dead-letter queue"
+    holds = "dead letters"
 
     def __init__(self, amqp_url: str, queue: str, max_list: int = 10_000, timeout_s: float = 10.0) -> None:
-        self._params = pika.URLParameters(amqp_url)
-        self._params.socket_timeout = timeout_s
-        self._params.blocked_connection_timeout = timeout_s
-        self._queue = queue
-        self._max_list = max_list
-
-    @property
-    def queue(self) -> str:
-        return self._queue
+        super().__init__(amqp_url, queue, max_list, timeout_s)
 
     def publish(self, letter: DeadLetter) -> None:
         """Store ``letter`` durably; returns once the broker confirmed it.
@@ -141,15 +125,15 @@ class DeadLetterQueue:
         Raises:
             TransientError: the broker did not take it.
         """
-        connection = connect(self._params, "dead-letter queue")
+        connection = connect(self.params, self.what)
         try:
             channel = connection.channel()
             # Declared as Celery (i.e. Ray's adapter) declares it: durable, classic.
-            channel.queue_declare(queue=self._queue, durable=True)
+            channel.queue_declare(queue=self.queue, durable=True)
             channel.confirm_delivery()
             channel.basic_publish(
                 exchange="",
-                routing_key=self._queue,
+                routing_key=self.queue,
                 body=letter.model_dump_json().encode(),
                 properties=pika.BasicProperties(
                     content_type="application/json", delivery_mode=pika.DeliveryMode.Persistent
@@ -161,8 +145,7 @@ class DeadLetterQueue:
         finally:
             close_quietly(connection)
 
-    @staticmethod
-    def _letter(message: Taken) -> DeadLetter:
+    def read(self, message: Taken) -> DeadLetter:
         """A taken message as a letter; an unreadable one comes back as a MALFORMED letter."""
         try:
             return decode_dead_letter(message.body, message.headers)
@@ -175,27 +158,10 @@ class DeadLetterQueue:
                 raw_job=message.body[:2000].decode("utf-8", "replace"),
             )
 
-    def list(self, limit: int | None = None) -> list[DeadLetter]:
-        """The dead letters, oldest first, one per id (a job dead-lettered twice, e.g. after a crash
-        between publishing and acknowledging, shows once). The queue is left as it was.
+    def replayable(self, item: DeadLetter) -> bool:
+        return item.job is not None
 
-        Raises:
-            TransientError: the broker is unreachable.
-        """
-        limit = min(limit or self._max_list, self._max_list)
-        with browse(self._params, self._queue, limit, "dead-letter queue") as session:
-            letters = [self._letter(message) for message in session.taken]
-        by_id: dict[str, DeadLetter] = {}
-        for letter in letters:
-            by_id.pop(letter.id, None)
-            by_id[letter.id] = letter
-        return list(by_id.values())
-
-    def replay(
-        self,
-        sink: JobSink,
-        ids: Collection[str] | None = None,
-    ) -> ReplayReport:
+    def replay(self, sink: JobSink, ids: Collection[str] | None = None) -> ReplayReport[DeadLetter]:
         """Resubmit the jobs of the chosen dead letters (``None``: all) and remove those letters.
 
         A letter is acknowledged only after its job is confirmed on the task queue; if submitting
@@ -204,20 +170,9 @@ class DeadLetterQueue:
         Raises:
             TransientError: the broker is unreachable (nothing not yet resubmitted is lost).
         """
-        wanted = set(ids) if ids is not None else None
-        replayed: dict[str, DeadLetter] = {}
-        with browse(self._params, self._queue, self._max_list, "dead-letter queue") as session:
-            acked = 0
-            for message in session.taken:
-                letter = self._letter(message)
-                if (wanted is not None and letter.id not in wanted) or letter.job is None:
-                    continue
-                if letter.id not in replayed:
-                    job = letter.job.model_copy(update={"source": JobSource.REPLAY, "submitted_at": datetime.now(UTC)})
-                    sink.submit(job)
-                    replayed[letter.id] = letter
-                session.ack(message.tag)
-                acked += 1
-            remaining = max(0, session.waiting - acked)
-        log.info("replayed %d dead letters, %d remain", len(replayed), remaining)
-        return ReplayReport(replayed=list(replayed.values()), remaining=remaining)
+
+        def submit(_channel: Any, letter: DeadLetter) -> None:
+            assert letter.job is not None  # replayable() let only letters with a job through
+            sink.submit(letter.job.model_copy(update={"source": JobSource.REPLAY, "submitted_at": datetime.now(UTC)}))
+
+        return self.resend(ids, submit)

@@ -5,28 +5,25 @@ routing it failed unexpectedly, or when the task queue refused its jobs ``amqp.m
 ``ParkedQueue`` lists them without consuming and replays them: each chosen body is republished to the
 events exchange, and its parked copy acknowledged only once the broker confirmed the republish.
 
-``browse`` is the take-then-hand-back session that this listing and the dead-letter queue share.
+Listing and replaying go the way of every held queue (``events.held``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import logging
-from collections.abc import Collection, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Collection
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import pika
-import pika.exceptions
 
+from events.browse import Taken
 from events.config import AmqpSettings
+from events.held import HeldQueue, ReplayReport
 from events.records import EventDecodeError, decode_message
 from events.subscribe import declare_event_topology
-from storage.errors import TransientError
-
-log = logging.getLogger(__name__)
 
 #: Headers a parked message carries: why, after how many tries, and when (ISO 8601, UTC).
 REASON_HEADER = "x-vidx-reason"
@@ -34,84 +31,6 @@ ATTEMPTS_HEADER = "x-vidx-attempts"
 PARKED_AT_HEADER = "x-vidx-parked-at"
 #: Longest reason kept in the header.
 MAX_REASON_CHARS = 500
-
-
-# -- browsing a queue: take messages unacknowledged, hand back every one not acknowledged ------------
-
-
-@dataclass(frozen=True, slots=True)
-class Taken:
-    """One message taken off a queue and not yet acknowledged."""
-
-    tag: int
-    headers: dict[str, Any]
-    body: bytes
-
-
-@dataclass(slots=True)
-class Browse:
-    """An open session over one queue: what it held (``waiting``) and what was taken."""
-
-    channel: Any
-    waiting: int
-    taken: list[Taken] = field(default_factory=list)
-
-    def ack(self, tag: int) -> None:
-        self.channel.basic_ack(delivery_tag=tag)
-
-
-def connect(params: pika.ConnectionParameters, what: str) -> pika.BlockingConnection:
-    """Raises:
-    TransientError: the broker is unreachable (never with the connection parameters in the text).
-    """
-    try:
-        return pika.BlockingConnection(params)
-    except pika.exceptions.AMQPError as exc:
-        raise TransientError(f"{what} unreachable: {type(exc).__name__}") from exc
-
-
-def close_quietly(connection: pika.BlockingConnection) -> None:
-    try:
-        if connection.is_open:
-            connection.close()
-    except pika.exceptions.AMQPError:
-        log.debug("broker connection already gone")
-
-
-def take(channel: Any, queue: str, limit: int) -> list[Taken]:
-    """Up to ``limit`` messages of ``queue``, oldest first, none acknowledged."""
-    taken: list[Taken] = []
-    while len(taken) < limit:
-        method, properties, body = channel.basic_get(queue=queue, auto_ack=False)
-        if method is None:
-            break
-        taken.append(Taken(method.delivery_tag, dict(properties.headers or {}), body))
-    return taken
-
-
-@contextlib.contextmanager
-def browse(params: pika.ConnectionParameters, queue: str, limit: int, what: str) -> Iterator[Browse]:
-    """Declare ``queue`` (durable), take up to ``limit`` of its messages without acknowledging them,
-    and on leaving hand back (nack, requeue) every one the caller did not ``ack``: the queue keeps
-    what it had, in its order. If the block raises, closing the connection hands them back.
-
-    Raises:
-        TransientError: the broker is unreachable or the queue unreadable.
-    """
-    connection = connect(params, what)
-    try:
-        channel = connection.channel()
-        waiting = int(channel.queue_declare(queue=queue, durable=True).method.message_count)
-        session = Browse(channel, waiting, take(channel, queue, limit))
-        yield session
-        channel.basic_nack(delivery_tag=0, multiple=True, requeue=True)
-    except pika.exceptions.AMQPError as exc:
-        raise TransientError(f"{what} unreadable: {type(exc).__name__}") from exc
-    finally:
-        close_quietly(connection)
-
-
-# -- the parked queue ----------------------------------------------------------------------------------
 
 
 def parked_id(body: bytes) -> str:
@@ -187,42 +106,24 @@ def decode_parked(body: bytes, headers: dict[str, Any]) -> ParkedEvent:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class ParkedReplayReport:
-    replayed: list[ParkedEvent]
-    #: Messages left on the parked queue after the replay (as far as this call saw).
-    remaining: int
-
-
-class ParkedQueue:
+class ParkedQueue(HeldQueue[ParkedEvent]):
     """List and replay parked events. Each call opens its own short connection."""
 
+    what = "parked queue"
+    holds = "parked events"
+
     def __init__(self, amqp: AmqpSettings, max_list: int = 10_000, timeout_s: float = 10.0) -> None:
+        super().__init__(amqp.url.get_secret_value(), amqp.parked_queue, max_list, timeout_s)
         self._amqp = amqp
-        self._params = pika.URLParameters(amqp.url.get_secret_value())
-        self._params.socket_timeout = timeout_s
-        self._params.blocked_connection_timeout = timeout_s
-        self._max_list = max_list
 
-    @property
-    def queue(self) -> str:
-        return self._amqp.parked_queue
+    def read(self, message: Taken) -> ParkedEvent:
+        return decode_parked(message.body, message.headers)
 
-    def list(self, limit: int | None = None) -> list[ParkedEvent]:
-        """The parked events, oldest first, one per id. The queue is left as it was.
+    def prepare_replay(self, channel: Any) -> None:
+        declare_event_topology(channel, self._amqp)
+        channel.confirm_delivery()
 
-        Raises:
-            TransientError: the broker is unreachable.
-        """
-        with browse(self._params, self.queue, min(limit or self._max_list, self._max_list), "parked queue") as session:
-            events = [decode_parked(m.body, m.headers) for m in session.taken]
-        by_id: dict[str, ParkedEvent] = {}
-        for event in events:
-            by_id.pop(event.id, None)
-            by_id[event.id] = event
-        return list(by_id.values())
-
-    def replay(self, ids: Collection[str] | None = None) -> ParkedReplayReport:
+    def replay(self, ids: Collection[str] | None = None) -> ReplayReport[ParkedEvent]:
         """Republish the chosen parked bodies (``None``: all) to the events exchange the router
         consumes, and remove them from the parked queue: each parked copy is acknowledged only after
         the broker confirmed its republish, so a failure loses nothing (it may leave one event both
@@ -231,29 +132,15 @@ class ParkedQueue:
         Raises:
             TransientError: the broker is unreachable or refused a republish.
         """
-        wanted = set(ids) if ids is not None else None
-        replayed: dict[str, ParkedEvent] = {}
-        with browse(self._params, self.queue, self._max_list, "parked queue") as session:
-            declare_event_topology(session.channel, self._amqp)
-            session.channel.confirm_delivery()
-            acked = 0
-            for message in session.taken:
-                event = decode_parked(message.body, message.headers)
-                if wanted is not None and event.id not in wanted:
-                    continue
-                if event.id not in replayed:
-                    session.channel.basic_publish(
-                        exchange=self._amqp.exchange,
-                        routing_key=self._amqp.routing_key,
-                        body=event.body,
-                        properties=pika.BasicProperties(
-                            content_type="application/json", delivery_mode=pika.DeliveryMode.Persistent
-                        ),
-                        mandatory=True,
-                    )
-                    replayed[event.id] = event
-                session.ack(message.tag)
-                acked += 1
-            remaining = max(0, session.waiting - acked)
-        log.info("replayed %d parked events, %d remain", len(replayed), remaining)
-        return ParkedReplayReport(replayed=list(replayed.values()), remaining=remaining)
+        return self.resend(ids, self._republish)
+
+    def _republish(self, channel: Any, event: ParkedEvent) -> None:
+        channel.basic_publish(
+            exchange=self._amqp.exchange,
+            routing_key=self._amqp.routing_key,
+            body=event.body,
+            properties=pika.BasicProperties(
+                content_type="application/json", delivery_mode=pika.DeliveryMode.Persistent
+            ),
+            mandatory=True,
+        )

@@ -78,7 +78,7 @@ class MetricDef:
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
 SIZE_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
 
-#: The stages of ``pipeline.index.stages.StageClock`` one job reports; anything else counts as ``other``.
+#: The stages of ``pipeline.index.clock.StageClock`` one job reports; anything else counts as ``other``.
 STAGES = ("catalog", "head", "fetch", "cpu_wait", "decode", "embed", "thumbnails", "write")
 
 JOBS = MetricDef("vidx_jobs", "Index jobs finished, by outcome", Kind.COUNTER, ("outcome",))

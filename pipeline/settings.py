@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from events.config import AmqpSettings, VideoFilterSettings
 from pipeline.media.settings import DecodeLimits, DecodeStrategy
 from storage.config import IndexSettings, S3Settings
+from storage.sampling import Sampling
 
 #: SigLIP 2 base/16 at 224 px: same cost as SigLIP base (the B/16 architecture), better retrieval
 #: and multilingual text; loads through AutoModel like every SigLIP-family checkpoint.
@@ -87,6 +88,11 @@ class SamplingSettings(BaseModel):
     #: Frames sent to the encoder in one group of concurrent calls.
     embed_chunk: int = Field(default=32, ge=1, le=1024)
 
+    @property
+    def spec(self) -> Sampling:
+        """The ``Sampling`` these settings pick frames with (its label goes into every fingerprint)."""
+        return Sampling(self.every_s)
+
 
 class LimitSettings(DecodeLimits):
     """Bounds on work and input, each a named setting (decode limits are inherited)."""
@@ -139,10 +145,10 @@ class ServeSettings(BaseModel):
     #: Fractions of a CPU each deployment asks Ray for (small machines can't give each a whole core).
     encoder_num_cpus: float = Field(default=0.5, ge=0)
     #: GPUs the Encoder reserves; unset: none without a GPU in the Ray cluster, else one (``split``)
-    #: or ``deployments.FUSED_GPU_SHARE`` (``fused``: it only answers queries).
+    #: or ``serve.resources.FUSED_GPU_SHARE`` (``fused``: it only answers queries).
     encoder_num_gpus: float | None = Field(default=None, ge=0)
     consumer_num_cpus: float = Field(default=0.25, ge=0)
-    #: GPUs each consumer replica reserves; unset: none (``split``), or ``deployments.FUSED_GPU_SHARE``
+    #: GPUs each consumer replica reserves; unset: none (``split``), or ``serve.resources.FUSED_GPU_SHARE``
     #: when the Ray cluster has a GPU (``fused``: the replicas share one GPU with the query Encoder).
     consumer_num_gpus: float | None = Field(default=None, ge=0)
     #: Requests one Api replica works on at once (Ray's ``max_ongoing_requests``; its default of 5

@@ -30,6 +30,7 @@ from storage.db import (
 )
 from storage.errors import TransientError
 from storage.models import LEGACY_FRAMES
+from storage.sampling import Sampling, SamplingStrategy
 
 log = logging.getLogger(__name__)
 
@@ -81,27 +82,39 @@ VIDEOS_SCHEMA = pa.schema(
 @dataclass(frozen=True, slots=True)
 class ModelIndex:
     """What one frames table holds for one video: ``frames`` rows of ``fingerprint``, embedded by
-    ``model`` from frames sampled every ``every_s`` seconds."""
+    ``model`` from frames picked by ``sampling``."""
 
     table: str
     model: str
     fingerprint: str
     frames: int
-    every_s: float
+    sampling: Sampling
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored entry (an interval sampling is stored as its ``every_s``, as ever)."""
+        if self.sampling.strategy is not SamplingStrategy.INTERVAL:
+            raise ValueError(f"no stored form for sampling {self.sampling.label!r}")
+        entry = {"table": self.table, "model": self.model, "fingerprint": self.fingerprint, "frames": self.frames}
+        return {**entry, "every_s": self.sampling.every_s}
+
+    @classmethod
+    def from_json(cls, entry: dict[str, Any]) -> ModelIndex:
+        sampling = Sampling(entry["every_s"])
+        return cls(entry["table"], entry["model"], entry["fingerprint"], entry["frames"], sampling)
 
 
 def _indexes_json(indexes: Sequence[ModelIndex]) -> str:
-    return json.dumps([asdict(i) for i in indexes], sort_keys=True)
+    return json.dumps([i.to_json() for i in indexes], sort_keys=True)
 
 
 def _indexes_from(row: dict[str, Any]) -> tuple[ModelIndex, ...]:
     raw = row.get("indexes")
     if raw is not None:
-        return tuple(ModelIndex(**i) for i in json.loads(raw))
+        return tuple(ModelIndex.from_json(i) for i in json.loads(raw))
     # A row written before per-model tables (null) speaks of the one table named ``frames``.
     fp, frames, sampling = row.get("fingerprint"), int(row.get("frames") or 0), row.get("sampling") or ""
-    if fp and frames > 0 and row.get("model") and sampling.startswith("every_s="):
-        return (ModelIndex(LEGACY_FRAMES, str(row["model"]), str(fp), frames, float(sampling.split("=", 1)[1])),)
+    if fp and frames > 0 and row.get("model") and sampling.startswith(f"{SamplingStrategy.INTERVAL.value}="):
+        return (ModelIndex(LEGACY_FRAMES, str(row["model"]), str(fp), frames, Sampling.parse(sampling)),)
     return ()
 
 

@@ -11,20 +11,17 @@ docs/architecture.md says why the state machine's argument holds unchanged.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from storage.catalog import Catalog, VideoRecord
 from storage.errors import TransientError
+from storage.grouped import CLOSE_TIMEOUT_S as CLOSE_TIMEOUT_S
+from storage.grouped import GroupedCommits, GroupPolicy
 
 log = logging.getLogger(__name__)
-
-#: Longest wait for the writer thread to drain when the writer is closed.
-CLOSE_TIMEOUT_S = 30.0
 
 
 class PendingWrite(Protocol):
@@ -106,84 +103,50 @@ class GroupedCatalogWriter:
             raise ValueError("min_interval_s must be >= 0 and max_writes >= 1")
         self._catalog = catalog
         self._min_interval_s = min_interval_s
-        self._max_writes = max_writes
-        self._queue: deque[_Pending] = deque()
-        self._cond = threading.Condition()
-        self._closed = False
+        # Both written by the writer thread only.
         self._last_commit = float("-inf")
-        self._commits = self._writes = self._lost = self._failed = 0
-        self._thread = threading.Thread(target=self._run, name="catalog-writer", daemon=True)
-        self._thread.start()
+        self._lost = 0
+        # The commit rate is capped: writes arriving meanwhile join the next commit.
+        policy: GroupPolicy[_Pending] = GroupPolicy(
+            key=lambda p: p.record.video_id,
+            due_at=lambda _oldest: self._last_commit + self._min_interval_s,
+            max_items=max_writes,
+        )
+        self._grouped = GroupedCommits(
+            "catalog-writer", policy, write=self._write, landed=self._landed, failed=self._failed_commit
+        )
 
     @property
     def stats(self) -> CatalogWriterStats:
-        with self._cond:
-            return CatalogWriterStats(self._commits, self._writes, self._lost, self._failed)
+        c = self._grouped.counts
+        return CatalogWriterStats(commits=c.commits, writes=c.items, lost=self._lost, failed_commits=c.failed)
 
     def submit(self, record: VideoRecord, expected_rev: int) -> FutureWrite:
         """Queue ``record`` to be written if its row still holds ``expected_rev``; returns at once."""
         pending = _Pending(record, expected_rev)
-        with self._cond:
-            if self._closed:
-                pending.future.set_exception(TransientError("the catalog writer is closed"))
-            else:
-                self._queue.append(pending)
-                self._cond.notify_all()
+        if not self._grouped.put(pending):
+            pending.future.set_exception(TransientError("the catalog writer is closed"))
         return FutureWrite(pending.future, record.video_id)
 
     def close(self) -> None:
         """Commit what is queued, then stop the writer thread (bounded by ``CLOSE_TIMEOUT_S``)."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        self._thread.join(CLOSE_TIMEOUT_S)
+        self._grouped.close()
 
     # -- the writer thread ------------------------------------------------------------------------
-    def _run(self) -> None:
-        while (group := self._next_group()) is not None:
-            self._commit(group)
+    def _write(self, group: list[_Pending]) -> list[VideoRecord | None]:
+        return self._catalog.write_many([(p.record, p.expected_rev) for p in group])
 
-    def _next_group(self) -> list[_Pending] | None:
-        """The next group, in arrival order (one write per video); None once closed and drained."""
-        with self._cond:
-            while not self._queue:
-                if self._closed:
-                    return None
-                self._cond.wait()
-            # The commit rate is capped: writes arriving meanwhile join the next commit.
-            while not self._closed and (left := self._last_commit + self._min_interval_s - time.monotonic()) > 0:
-                self._cond.wait(left)
-            group: list[_Pending] = []
-            ids: set[str] = set()
-            for pending in list(self._queue):
-                if len(group) >= self._max_writes:
-                    break
-                if pending.record.video_id in ids:
-                    continue  # a second write of one video waits for the first one's commit
-                ids.add(pending.record.video_id)
-                group.append(pending)
-            taken = set(map(id, group))
-            self._queue = deque(p for p in self._queue if id(p) not in taken)
-            return group
+    def _failed_commit(self, group: list[_Pending], exc: Exception, _took_s: float) -> list[list[_Pending]]:
+        log.warning("grouped catalog commit of %d writes failed: %s", len(group), exc)
+        error = exc if isinstance(exc, TransientError) else TransientError(f"catalog commit failed: {exc}")
+        self._last_commit = time.monotonic()
+        for pending in group:
+            pending.future.set_exception(error)
+        return []
 
-    def _commit(self, group: list[_Pending]) -> None:
-        started = time.perf_counter()
-        try:
-            outcomes = self._catalog.write_many([(p.record, p.expected_rev) for p in group])
-        except Exception as exc:  # the writer thread carries on whatever a commit raises
-            log.warning("grouped catalog commit of %d writes failed: %s", len(group), exc)
-            error = exc if isinstance(exc, TransientError) else TransientError(f"catalog commit failed: {exc}")
-            with self._cond:
-                self._failed += 1
-                self._last_commit = time.monotonic()
-            for pending in group:
-                pending.future.set_exception(error)
-            return
-        with self._cond:
-            self._commits += 1
-            self._writes += len(group)
-            self._lost += sum(1 for o in outcomes if o is None)
-            self._last_commit = time.monotonic()
-        log.debug("catalog commit of %d writes in %.3fs", len(group), time.perf_counter() - started)
+    def _landed(self, group: list[_Pending], outcomes: list[VideoRecord | None], took_s: float) -> None:
+        self._lost += sum(1 for o in outcomes if o is None)
+        self._last_commit = time.monotonic()
+        log.debug("catalog commit of %d writes in %.3fs", len(group), took_s)
         for pending, outcome in zip(group, outcomes, strict=True):
             pending.future.set_result(outcome)

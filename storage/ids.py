@@ -8,6 +8,7 @@ import unicodedata
 from urllib.parse import unquote
 
 from storage.errors import InvalidInput
+from storage.sampling import Sampling
 
 
 def video_id(bucket: str, key: str) -> str:
@@ -88,6 +89,6 @@ def _readings(key: str) -> list[str]:
     return forms + [unicodedata.normalize("NFKC", f) for f in forms]
 
 
-def fingerprint(version: str, model_id: str, every_s: float) -> str:
-    """What an index result depends on: content version, model and sampling settings."""
-    return hashlib.sha256(f"{version}\x00{model_id}\x00every_s={every_s:g}".encode()).hexdigest()[:32]
+def fingerprint(version: str, model_id: str, sampling: Sampling) -> str:
+    """What an index result depends on: content version, model and sampling (its label)."""
+    return hashlib.sha256(f"{version}\x00{model_id}\x00{sampling.label}".encode()).hexdigest()[:32]

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -24,6 +21,7 @@ from lancedb.index import BTree, IvfHnswSq, IvfPq, IvfRq, IvfSq
 
 from storage.config import IndexSettings
 from storage.frames import FRAMES, FrameTable
+from storage.leased_loop import LeasedLoop
 from storage.tables import IndexStore
 
 log = logging.getLogger(__name__)
@@ -144,7 +142,8 @@ def optimize(store: IndexStore, keep_versions_s: float, frames_table: FrameTable
 
 
 class IndexMaintainer:
-    """One maintenance round per call to ``run_once``; ``run`` repeats it every ``optimize_interval_s``."""
+    """One maintenance round per call to ``run_once``; ``start`` repeats it every ``optimize_interval_s``
+    (compactions in between), under the ``maintenance`` lease."""
 
     def __init__(
         self,
@@ -160,24 +159,35 @@ class IndexMaintainer:
         self._store = store
         self._tables = tables or (lambda: [FRAMES])
         self._settings = settings
-        self._holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._clock = clock
+        self._loop = LeasedLoop(
+            "index-maintenance",
+            store.leases,
+            LEASE,
+            every_s=min(settings.compact_interval_s, settings.optimize_interval_s),
+            ttl_s=settings.lease_ttl_s,
+            first_tick_now=True,
+            holder=holder,
+            clock=clock,
+        )
+        #: When the next full round is due (monotonic seconds); compactions until then.
+        self._next_full = 0.0
         #: Per table: rows its current index was built on (after a restart: the rows it covered when first seen).
         self._built: dict[str, int] = {}
 
     @property
     def holder(self) -> str:
-        return self._holder
+        return self._loop.holder
 
     def run_once(self) -> RoundResult:
         """Create the index past ``ann_min_rows`` (rebuild it when the table has grown ``rebuild_growth``
         times), else fold new rows in and compact (both tables).
 
-        Library errors propagate (``run`` logs them and tries again next round)."""
+        Library errors propagate (the loop of ``start`` logs them and tries again next round)."""
         started = time.monotonic()
-        s = self._settings
-        if not self._store.leases.acquire(LEASE, self._holder, s.lease_ttl_s, self._clock()):
-            return RoundResult(Action.SKIPPED_NOT_LEADER)
+        result = self._loop.once(lambda: self._full_round(started))
+        return RoundResult(Action.SKIPPED_NOT_LEADER) if result is None else result
+
+    def _full_round(self, started: float) -> RoundResult:
         names = self._tables()
         ensure_scalar_indexes(self._store, [n for n in names if n != FRAMES])
         results = [self._table_round(self._store.frames_table(name), started) for name in names]
@@ -224,35 +234,28 @@ class IndexMaintainer:
 
     def compact_once(self) -> bool:
         """Compact small fragments if this worker holds the lease; returns whether it did."""
+        return self._loop.once(self._compact) is True
+
+    def _compact(self) -> bool:
         s = self._settings
-        if not self._store.leases.acquire(LEASE, self._holder, s.lease_ttl_s, self._clock()):
-            return False
         compact(
             self._store, s.compact_target_rows, s.keep_versions_s, [self._store.frames_table(n) for n in self._tables()]
         )
         return True
 
-    def run(self, stop: threading.Event) -> None:
-        """A full round every ``optimize_interval_s`` and compactions every ``compact_interval_s`` in
-        between, until ``stop`` is set; a failed round is logged and the next one tries again."""
-        s = self._settings
-        next_full = 0.0
-        while not stop.is_set():
-            full = time.monotonic() >= next_full
-            try:
-                if full:
-                    self.run_once()
-                else:
-                    self.compact_once()
-            except Exception:  # a transient store error must not end the loop
-                log.warning("index maintenance round failed", exc_info=True)
+    def _tick(self) -> None:
+        """A full round when one is due (every ``optimize_interval_s``, lease or not), else a compaction."""
+        full = time.monotonic() >= self._next_full
+        try:
             if full:
-                next_full = time.monotonic() + s.optimize_interval_s
-            stop.wait(min(s.compact_interval_s, s.optimize_interval_s))
+                self.run_once()
+            else:
+                self.compact_once()
+        finally:
+            if full:
+                self._next_full = time.monotonic() + self._settings.optimize_interval_s
 
     def start(self) -> tuple[threading.Thread, threading.Event]:
-        """``run`` in a daemon thread; set the returned event to stop it."""
-        stop = threading.Event()
-        thread = threading.Thread(target=self.run, args=(stop,), name="index-maintenance", daemon=True)
-        thread.start()
-        return thread, stop
+        """Rounds on a daemon thread from now on, every ``min(compact_interval_s, optimize_interval_s)``;
+        a failed round is logged and the next one tries again. Set the returned event to stop it."""
+        return self._loop.start(self._tick)

@@ -19,18 +19,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from storage.errors import PermanentError, TransientError
 from storage.frames import VideoFrames
+from storage.grouped import CLOSE_TIMEOUT_S, GroupedCommits, GroupPolicy
 
 log = logging.getLogger(__name__)
-
-#: Longest wait for the writer thread to finish what is queued when the writer is closed.
-CLOSE_TIMEOUT_S = 30.0
 
 
 class FrameWriter(Protocol):
@@ -75,21 +72,24 @@ class GroupedFrameWriter:
         if max_videos < 1 or max_rows < 1 or wait_s < 0 or commit_timeout_s <= 0:
             raise ValueError("max_videos and max_rows must be >= 1, wait_s >= 0, commit_timeout_s > 0")
         self._store = store
-        self._max_videos = max_videos
-        self._max_rows = max_rows
-        self._wait_s = wait_s
         self._commit_timeout_s = commit_timeout_s
-        self._queue: deque[_Pending] = deque()
-        self._cond = threading.Condition()
-        self._closed = False
-        self._commits = self._videos = self._rows = self._failed = 0
-        self._thread = threading.Thread(target=self._run, name="frame-writer", daemon=True)
-        self._thread.start()
+        # The oldest waits at most wait_s for company, less once the queue fills a group.
+        policy: GroupPolicy[_Pending] = GroupPolicy(
+            key=lambda p: p.frames.video_id,
+            due_at=lambda oldest: oldest.arrived + wait_s,
+            max_items=max_videos,
+            weight=lambda p: len(p.frames.rows),
+            max_weight=max_rows,
+            take_when_full=True,
+        )
+        self._grouped = GroupedCommits(
+            "frame-writer", policy, write=self._write, landed=self._landed, failed=self._failed_commit
+        )
 
     @property
     def stats(self) -> WriterStats:
-        with self._cond:
-            return WriterStats(self._commits, self._videos, self._rows, self._failed)
+        c = self._grouped.counts  # a video's weight is its rows
+        return WriterStats(commits=c.commits, videos=c.items, rows=c.weight, failed_commits=c.failed)
 
     def replace(self, frames: VideoFrames) -> None:
         """Replace ``frames.video_id``'s rows with ``frames.rows``; returns once the commit holding them succeeded.
@@ -100,17 +100,10 @@ class GroupedFrameWriter:
         """
         pending = _Pending(frames)
         video_id = frames.video_id
-        with self._cond:
-            if self._closed:
-                raise TransientError("the frame writer is closed")
-            self._queue.append(pending)
-            self._cond.notify_all()
+        if not self._grouped.put(pending):
+            raise TransientError("the frame writer is closed")
         if not pending.done.wait(self._commit_timeout_s):
-            with self._cond:
-                withdrawn = pending in self._queue
-                if withdrawn:
-                    self._queue.remove(pending)
-            if withdrawn:
+            if self._grouped.withdraw(pending):
                 raise TransientError(f"no commit of {video_id}'s frames within {self._commit_timeout_s:g}s")
             # Already being written: that commit may still land, so wait for its outcome (a commit is
             # bounded by the store's timeouts) rather than let a retry race a late write of old rows.
@@ -126,73 +119,26 @@ class GroupedFrameWriter:
 
     def close(self) -> None:
         """Write what is queued, then stop the writer thread (bounded by ``CLOSE_TIMEOUT_S``)."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        self._thread.join(CLOSE_TIMEOUT_S)
+        self._grouped.close()
 
     # -- the writer thread ------------------------------------------------------------------------
-    def _run(self) -> None:
-        while (group := self._next_group()) is not None:
-            self._commit(group)
+    def _write(self, group: list[_Pending]) -> None:
+        self._store.replace_many([p.frames for p in group])
 
-    def _full(self) -> bool:
-        ids = {p.frames.video_id for p in self._queue}
-        return len(ids) >= self._max_videos or sum(len(p.frames.rows) for p in self._queue) >= self._max_rows
-
-    def _next_group(self) -> list[_Pending] | None:
-        """The next group to commit, in arrival order; None once closed and drained."""
-        with self._cond:
-            while not self._queue:
-                if self._closed:
-                    return None
-                self._cond.wait()
-            # The oldest waits at most wait_s for company; closing flushes at once.
-            deadline = self._queue[0].arrived + self._wait_s
-            while not self._closed and not self._full() and (left := deadline - time.monotonic()) > 0:
-                self._cond.wait(left)
-            group: list[_Pending] = []
-            ids: set[str] = set()
-            rows = 0
-            for pending in list(self._queue):
-                if len(ids) >= self._max_videos:
-                    break
-                if pending.frames.video_id in ids:
-                    # Two jobs of one video: the later one goes in the next commit, after this one.
-                    continue
-                if group and rows + len(pending.frames.rows) > self._max_rows:
-                    break
-                group.append(pending)
-                ids.add(pending.frames.video_id)
-                rows += len(pending.frames.rows)
-            for pending in group:
-                self._queue.remove(pending)
-            return group
-
-    def _commit(self, group: list[_Pending]) -> None:
-        started = time.perf_counter()
-        error: Exception | None = None
-        try:
-            self._store.replace_many([p.frames for p in group])
-        except Exception as exc:  # the writer thread carries on whatever a commit raises
-            error = exc
-            log.warning("grouped commit of %d videos failed: %s: %s", len(group), type(exc).__name__, exc)
-        if error is not None and len(group) > 1:
-            with self._cond:
-                self._failed += 1
+    def _failed_commit(self, group: list[_Pending], error: Exception, took_s: float) -> list[list[_Pending]]:
+        log.warning("grouped commit of %d videos failed: %s: %s", len(group), type(error).__name__, error)
+        if len(group) > 1:
             # One video's bad rows must not fail the others: each goes alone, with its own outcome.
-            for pending in group:
-                self._commit([pending])
-            return
+            return [[pending] for pending in group]
+        self._done(group, error, took_s)
+        return []
+
+    def _landed(self, group: list[_Pending], _result: None, took_s: float) -> None:
+        self._done(group, None, took_s)
+
+    def _done(self, group: list[_Pending], error: Exception | None, took_s: float) -> None:
         rows = sum(len(p.frames.rows) for p in group)
-        with self._cond:
-            if error is None:
-                self._commits += 1
-                self._videos += len(group)
-                self._rows += rows
-            else:
-                self._failed += 1
-        log.debug("commit of %d videos, %d rows in %.3fs", len(group), rows, time.perf_counter() - started)
+        log.debug("commit of %d videos, %d rows in %.3fs", len(group), rows, took_s)
         for pending in group:
             pending.error = error
             pending.done.set()

@@ -101,7 +101,7 @@ def world(settings: Settings, minio: object, videos: dict[str, Path]) -> Iterato
 
     data = {name: path.read_bytes() for name, path in videos.items()}
     frames_of = {
-        name: sum(1 for _ in sample_frames(path, settings.sampling.every_s, settings.limits, max_side=64))
+        name: sum(1 for _ in sample_frames(path, settings.sampling.spec, settings.limits, max_side=64))
         for name, path in videos.items()
     }
     w = World(settings, settings.s3.upload_bucket, data, frames_of, minio)
@@ -255,7 +255,7 @@ def _checker(w: World, sink: _ListSink | None) -> Checker:
     store = w.stores[0]
     return Checker(
         model_id=ColourEmbedder.model_id,
-        every_s=settings.sampling.every_s,
+        every_s=settings.sampling.spec,
         extensions=settings.videos.extensions,
         catalog=store.catalog,
         frames=store.frames,
@@ -298,7 +298,7 @@ def _violations(w: World, prefix: str, names: list[str]) -> list[str]:
             if rows or (record is not None and record.status is not VideoStatus.DELETED):
                 found.append(f"{key}: gone, but catalog {record.status.value if record else '-'} and {rows} rows")
             continue
-        want = fingerprint(head.version, ColourEmbedder.model_id, settings.sampling.every_s)
+        want = fingerprint(head.version, ColourEmbedder.model_id, settings.sampling.spec)
         frames = w.frames_of[by_etag[head.version]]
         if record is None or record.status is not VideoStatus.INDEXED or record.fingerprint != want or rows != frames:
             said = f"{record.status.value} {record.fingerprint}" if record else "no row"

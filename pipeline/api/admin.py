@@ -5,15 +5,17 @@ dead-letter queue, parked events, reconcile and the model lifecycle, the same op
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection
+import functools
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel, StringConstraints, model_validator
 
-from events.deadletters import DeadLetter, ReplayReport
+from events.deadletters import DeadLetter
+from events.held import Held, ReplayReport
 from events.jobs import JobSink
-from events.parked import ParkedEvent, ParkedReplayReport
+from events.parked import ParkedEvent
 from pipeline.reindex.lifecycle import status_json
 from pipeline.upkeep.check import CheckReport
 from storage.errors import InvalidInput
@@ -39,13 +41,13 @@ class DeadLetters(Protocol):
         self,
         sink: JobSink,
         ids: Collection[str] | None = None,
-    ) -> ReplayReport: ...
+    ) -> ReplayReport[DeadLetter]: ...
 
 
 class ParkedEvents(Protocol):
     def list(self, limit: int | None = None) -> list[ParkedEvent]: ...
 
-    def replay(self, ids: Collection[str] | None = None) -> ParkedReplayReport: ...
+    def replay(self, ids: Collection[str] | None = None) -> ReplayReport[ParkedEvent]: ...
 
 
 class ReplayRequest(BaseModel):
@@ -77,6 +79,31 @@ def _report(report: CheckReport) -> dict[str, Any]:
     return {"bucket": report.buckets[0] if report.buckets else None, "dry_run": not report.repair, **data}
 
 
+def held_routes(
+    router: APIRouter,
+    path: str,
+    key: str,
+    list_held: Callable[[int], Sequence[Held]],
+    replay_held: Callable[[Collection[str] | None], ReplayReport[Any]],
+) -> None:
+    """``GET path`` (``{key: [summary, ...]}``) and ``POST path/replay`` over one held queue."""
+
+    @router.get(path, name=f"list_{key}")
+    async def list_items(limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 100) -> dict[str, Any]:
+        items = await asyncio.to_thread(list_held, limit)
+        return {key: [item.summary() for item in items]}
+
+    @router.post(f"{path}/replay", name=f"replay_{key}")
+    async def replay_items(body: ReplayRequest) -> dict[str, Any]:
+        report = await asyncio.to_thread(replay_held, None if body.all else body.ids)
+        replayed = [item.id for item in report.replayed]
+        return {
+            "replayed": replayed,
+            "not_found": sorted(set(body.ids) - set(replayed)),
+            "remaining": report.remaining,
+        }
+
+
 def admin_router(
     buckets: list[str],
     dead_letters: DeadLetters,
@@ -94,37 +121,8 @@ def admin_router(
             raise HTTPException(503, NO_LIFECYCLE)
         return lifecycle
 
-    @router.get("/dlq")
-    async def list_dead_letters(limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 100) -> dict[str, Any]:
-        letters = await asyncio.to_thread(dead_letters.list, limit)
-        return {"dead_letters": [letter.summary() for letter in letters]}
-
-    @router.post("/dlq/replay")
-    async def replay_dead_letters(body: ReplayRequest) -> dict[str, Any]:
-        ids = None if body.all else body.ids
-        report = await asyncio.to_thread(dead_letters.replay, jobs, ids)
-        replayed = [letter.id for letter in report.replayed]
-        return {
-            "replayed": replayed,
-            "not_found": sorted(set(body.ids) - set(replayed)),
-            "remaining": report.remaining,
-        }
-
-    @router.get("/parked")
-    async def list_parked(limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 100) -> dict[str, Any]:
-        events = await asyncio.to_thread(parked.list, limit)
-        return {"parked": [event.summary() for event in events]}
-
-    @router.post("/parked/replay")
-    async def replay_parked(body: ReplayRequest) -> dict[str, Any]:
-        ids = None if body.all else body.ids
-        report = await asyncio.to_thread(parked.replay, ids)
-        replayed = [event.id for event in report.replayed]
-        return {
-            "replayed": replayed,
-            "not_found": sorted(set(body.ids) - set(replayed)),
-            "remaining": report.remaining,
-        }
+    held_routes(router, "/dlq", "dead_letters", dead_letters.list, functools.partial(dead_letters.replay, jobs))
+    held_routes(router, "/parked", "parked", parked.list, parked.replay)
 
     @router.post("/reconcile")
     async def reconcile_buckets(body: ReconcileRequest) -> dict[str, Any]:

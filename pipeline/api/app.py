@@ -75,7 +75,7 @@ class VideoOut(BaseModel):
             duration_s=r.duration_s,
             model=r.model,
             updated_at=r.updated_at,
-            models=[{"model": i.model, "table": i.table, "frames": i.frames, "every_s": i.every_s} for i in r.indexes],
+            models=[{k: v for k, v in i.to_json().items() if k != "fingerprint"} for i in r.indexes],
         )
 
 

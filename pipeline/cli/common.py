@@ -11,6 +11,7 @@ import typer
 
 from pipeline.cli.errors import ApiError, CliError
 from pipeline.settings import Settings
+from storage.sampling import hms
 
 __all__ = [
     "ADMIN_KEY_FILE",
@@ -21,7 +22,6 @@ __all__ = [
     "CliError",
     "client_key",
     "format_moment",
-    "hms",
     "minio_client",
     "settings_of",
 ]
@@ -135,14 +135,9 @@ class ApiClient:
             raise ApiError(f"the vidx API at {self.url} answered {method} {path} with no JSON", None) from exc
 
 
-def hms(seconds: float) -> str:
-    minutes, s = divmod(max(seconds, 0.0), 60)
-    hours, minutes = divmod(int(minutes), 60)
-    return f"{hours:02d}:{minutes:02d}:{s:04.1f}"
-
-
 def format_moment(r: dict[str, Any]) -> str:
     """One line per moment: score, video, span, best second, playable link."""
     return (
-        f"{r['score']:6.3f}  {r['uri']}  {hms(r['start_s'])}–{hms(r['end_s'])}  best {hms(r['ts_s'])}  {r['video_url']}"
+        f"{r['score']:6.3f}  {r['uri']}  {hms(r['start_s'], 1)}–{hms(r['end_s'], 1)}  "
+        f"best {hms(r['ts_s'], 1)}  {r['video_url']}"
     )

@@ -88,8 +88,6 @@ def _describe_check(state: dict[str, Any] | None) -> str:
     )
 
 
-
-
 def tiny_model(
     directory: Annotated[Path, typer.Argument(help="Where to write the checkpoint.")],
     seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
@@ -103,11 +101,9 @@ def tiny_model(
     typer.echo(f"use it with: export VIDX_MODEL__ID={path}")
 
 
-
 def demo(ctx: typer.Context) -> None:
     """Start the stack, upload generated sample videos, wait until indexed, search them."""
     with errors():
         from infra.dev.demo import run_demo
 
         run_demo(settings_of(ctx), typer.echo)
-

@@ -16,15 +16,16 @@ import typer
 from pydantic import ValidationError
 
 from pipeline.cli import dev
-from pipeline.cli.admin import dlq_app, parked_app, reconcile
-from pipeline.cli.check import check
-from pipeline.cli.common import ApiClient, CliError, hms, settings_of
+from pipeline.cli.admin import dlq_app, parked_app
+from pipeline.cli.check import check, reconcile
+from pipeline.cli.common import ApiClient, CliError, settings_of
 from pipeline.cli.deploy import serve_config
 from pipeline.cli.errors import errors, fail, minio, rabbitmq
 from pipeline.cli.output import Column, print_json, table
 from pipeline.cli.reindex import reindex
 from pipeline.cli.upload import upload, wait
 from pipeline.settings import Settings
+from storage.sampling import hms
 
 app = typer.Typer(
     name="vidx",
@@ -97,7 +98,13 @@ def search(
             Column("PLAY", fold=True),
         ],
         [
-            (f"{r['score']:.3f}", r["uri"], f"{hms(r['start_s'])}–{hms(r['end_s'])}", hms(r["ts_s"]), r["video_url"])
+            (
+                f"{r['score']:.3f}",
+                r["uri"],
+                f"{hms(r['start_s'], 1)}–{hms(r['end_s'], 1)}",
+                hms(r["ts_s"], 1),
+                r["video_url"],
+            )
             for r in results
         ],
         empty="no moments found",
@@ -134,7 +141,7 @@ def videos(
             (
                 v["status"],
                 v["frames"],
-                hms(v["duration_s"]) if v.get("duration_s") is not None else None,
+                hms(v["duration_s"], 1) if v.get("duration_s") is not None else None,
                 v["uri"],
                 *([v.get("error")] if errors_seen else []),
             )
@@ -184,7 +191,7 @@ def serve(ctx: typer.Context) -> None:
         import ray
         from ray import serve as ray_serve
 
-        from pipeline.serve.deployments import build_app
+        from pipeline.serve.app import build_app
 
         _prepare_services(settings)
         from pipeline.embedding.config import model_dim

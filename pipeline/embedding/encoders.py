@@ -1,7 +1,8 @@
-"""The Encoder deployment (SigLIP models behind ``@serve.batch`` for images, texts and frame chunks)
-and the ways callers reach it: ``HandleEmbedder(s)`` (consumers' threads), ``HandleQueryEncoder``
-(the async API), ``PoolEmbedders`` and ``SerialEmbedder`` (a consumer's own models in the ``fused``
-layout). Every way takes a model id: during a model switch frames are embedded with both models."""
+"""What the Encoder deployment holds (``BatchEncoder``: SigLIP models answering batches of images,
+texts and frame chunks) and the ways callers reach it: ``HandleEmbedder(s)`` (consumers' threads),
+``HandleQueryEncoder`` (the async API), ``PoolEmbedders`` and ``SerialEmbedder`` (a consumer's own
+models in the ``fused`` layout). Every way takes a model id: during a model switch frames are
+embedded with both models."""
 
 from __future__ import annotations
 
@@ -14,12 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
-from ray import serve
-from ray.serve.handle import DeploymentHandle
 
 from pipeline.embedding.pool import ModelPool, preload
-from pipeline.metrics import Metrics, RayBackend
-from pipeline.serve.logs import route_logs_to_replica
+from pipeline.metrics import Metrics
 from pipeline.settings import ModelSettings
 from storage.config import S3Settings
 from storage.errors import EncoderUnavailable, ModelUnavailable
@@ -27,8 +25,9 @@ from storage.errors import EncoderUnavailable, ModelUnavailable
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle
+
     from pipeline.embedding.siglip import SiglipEncoder
-    from pipeline.index.indexer import FrameEmbedder
 
 
 #: Longest the Encoder's start waits to read which model the index answers with.
@@ -61,36 +60,31 @@ def answers_with(s3: S3Settings | None, model_id: str, timeout_s: float = ACTIVE
     return read["active"] is None or read["active"].model == model_id
 
 
-@serve.deployment(name="Encoder", max_ongoing_requests=256)
-class Encoder:
+class BatchEncoder:
     """SigLIP image and text towers of one or more models (the configured one, and during a model
-    switch the other); concurrent calls are gathered into batches.
+    switch the other), answering batches of callers: each method takes the batch's inputs and, per
+    caller, the model id (None: the configured model), and answers each caller in order. The
+    Encoder deployment (``pipeline.serve.encoder``) gathers concurrent calls into these batches."""
 
-    Every embedding method takes the model id as its second argument (None: the configured model).
-    Serve's batching hands the callers' arguments to the batch as lists, zipped position by
-    position, and fails a batch whose callers passed different numbers of arguments: callers pass
-    the model id always (``None`` for the default), positionally or as ``model_id=``.
-    """
+    def __init__(self, pool: ModelPool, metrics: Metrics) -> None:
+        self._pool = pool
+        self._metrics = metrics
 
-    def __init__(self, model: ModelSettings, s3: S3Settings | None = None) -> None:
-        """``s3``: the index, read once for its active model. The configured model must load for the
-        replica to start only if the index answers with it (or has no model yet); another one (a
-        backfill's target, a model switched away from) is loaded best effort (``model_pool.preload``)."""
-        route_logs_to_replica()
-        self._metrics = Metrics(RayBackend())
-        self._pool = ModelPool(model)
-        preload(self._pool, model.id, required=answers_with(s3, model.id))
-        batched: list[tuple[Any, int]] = [
-            (self.embed_image, model.max_batch_size),
-            (self.embed_text, model.max_batch_size),
-            (self.embed_chunk, model.max_batch_chunks),
-        ]
-        for method, size in batched:  # serve.batch methods are untyped
-            method.set_max_batch_size(size)
-            method.set_batch_wait_timeout_s(model.batch_wait_timeout_s)
+    @classmethod
+    def loaded(cls, model: ModelSettings, s3: S3Settings | None, metrics: Metrics) -> BatchEncoder:
+        """The configured model loaded; ``s3``: the index, read once for its active model. The
+        configured model must load only if the index answers with it (or has no model yet); another
+        one (a backfill's target, a model switched away from) is loaded best effort (``pool.preload``).
+
+        Raises:
+            ModelUnavailable: the configured model is required and can't be loaded.
+        """
+        pool = ModelPool(model)
+        preload(pool, model.id, required=answers_with(s3, model.id))
+        return cls(pool, metrics)
 
     @property
-    def _encoder(self) -> SiglipEncoder:
+    def default(self) -> SiglipEncoder:
         """The configured model (loaded again if the pool dropped it)."""
         return self._pool.get()
 
@@ -112,35 +106,34 @@ class Encoder:
         encoder = await asyncio.to_thread(self._pool.get, model_id)
         return encoder.dim
 
-    @serve.batch(max_batch_size=4, batch_wait_timeout_s=0.02)
-    async def embed_chunk(
-        self, chunks: list[list[NDArray[np.uint8]]], model_id: list[str | None] | None = None
+    async def embed_chunks(
+        self, chunks: list[list[NDArray[np.uint8]]], model_ids: list[str | None] | None = None
     ) -> list[Answer]:
         """Whole chunks of frames, one per caller: one run per model over all its callers' frames (the
         encoder cuts it into batches of ``max_batch_size``), each caller gets its own rows back in order."""
         answers: dict[int, Answer] = {}
-        for encoder, callers in await self._groups(model_id, len(chunks), answers):
+        for encoder, callers in await self._groups(model_ids, len(chunks), answers):
             frames = [frame for i in callers for frame in chunks[i]]
             self._metrics.encoder_batch("frames", len(frames))
             vectors = await asyncio.to_thread(encoder.embed_images, frames)
             answers.update(zip(callers, split_rows(vectors, [len(chunks[i]) for i in callers]), strict=True))
         return [answers[i] for i in range(len(chunks))]
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.02)
-    async def embed_image(
-        self, images: list[NDArray[np.uint8]], model_id: list[str | None] | None = None
+    async def embed_images(
+        self, images: list[NDArray[np.uint8]], model_ids: list[str | None] | None = None
     ) -> list[Answer]:
+        """One image per caller, one run per model."""
         answers: dict[int, Answer] = {}
-        for encoder, callers in await self._groups(model_id, len(images), answers):
+        for encoder, callers in await self._groups(model_ids, len(images), answers):
             self._metrics.encoder_batch("image", len(callers))
             vectors = await asyncio.to_thread(encoder.embed_images, [images[i] for i in callers])
             answers.update(zip(callers, vectors, strict=True))
         return [answers[i] for i in range(len(images))]
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.02)
-    async def embed_text(self, texts: list[str], model_id: list[str | None] | None = None) -> list[Answer]:
+    async def embed_texts(self, texts: list[str], model_ids: list[str | None] | None = None) -> list[Answer]:
+        """One text per caller, one run per model."""
         answers: dict[int, Answer] = {}
-        for encoder, callers in await self._groups(model_id, len(texts), answers):
+        for encoder, callers in await self._groups(model_ids, len(texts), answers):
             self._metrics.encoder_batch("text", len(callers))
             vectors = await asyncio.to_thread(encoder.embed_texts, [texts[i] for i in callers])
             answers.update(zip(callers, vectors, strict=True))
@@ -267,7 +260,7 @@ class SerialEmbedder:
     """A ``FrameEmbedder`` the consumer's threads take turns on (the ``fused`` layout's in-process
     model): one forward pass at a time, so threads don't fight over the cores or the GPU."""
 
-    def __init__(self, embedder: FrameEmbedder) -> None:
+    def __init__(self, embedder: SiglipEncoder) -> None:
         self._embedder = embedder
         self._lock = threading.Lock()
 
@@ -289,11 +282,13 @@ class PoolEmbedders:
         self._pool = pool
         self._lock = threading.Lock()  # shared by every model's embedder: one pass at a time in all
 
-    def for_model(self, model_id: str) -> FrameEmbedder:
-        return _PoolEmbedder(self._pool, model_id, self._lock)
+    def for_model(self, model_id: str) -> PoolEmbedder:
+        return PoolEmbedder(self._pool, model_id, self._lock)
 
 
-class _PoolEmbedder:
+class PoolEmbedder:
+    """One model of a ``PoolEmbedders``, loaded on its first chunk."""
+
     def __init__(self, pool: ModelPool, model_id: str, lock: threading.Lock) -> None:
         self._pool = pool
         self._model_id = model_id

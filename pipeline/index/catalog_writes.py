@@ -1,5 +1,6 @@
-"""The cluster's catalog writes in one place: the CatalogWriter deployment (one replica, a shell over
-``storage.catalog_writer.GroupedCatalogWriter``) and the handle every consumer writes through.
+"""The cluster's catalog writes in one place: ``SharedCatalogWriter`` (what the one-replica
+CatalogWriter deployment holds, over ``storage.catalog_writer.GroupedCatalogWriter``) and the handle
+every consumer writes through.
 
 One writer for the whole fleet keeps the catalog's commit rate fixed however many consumers run:
 more consumers make each commit carry more videos, not more commits (docs/architecture.md).
@@ -8,30 +9,22 @@ more consumers make each commit carry more videos, not more commits (docs/archit
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ray import serve
-from ray.serve.handle import DeploymentHandle
-
+from pipeline.settings import Settings
 from storage.catalog import VideoRecord
+from storage.catalog_writer import GroupedCatalogWriter
 from storage.errors import TransientError
+from storage.tables import IndexStore
 
-#: Room for ``close`` (``storage.catalog_writer.CLOSE_TIMEOUT_S``) when the replica stops.
-SHUTDOWN_TIMEOUT_S = 45.0
+if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle
 
 
-@serve.deployment(
-    name="CatalogWriter", num_replicas=1, max_ongoing_requests=4096, graceful_shutdown_timeout_s=SHUTDOWN_TIMEOUT_S
-)
-class CatalogWriter:
+class SharedCatalogWriter:
     """Takes compare-and-set writes of catalog rows from every consumer and commits them in groups."""
 
-    def __init__(self, settings: Any) -> None:
-        from pipeline.serve.logs import route_logs_to_replica
-        from storage.catalog_writer import GroupedCatalogWriter
-        from storage.tables import IndexStore
-
-        route_logs_to_replica()
+    def __init__(self, settings: Settings) -> None:
         w = settings.writer
         self._writer = GroupedCatalogWriter(
             IndexStore(settings.s3).catalog, min_interval_s=w.catalog_min_interval_s, max_writes=w.catalog_max_writes
@@ -52,7 +45,8 @@ class CatalogWriter:
         s = self._writer.stats
         return {"commits": s.commits, "writes": s.writes, "lost": s.lost, "failed_commits": s.failed_commits}
 
-    def __del__(self) -> None:
+    def close(self) -> None:
+        """Commit what waits, then stop (bounded by ``storage.catalog_writer.CLOSE_TIMEOUT_S``)."""
         self._writer.close()
 
 

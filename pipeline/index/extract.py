@@ -14,9 +14,10 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from pipeline.index.clock import StageClock
 from pipeline.index.objects import ObjectSource
-from pipeline.index.stages import StageClock, chunks, thumbnail_jpeg
 from pipeline.media.decode import open_sampled
+from pipeline.media.frames import chunks, thumbnail_jpeg
 from pipeline.metrics import Metrics
 from pipeline.settings import Settings
 from storage.errors import EncoderUnavailable, ModelUnavailable, TransientError
@@ -108,7 +109,7 @@ class EmbedStage:
         with clock.stage("decode"):
             info, sampled = open_sampled(
                 path,
-                settings.sampling.every_s,
+                settings.sampling.spec,
                 settings.limits,
                 max_side=settings.sampling.decode_max_side,
                 strategy=settings.sampling.decode_strategy,

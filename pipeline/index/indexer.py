@@ -11,19 +11,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from events.jobs import IndexJob, JobOp, JobSource
+from pipeline.index.clock import StageClock
 from pipeline.index.extract import Embedders, EmbedStage, FrameEmbedder, OneEmbedder
 from pipeline.index.joblog import log_job
 from pipeline.index.objects import ObjectSource, S3ObjectSource
+from pipeline.index.plan import IndexPlan, Step, claims, count_crashes, plan_index, plan_removal
 from pipeline.index.result import ConsumerKilled, JobResult, Outcome
-from pipeline.index.stages import StageClock
 from pipeline.index.videostate import Attempt, VideoStates
 from pipeline.metrics import Metrics
 from pipeline.settings import Settings
-from storage.catalog import IN_FLIGHT, ModelIndex, VideoRecord, VideoStatus
+from storage.catalog import IN_FLIGHT, ModelIndex, VideoRecord
 from storage.catalog_writer import CatalogWrites, PendingWrite
 from storage.errors import PermanentError, TransientError
-from storage.frames import FRAMES, VideoFrames
-from storage.ids import fingerprint
+from storage.frames import FRAMES, FrameRow, VideoFrames
 from storage.models import ModelTable
 from storage.s3 import ObjectHead
 from storage.tables import IndexStore
@@ -109,10 +109,6 @@ class Indexer:
         )
 
     @property
-    def sampling_label(self) -> str:
-        return f"every_s={self._settings.sampling.every_s:g}"
-
-    @property
     def holder(self) -> str:
         return self._holder
 
@@ -171,7 +167,7 @@ class Indexer:
         except TransientError as exc:
             log.warning("%s: could not mark the row unsettled (%s); the scheduled check will find it", job.uri, exc)
 
-    # -- one round: read, HEAD, act ---------------------------------------------------------------
+    # -- one round: read, HEAD, plan, act ---------------------------------------------------------
     def _round(self, job: IndexJob, attempt: Attempt | None, clock: StageClock, dirty: _Dirty) -> JobResult:
         self._hooks("read", job)
         with clock.stage("catalog"):
@@ -189,31 +185,24 @@ class Indexer:
         with clock.stage("catalog"):
             live = self._models()
             rows = sum(self._store.frames_table(t.table).count(job.video_id) for t in live)
-        if rows == 0 and (seen is None or seen.status is VideoStatus.DELETED):
-            if job.settle:  # a `queued` mark may be in flight: this write makes it lose
+        step = plan_removal(seen, rows, settle=job.settle)
+        if step is not Step.REMOVE:
+            if step is Step.SETTLE_REMOVED:
                 with clock.stage("catalog"):
                     if self._states.removed(job, seen) is None:
                         raise _Lost("the row changed while it was settled")
             return JobResult(job.video_id, Outcome.UNCHANGED)
         self._hooks("remove", job)
         dirty.rows_changed = True  # from here on (the write may land even if the call fails)
-        dirty.tables.update(t.table for t in live)
-        with clock.stage("write"):
-            for table in live:
-                self._writer_for(table.table).replace(VideoFrames(job.video_id, job.uri, "", "", "", rows=[]))
+        self._clear_rows(job, live, clock, dirty)
         self._hooks("removed", job)
         with clock.stage("catalog"):
-            now = self._states.read(job.video_id)
-            if self._states.removed(job, now) is None:
+            if self._states.removed(job, self._states.read(job.video_id)) is None:
                 raise _Lost("the row changed while its rows were removed")
         self._hooks("settled", job)
         # A backfill may have begun since ``live`` was read, and a job of it written the video into
-        # the new table meanwhile (its claim came before the read of ``now``, so before this read).
-        with clock.stage("write"):
-            for table in self._models_now():
-                if table not in live:
-                    dirty.tables.add(table.table)
-                    self._writer_for(table.table).replace(VideoFrames(job.video_id, job.uri, "", "", "", rows=[]))
+        # the new table meanwhile (its claim came before the re-read above, so before this read).
+        self._clear_rows(job, [t for t in self._models_now() if t not in live], clock, dirty)
         # An upload may have landed (and its job finished) while the rows were being removed.
         with clock.stage("head"):
             if self._objects.head(job.bucket, job.key) is not None:
@@ -221,10 +210,12 @@ class Indexer:
         dirty.rows_changed = False
         return JobResult(job.video_id, Outcome.DELETED)
 
-    def _rows_hold(self, table: str, video_id: str, fp: str, frames: int) -> bool:
-        """Whether frames table ``table`` holds exactly ``frames`` rows of ``video_id``, all of fingerprint ``fp``."""
-        summary = self._store.frames_table(table).summary(video_id)
-        return summary.rows == frames and summary.duplicate_ids == 0 and set(summary.fingerprints) <= {fp}
+    def _clear_rows(self, job: IndexJob, tables: Sequence[ModelTable], clock: StageClock, dirty: _Dirty) -> None:
+        """Remove the video's rows from each of ``tables``."""
+        dirty.tables.update(t.table for t in tables)
+        with clock.stage("write"):
+            for table in tables:
+                self._writer_for(table.table).replace(VideoFrames(job.video_id, job.uri, "", "", "", rows=[]))
 
     def _index(
         self,
@@ -235,139 +226,155 @@ class Indexer:
         clock: StageClock,
         dirty: _Dirty,
     ) -> JobResult:
-        every_s = self._settings.sampling.every_s
+        sampling = self._settings.sampling.spec
         # A backfill job reads the lifecycle afresh: on a cache from before the backfill began it
         # would find nothing to add and hold a slot of the backfill's window until resubmitted.
         live = self._models_now() if job.source is JobSource.REINDEX else self._models()
-        fps = {t.table: fingerprint(head.version, t.model, every_s) for t in live}
-        # What each live table already holds of this exact content, model and sampling: trusted only
-        # after looking (a job that lost a race may have written over it).
-        kept: list[ModelIndex] = []
-        if seen is not None:
-            with clock.stage("catalog"):
-                for t in live:
-                    entry = seen.index_in(t.table)
-                    if (
-                        entry is not None
-                        and entry.fingerprint == fps[t.table]
-                        and self._rows_hold(t.table, job.video_id, entry.fingerprint, entry.frames)
-                    ):
-                        kept.append(entry)
-        need = [t for t in live if t.table not in {k.table for k in kept}]
-        if seen is not None and not need:
-            settled = seen.status is VideoStatus.INDEXED and seen.version == head.version
-            if job.settle or not settled:  # settle: a `queued` mark may be in flight
-                # The row's own count is the active table's (a row a failed write unsettled says -1).
-                row = seen.evolve(fingerprint=kept[0].fingerprint, frames=kept[0].frames)
-                with clock.stage("catalog"):
-                    if self._states.confirm(row, head.version) is None:
-                        raise _Lost("the row changed while it was confirmed")
-            return JobResult(job.video_id, Outcome.UNCHANGED, frames=kept[0].frames)
+        holding = self._look(job.video_id, claims(seen, head.version, live, sampling), clock)
+        plan = plan_index(seen, head.version, live, sampling, holding=holding, settle=job.settle)
+        if plan.step is not Step.EMBED:
+            if plan.step is Step.CONFIRM and seen is not None:
+                self._confirm(seen, plan, clock)
+            return JobResult(job.video_id, Outcome.UNCHANGED, frames=plan.kept[0].frames)
+        claim = self._claim(job, seen, plan, attempt, clock)
+        # The claim commits (shared with other jobs' writes) while the object is fetched and embedded;
+        # its outcome is in before any row is written or the failure recorded.
+        self._hooks("fetch", job)
+        embedded, duration_s = self._embed(job, head, plan, claim, clock, dirty)
+        if self._claimed(claim, clock, job) is None:
+            raise _Lost("the row changed before it was claimed")
+        # Overlapping jobs of one key: only one that saw the current version writes.
+        self._hooks("recheck", job)
+        self._still_at(job, head.version, clock, "the object changed while it was embedded")
+        self._hooks("write", job)
+        written = self._write(job, head, plan, embedded, clock, dirty)
+        self._hooks("written", job)
+        self._finish(job, plan, written, duration_s, clock)
+        dirty.rows_changed = False
+        self._hooks("settled", job)
+        # The object may have changed between the check above and the commit, and the job for the
+        # new version may already have finished: look once more, so the last writer converges.
+        self._still_at(job, head.version, clock, "the object changed while its rows were written")
+        return JobResult(job.video_id, Outcome.INDEXED, frames=written[0].frames)
+
+    def _look(self, video_id: str, entries: Sequence[ModelIndex], clock: StageClock) -> frozenset[str]:
+        """The tables of ``entries`` that hold exactly the rows their entry says (looked at, not trusted)."""
+        with clock.stage("catalog"):
+            return frozenset(e.table for e in entries if self._rows_hold(e, video_id))
+
+    def _rows_hold(self, entry: ModelIndex, video_id: str) -> bool:
+        """Whether the entry's table holds exactly its ``frames`` rows of the video, all of its fingerprint."""
+        summary = self._store.frames_table(entry.table).summary(video_id)
+        fps = set(summary.fingerprints)
+        return summary.rows == entry.frames and summary.duplicate_ids == 0 and fps <= {entry.fingerprint}
+
+    def _confirm(self, seen: VideoRecord, plan: IndexPlan, clock: StageClock) -> None:
+        # The row's own count is the active table's (a row a failed write unsettled says -1).
+        row = seen.evolve(fingerprint=plan.kept[0].fingerprint, frames=plan.kept[0].frames)
+        with clock.stage("catalog"):
+            if self._states.confirm(row, plan.version) is None:
+                raise _Lost("the row changed while it was confirmed")
+
+    def _claim(
+        self, job: IndexJob, seen: VideoRecord | None, plan: IndexPlan, attempt: Attempt | None, clock: StageClock
+    ) -> PendingWrite:
+        """Start the claim (``indexing`` this version), unless the consumer keeps dying on the video.
+
+        Raises:
+            ConsumerKilled: ``max_crashes`` reached.
+        """
         self._hooks("claim", job)
         with clock.stage("catalog"):
-            crashes = self._crashes(seen, attempt)
+            crashes = count_crashes(seen, attempt, self._holder, self._holder_alive)
             if crashes >= self._settings.serve.max_crashes:
                 raise ConsumerKilled(
                     f"the consumer died {crashes} times while indexing this video (killed, out of memory or crashed)"
                 )
-            claim = self._states.claim_async(
-                job,
-                seen,
-                version=head.version,
-                model=live[0].model,
-                sampling=self.sampling_label,
-                attempt=attempt,
-                crashes=crashes,
+            model, label = plan.live[0].model, plan.sampling.label
+            return self._states.claim_async(
+                job, seen, version=plan.version, model=model, sampling=label, attempt=attempt, crashes=crashes
             )
-        # The claim commits (shared with other jobs' writes) while the object is fetched and embedded;
-        # its outcome is in before any row is written or the failure recorded.
-        self._hooks("fetch", job)
-        # The active model's rows never wait on the target's: if only the target can't embed, the
-        # video is indexed with the active model and the backfill comes back for it.
-        searchable = need[0] is not live[0]  # the active model's rows hold this version already
+
+    def _embed(
+        self, job: IndexJob, head: ObjectHead, plan: IndexPlan, claim: PendingWrite, clock: StageClock, dirty: _Dirty
+    ) -> tuple[dict[str, list[FrameRow]], float | None]:
+        """Each needed table's rows (a failing optional one left out) and the duration. On a failure
+        the claim's outcome is taken first: a permanent one is recorded, and a job that only had to
+        add another model's rows puts the row back (``_release``)."""
         try:
-            optional = frozenset(t.table for t in need if t is not live[0]) if not searchable else frozenset()
-            embedded, duration_s = self._embedding.rows(head, job.video_id, need, clock, optional)
-            need = [t for t in need if t.table in embedded]
+            return self._embedding.rows(head, job.video_id, plan.need, clock, plan.optional)
         except PermanentError as exc:
             self._claimed(claim, clock, job, best_effort=True)
             self.record_failure(job, exc.reason, version=head.version)
             raise
         except BaseException:
             claimed = self._claimed(claim, clock, job, best_effort=True)
-            if claimed is not None and searchable and not dirty.rows_changed:
-                self._release(claimed, kept, live[0], head.version, clock)
+            if claimed is not None and plan.searchable and not dirty.rows_changed:
+                self._release(claimed, plan, clock)
             raise
-        if self._claimed(claim, clock, job) is None:
-            raise _Lost("the row changed before it was claimed")
-        # Overlapping jobs of one key: only one that saw the current version writes.
-        self._hooks("recheck", job)
+
+    def _still_at(self, job: IndexJob, version: str, clock: StageClock, lost: str) -> None:
         with clock.stage("head"):
             current = self._objects.head(job.bucket, job.key)
-        if current is None or current.version != head.version:
-            raise _Lost("the object changed while it was embedded")
-        self._hooks("write", job)
-        # Returns once the commit holding these rows succeeded (possibly shared with other jobs).
+        if current is None or current.version != version:
+            raise _Lost(lost)
+
+    def _write(
+        self,
+        job: IndexJob,
+        head: ObjectHead,
+        plan: IndexPlan,
+        embedded: dict[str, list[FrameRow]],
+        clock: StageClock,
+        dirty: _Dirty,
+    ) -> tuple[ModelIndex, ...]:
+        """Replace the video's rows in each embedded table; returns once the commit holding them
+        succeeded (possibly shared with other jobs), with their entries."""
+        written = plan.written(embedded, len(next(iter(embedded.values()))))
         dirty.rows_changed = True  # from here on (the write may land even if the call fails)
-        dirty.tables.update(t.table for t in need)
+        dirty.tables.update(e.table for e in written)
         with clock.stage("write"):
-            for t in need:
-                frames = VideoFrames(job.video_id, job.uri, head.version, fps[t.table], t.model, embedded[t.table])
-                self._writer_for(t.table).replace(frames)
-        self._hooks("written", job)
-        count = len(next(iter(embedded.values())))
-        written = [ModelIndex(t.table, t.model, fps[t.table], count, every_s) for t in need]
-        indexes = tuple(sorted([*kept, *written], key=lambda i: [t.table for t in live].index(i.table)))
+            for e in written:
+                rows = VideoFrames(job.video_id, job.uri, head.version, e.fingerprint, e.model, embedded[e.table])
+                self._writer_for(e.table).replace(rows)
+        return written
+
+    def _finish(
+        self, job: IndexJob, plan: IndexPlan, written: Sequence[ModelIndex], duration_s: float | None, clock: StageClock
+    ) -> None:
+        """Settle the row ``indexed`` with the entries of every live table, on a row read after the
+        rows were committed."""
+        indexes = plan.indexes(written)
         with clock.stage("catalog"):
-            # Settle only with the tables live now: one added since ``live`` was read (a backfill
-            # begun after this read waits for this claimed row, older than its ``live_from``), and
-            # the active one (a switch meanwhile may have made a left-out target active).
-            fresh = self._models_now()
-            held = {e.table for e in indexes}
-            if any(t not in live for t in fresh if t.table not in held) or fresh[0].table not in held:
+            # Settle only with the tables live now (``models_moved`` says why).
+            if plan.models_moved(self._models_now(), {e.table for e in indexes}):
                 raise _Lost("the live models changed while the video was embedded")
             now = self._states.read(job.video_id)
-            if now is not None and now.status is VideoStatus.INDEXED and _holds_all(now, written):
-                pass  # a twin job of the same content finished first: its rows equal these
-            elif now is None or now.status not in IN_FLIGHT or now.version not in (head.version, None):
+            if plan.twin_finished(now, written):
+                return  # a twin job of the same content finished first: its rows equal these
+            if now is None or now.status not in IN_FLIGHT or now.version not in (plan.version, None):
                 raise _Lost(f"another job moved the row to {now.status.value if now else 'nothing'} meanwhile")
-            else:
-                self._hooks("finish", job)
-                if (
-                    self._states.finish(
-                        now,
-                        version=head.version,
-                        fingerprint=indexes[0].fingerprint,
-                        frames=indexes[0].frames,
-                        duration_s=duration_s,
-                        indexes=indexes,
-                    )
-                    is None
-                ):
-                    raise _Lost("the row changed while it was finished")
-        dirty.rows_changed = False
-        self._hooks("settled", job)
-        # The object may have changed between the check above and the commit, and the job for the
-        # new version may already have finished: look once more, so the last writer converges.
-        with clock.stage("head"):
-            after = self._objects.head(job.bucket, job.key)
-        if after is None or after.version != head.version:
-            raise _Lost("the object changed while its rows were written")
-        return JobResult(job.video_id, Outcome.INDEXED, frames=count)
+            self._hooks("finish", job)
+            first = indexes[0]
+            fp, frames = first.fingerprint, first.frames
+            finished = self._states.finish(
+                now, version=plan.version, fingerprint=fp, frames=frames, duration_s=duration_s, indexes=indexes
+            )
+            if finished is None:
+                raise _Lost("the row changed while it was finished")
 
-    def _release(
-        self, claimed: VideoRecord, kept: list[ModelIndex], active: ModelTable, version: str, clock: StageClock
-    ) -> None:
+    def _release(self, claimed: VideoRecord, plan: IndexPlan, clock: StageClock) -> None:
         """A job that only had to add another model's rows (a backfill job) failed before writing any:
         the row goes back to indexed with what the active model's rows hold, checked by this job, not
         left claimed to end up ``failed``; unless a switch made another table active meanwhile."""
+        active = plan.live[0]
         with clock.stage("catalog"):
             try:
                 if self._models_now()[0].table != active.table:
                     return
-                entry = next(k for k in kept if k.table == active.table)
-                settled = claimed.evolve(fingerprint=entry.fingerprint, frames=entry.frames, indexes=tuple(kept))
-                self._states.confirm(settled, version)
+                entry = next(k for k in plan.kept if k.table == active.table)
+                settled = claimed.evolve(fingerprint=entry.fingerprint, frames=entry.frames, indexes=plan.kept)
+                self._states.confirm(settled, plan.version)
             except TransientError as exc:  # left claimed: the retry (or the check past its grace) settles it
                 log.warning("%s: could not put the row back to indexed (%s)", claimed.uri, exc)
 
@@ -384,19 +391,3 @@ class Indexer:
                     raise
                 log.warning("%s: the claim's write failed (%s)", job.uri, exc)
                 return None
-
-    def _crashes(self, seen: VideoRecord | None, attempt: Attempt | None) -> int:
-        """Times this task's consumer died while holding the video, this start included: a claim of
-        this task left ``indexing`` by a process that no longer runs is one more."""
-        if attempt is None or seen is None or seen.task_id != attempt.task_id:
-            return 0
-        if seen.status is not VideoStatus.INDEXING or seen.holder is None:
-            return seen.crashes
-        if seen.holder == self._holder:
-            return seen.crashes  # this process is alive: a retry or a redelivery, not a crash
-        return seen.crashes if self._holder_alive(seen.holder) else seen.crashes + 1
-
-
-def _holds_all(record: VideoRecord, entries: Sequence[ModelIndex]) -> bool:
-    """Whether ``record`` says each table of ``entries`` holds that entry's rows."""
-    return all((e := record.index_in(i.table)) is not None and e.fingerprint == i.fingerprint for i in entries)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from events.jobs import IndexJob
-from pipeline.index.stages import StageClock
+from pipeline.index.clock import StageClock
 from pipeline.metrics import failure_reason
 from storage.errors import PermanentError, VidxError
 

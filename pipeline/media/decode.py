@@ -1,7 +1,7 @@
-"""The decode stage: probe a video and sample one frame every ``every_s`` seconds of its timeline
-(``open_sampled`` does both with one open of the file).
+"""The decode stage: probe a video and sample its frames (``Sampling``: one every ``every_s`` seconds of
+its timeline; ``open_sampled`` does both with one open of the file).
 
-The decoding itself is ``pipeline.media.sampler`` (PyAV); here it runs in a worker process
+The decoding itself is ``pipeline.media.probe`` and ``pipeline.media.sampler`` (PyAV); here it runs in a worker process
 (``pipeline.media.workers``) that is killed, and the decode abandoned, when it overruns
 ``max_decode_s``: FFmpeg can't be stopped from another thread in the middle of a call. A decoder
 that crashes on its input fails that video (``CorruptVideo``), not the consumer.
@@ -20,7 +20,8 @@ from typing import Any, NamedTuple, cast
 
 import numpy as np
 
-from pipeline.media.sampler import DecodeStats, SampledFrame, VideoInfo, hms, open_file, probe_file, scaled_size, span
+from pipeline.media.probe import VideoInfo, probe_file, scaled_size, span
+from pipeline.media.sampler import DecodeStats, SampledFrame, open_file
 from pipeline.media.settings import DecodeLimits, DecodeStrategy
 from pipeline.media.workers import (
     DONE,
@@ -34,6 +35,7 @@ from pipeline.media.workers import (
     serve,
 )
 from storage.errors import CorruptVideo, LimitExceeded, NotAVideo, TransientError
+from storage.sampling import Sampling, hms
 
 __all__ = [
     "ABANDON_GRACE_S",
@@ -113,7 +115,7 @@ class SampledVideo(NamedTuple):
 
 def open_sampled(
     path: Path,
-    every_s: float,
+    sampling: Sampling,
     limits: DecodeLimits,
     max_side: int = 384,
     *,
@@ -128,20 +130,17 @@ def open_sampled(
     whole of it, the header included.
 
     Raises:
-        ValueError: ``every_s`` isn't positive.
         NotAVideo, CorruptVideo, LimitExceeded, TransientError: as ``probe``, here; as
             ``sample_frames``, from ``frames``.
     """
-    if every_s <= 0:
-        raise ValueError("every_s must be positive")
     stats = stats if stats is not None else DecodeStats()
     if not isolated:
-        return SampledVideo(*open_file(path, every_s, limits, max_side, DecodeStrategy(strategy), threads, stats))
+        return SampledVideo(*open_file(path, sampling, limits, max_side, DecodeStrategy(strategy), threads, stats))
     request = _request(
         "sample",
         path,
         limits,
-        every_s=every_s,
+        sampling=sampling.label,
         max_side=max_side,
         strategy=DecodeStrategy(strategy).value,
         threads=threads,
@@ -157,7 +156,7 @@ def open_sampled(
 
 def sample_frames(
     path: Path,
-    every_s: float,
+    sampling: Sampling,
     limits: DecodeLimits,
     max_side: int = 384,
     *,
@@ -166,7 +165,7 @@ def sample_frames(
     stats: DecodeStats | None = None,
     isolated: bool = True,
 ) -> Iterator[SampledFrame]:
-    """Yield one frame per ``every_s`` seconds: for each target time t = 0, every_s, 2·every_s, …
+    """Yield one frame per ``sampling.every_s`` seconds: for each target time t = 0, every_s, 2·every_s, …
     of the player's timeline, the first frame presented at or after t (a frame that covers several
     targets is yielded once). A video stream that starts late on the timeline (after the audio, or
     late on an MPEG-TS clock) yields its first frame at its own time, for every target up to it.
@@ -191,7 +190,7 @@ def sample_frames(
     portrait frames), after scaling, so ``max_side`` bounds the longer side either way.
     """
     video = open_sampled(
-        path, every_s, limits, max_side, strategy=strategy, threads=threads, stats=stats, isolated=isolated
+        path, sampling, limits, max_side, strategy=strategy, threads=threads, stats=stats, isolated=isolated
     )
     yield from video.frames
 
@@ -285,7 +284,7 @@ def _handle(request: dict[str, Any], reply: Callable[[Message], None]) -> None:
     try:
         # One open: the stream facts first, then the frames.
         info, frames = open_file(
-            path, request["every_s"], limits, request["max_side"], strategy, request["threads"], stats
+            path, Sampling.parse(request["sampling"]), limits, request["max_side"], strategy, request["threads"], stats
         )
         reply(Message(_INFO, asdict(info)))
         for frame in frames:

@@ -6,6 +6,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from storage.sampling import Sampling
+
 
 @dataclass(frozen=True, slots=True)
 class FrameHit:
@@ -31,23 +33,24 @@ class Moment:
 
 def merge_moments(
     hits: Iterable[FrameHit],
-    every_s: float,
+    sampling: Sampling,
     k: int,
     keep_fraction: float = 0.5,
     durations_s: Mapping[str, float] | None = None,
-    every_s_by_video: Mapping[str, float] | None = None,
+    sampling_by_video: Mapping[str, Sampling] | None = None,
 ) -> list[Moment]:
     """Group hits per video, keep each video's frames within ``keep_fraction`` of the way from the
-    candidates' lowest score to that video's best, merge runs whose neighbours are at most ``1.5 × every_s`` apart, and
-    return the ``k`` best moments by their best frame's score (ties: earlier video id, earlier time).
+    candidates' lowest score to that video's best, merge runs whose neighbours are at most 1.5 sampling
+    intervals apart, and return the ``k`` best moments by their best frame's score (ties: earlier video
+    id, earlier time).
 
-    A moment spans its frames' sampling intervals: ``end_s`` is the last frame's time plus ``every_s``,
+    A moment spans its frames' sampling intervals: ``end_s`` is the last frame's time plus the interval,
     but never past the video's duration where ``durations_s`` (by video id) knows it; a moment never
     ends before its last frame either (a duration shorter than the frames' own times is wrong).
-    ``every_s_by_video`` holds each video's own sampling interval where known (else ``every_s``).
+    ``sampling_by_video`` holds each video's own sampling where known (else ``sampling``).
     """
     durations_s = durations_s or {}
-    intervals = every_s_by_video or {}
+    samplings = sampling_by_video or {}
     hits = list(hits)
     if not hits:
         return []
@@ -57,7 +60,7 @@ def merge_moments(
         by_video[hit.video_id].append(hit)
     moments: list[Moment] = []
     for vid, video_hits in by_video.items():
-        interval = intervals.get(vid, every_s)
+        interval = samplings.get(vid, sampling).every_s
         gap_s = 1.5 * interval
         # A moment is where the video is close to its own best match: frames scoring in the lower
         # half between the candidates' floor and this video's peak don't extend it.

@@ -192,9 +192,9 @@ class SearchService:
         records = await asyncio.to_thread(self._store.catalog.get_many, {h.video_id for h in hits}) if hits else {}
         durations_s = {vid: r.duration_s for vid, r in records.items() if r.duration_s is not None}
         # Each video's frames were sampled at its own interval (the setting may have changed since).
-        intervals = {vid: e.every_s for vid, r in records.items() if (e := r.index_in(model.table)) is not None}
+        samplings = {vid: e.sampling for vid, r in records.items() if (e := r.index_in(model.table)) is not None}
         moments = merge_moments(
-            hits, self._settings.sampling.every_s, k, durations_s=durations_s, every_s_by_video=intervals
+            hits, self._settings.sampling.spec, k, durations_s=durations_s, sampling_by_video=samplings
         )
         results: list[MomentOut] = []
         base = base_url.rstrip("/")

@@ -31,11 +31,8 @@ queue stay there; what it had submitted and not seen done is submitted again, at
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -44,6 +41,7 @@ from events.jobs import IndexJob, JobOp, JobSink, JobSource
 from storage.catalog import IN_FLIGHT, VideoRecord, VideoStatus
 from storage.errors import TransientError
 from storage.ids import fingerprint
+from storage.leased_loop import LeasedLoop
 from storage.maintenance import vector_index_state
 from storage.models import Backfill, ModelState, ModelTable
 from storage.tables import IndexStore
@@ -80,7 +78,7 @@ def has_model(record: VideoRecord, model: ModelTable) -> bool:
     return (
         entry is not None
         and record.version is not None
-        and entry.fingerprint == fingerprint(record.version, model.model, entry.every_s)
+        and entry.fingerprint == fingerprint(record.version, model.model, entry.sampling)
     )
 
 
@@ -106,15 +104,13 @@ class BackfillCoordinator:
         never)."""
         self._store = store
         self._sink = sink
-        self._interval_s = interval_s
         self._max_outstanding = max_outstanding
         self._resubmit_after_s = resubmit_after_s
-        self._lease_ttl_s = lease_ttl_s
         self._sweep_s = sweep_s
         self._ann_min_rows = ann_min_rows
         self._index_wait_s = index_wait_s
         self._clock = clock
-        self._holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._loop = LeasedLoop("backfill", store.leases, LEASE, every_s=interval_s, ttl_s=lease_ttl_s)
         #: Video id -> when its backfill job was submitted (by this process, for this target table).
         self._submitted: dict[str, float] = {}
         self._table: str | None = None
@@ -123,21 +119,18 @@ class BackfillCoordinator:
         self.last_error: str | None = None
 
     def start(self) -> tuple[threading.Thread, threading.Event]:
-        """Run rounds on a daemon thread until the returned event is set."""
-        stop = threading.Event()
-        thread = threading.Thread(target=self._loop, args=(stop,), name="backfill", daemon=True)
-        thread.start()
-        return thread, stop
+        """Rounds on a daemon thread every ``interval_s`` (the first after one interval) while this
+        worker holds the ``backfill`` lease, until the returned event is set; a round that fails is
+        kept as ``last_error`` and tried again next interval."""
+        return self._loop.start(self._leased_round, self._failed)
 
-    def _loop(self, stop: threading.Event) -> None:
-        while not stop.wait(self._interval_s):
-            try:
-                if self._store.leases.acquire(LEASE, self._holder, self._lease_ttl_s, time.time()):
-                    self.last = self.round()
-                    self.last_error = None
-            except Exception as exc:  # a round that fails is tried again next interval
-                self.last_error = f"{type(exc).__name__}: {exc}"[:500]
-                log.warning("backfill round failed: %s", self.last_error)
+    def _leased_round(self) -> None:
+        if self._loop.hold():
+            self.last = self.round()
+            self.last_error = None
+
+    def _failed(self, why: str) -> None:
+        self.last_error = why[:500]
 
     def round(self) -> BackfillRound | None:
         """One round (None: no backfill is running, and no switch within ``sweep_s``).

@@ -38,7 +38,7 @@ def app_builder(args: dict[str, Any]) -> Any:
     Raises:
         ValueError: a key that is no setting, or pydantic's ValidationError (a ValueError) on bad values.
     """
-    from pipeline.serve.deployments import build_app
+    from pipeline.serve.app import build_app
 
     unknown = list(unknown_fields(Settings, args))
     if unknown:  # the settings ignore unknown keys: a misspelled one would silently keep its default
@@ -120,9 +120,9 @@ def deployment_options(settings: Settings, gpu: bool) -> list[dict[str, Any]]:
 
     The IndexConsumer's autoscaling stays in the code: its policy is built by the app builder with
     the broker's credentials, and a config's ``autoscaling_config`` would replace it."""
-    from pipeline.embedding.encoders import Encoder
     from pipeline.serve.autoscale import replica_options
-    from pipeline.serve.deployments import SHUTDOWN_MARGIN_S, gpu_shares
+    from pipeline.serve.encoder import Encoder
+    from pipeline.serve.resources import SHUTDOWN_MARGIN_S, gpu_shares
 
     s = settings.serve
     encoder_gpus, consumer_gpus = gpu_shares(settings, gpu)
@@ -159,6 +159,7 @@ def deployment_options(settings: Settings, gpu: bool) -> list[dict[str, Any]]:
             **logs(),
         },
         {"name": "EventRouter", "ray_actor_options": {"num_cpus": s.router_num_cpus}, **logs()},
+        {"name": "Upkeep", "ray_actor_options": {"num_cpus": s.router_num_cpus}, **logs()},
     ]
     if settings.writer.catalog_grouped:  # the deployment exists only then (a config may not name others)
         options.append({"name": "CatalogWriter", "ray_actor_options": {"num_cpus": s.router_num_cpus}, **logs()})

@@ -21,14 +21,16 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
 
 from events.jobs import IndexJob, JobOp, JobSink, JobSource
+from pipeline.upkeep.judge import Judge
 from pipeline.upkeep.report import MAX_REPORTED, CheckReport, Finding, Inconsistency
-from storage.catalog import IN_FLIGHT, VideoRecord, VideoStatus
+from storage.catalog import VideoRecord
 from storage.config import S3Settings
 from storage.errors import TransientError
 from storage.frames import FRAMES, FrameSummary
-from storage.ids import fingerprint, s3_uri, video_id
+from storage.ids import s3_uri, video_id
 from storage.models import ModelTable
 from storage.s3 import ObjectHead, ObjectStore
+from storage.sampling import Sampling
 
 if TYPE_CHECKING:
     from pipeline.settings import Settings
@@ -100,7 +102,7 @@ class Checker:
         self,
         *,
         model_id: str,
-        every_s: float,
+        sampling: Sampling,
         extensions: Iterable[str],
         catalog: CatalogReader,
         frames: FrameReader,
@@ -118,14 +120,13 @@ class Checker:
         self._models = models
         self._frames_for = frames_for
         self._model_id = model_id
-        self._every_s = every_s
         self._extensions = {e.lower() for e in extensions}
         self._catalog = catalog
         self._frames = frames
         self._lister = lister
         self._sink = sink
         self._stuck_after = timedelta(seconds=in_flight_grace_s)
-        self._new_after = timedelta(seconds=new_object_grace_s)
+        self._judge = Judge(sampling, self._stuck_after, timedelta(seconds=new_object_grace_s), models is not None)
 
     def run(
         self,
@@ -318,68 +319,6 @@ class Checker:
             )
             report.submitted += 1
 
-    def _expected(self, record: VideoRecord, table: ModelTable) -> tuple[int, str | None]:
-        """The rows the catalog says ``table`` holds of the video: how many, of which fingerprint."""
-        if self._models is None:
-            return record.frames, record.fingerprint
-        entry = record.index_in(table.table)
-        return (entry.frames, entry.fingerprint) if entry is not None else (0, None)
-
-    def _judge(
-        self,
-        obj: ObjectHead | None,
-        record: VideoRecord | None,
-        rows: dict[str, FrameSummary],
-        tables: list[ModelTable],
-        now: datetime,
-    ) -> tuple[Finding, str, str | None] | str | None:
-        """The finding for one video (with the model whose rows it is about), or ``in_sync`` /
-        ``failed`` / ``in_flight``."""
-        in_flight = record is not None and record.status in IN_FLIGHT
-        if in_flight and record is not None and now - record.updated_at < self._stuck_after:
-            return "in_flight"
-        fresh = obj is not None and obj.last_modified is not None and now - obj.last_modified < self._new_after
-        for t in tables:
-            held = rows.get(t.table, FrameSummary())
-            if held.duplicate_ids:
-                detail = f"{held.duplicate_ids} repeated frame ids in {held.rows} rows"
-                return Finding.DUPLICATE_FRAMES, self._of(t, detail), self._label(t)
-        if record is None:
-            for t in tables:
-                if (held := rows.get(t.table, FrameSummary())).rows:
-                    return Finding.ORPHAN_ROWS, self._of(t, f"{held.rows} rows, no catalog row"), self._label(t)
-            return "in_flight" if fresh else (Finding.MISSING, "in the bucket, not in the catalog", None)
-        for t in tables:
-            held = rows.get(t.table, FrameSummary())
-            count, fp = self._expected(record, t)
-            if held.rows != count or not set(held.fingerprints) <= ({fp} if fp else set()):
-                has = ", ".join(f"{n} of {f}" for f, n in held.fingerprints.items()) or "none"
-                detail = f"{record.status.value}: catalog says {count} rows of {fp or '-'}, frames holds {has}"
-                return Finding.ROWS_MISMATCH, self._of(t, detail), self._label(t)
-        if in_flight:
-            return Finding.STUCK, f"{record.status.value} since {record.updated_at.isoformat()}", None
-        if obj is None:
-            if record.status is VideoStatus.DELETED:
-                return None
-            return Finding.ORPHANED, f"{record.status.value}, object gone", None
-        active = tables[0]
-        current = fingerprint(obj.version, active.model, self._every_s)
-        _, active_fp = self._expected(record, active)
-        if record.status is VideoStatus.INDEXED and active_fp == current:
-            return "in_sync"
-        if record.status is VideoStatus.FAILED and record.version == obj.version:
-            return "failed"
-        if fresh:
-            return "in_flight"
-        detail = f"{record.status.value} at version {record.version or '-'}, object at {obj.version}"
-        return Finding.STALE, detail, None
-
-    def _label(self, table: ModelTable) -> str | None:
-        return None if self._models is None else table.model
-
-    def _of(self, table: ModelTable, detail: str) -> str:
-        return detail if self._models is None else f"{table.model} ({table.table}): {detail}"
-
 
 def build_checker(
     settings: Settings,
@@ -399,7 +338,7 @@ def build_checker(
 
     return Checker(
         model_id=settings.model.id,
-        every_s=settings.sampling.every_s,
+        sampling=settings.sampling.spec,
         extensions=settings.videos.extensions,
         catalog=store.catalog,
         frames=store.frames,

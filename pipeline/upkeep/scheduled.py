@@ -10,17 +10,15 @@ last key, wrapping around at the end of the buckets. The last round's report is 
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pipeline.metrics import Metrics
 from pipeline.upkeep.check import Checker, CheckReport
+from storage.leased_loop import LeasedLoop
 from storage.leases import Leases
 
 log = logging.getLogger(__name__)
@@ -75,15 +73,11 @@ class ScheduledCheck:
         metrics: Metrics | None = None,
     ) -> None:
         self._checker = checker
-        self._leases = leases
         self._buckets = buckets
-        self._interval_s = interval_s
         self._objects = objects_per_round
-        self._ttl_s = lease_ttl_s
         self._repair = repair
-        self._clock = clock
         self._metrics = metrics or Metrics()
-        self._holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._loop = LeasedLoop("scheduled-check", leases, LEASE, every_s=interval_s, ttl_s=lease_ttl_s, clock=clock)
         self._resume: tuple[str, str] | None = None
         self._lock = threading.Lock()
         self._state = CheckState(rounds=0, last=None, last_error=None, leader=False)
@@ -99,10 +93,13 @@ class ScheduledCheck:
         Raises:
             TransientError: a store or the queue failed; the next round tries again from the same point.
         """
-        if not self._leases.acquire(LEASE, self._holder, self._ttl_s, self._clock()):
+        report = self._loop.once(self._round)
+        if report is None:
             with self._lock:
-                self._state = CheckState(self._state.rounds, self._state.last, self._state.last_error, leader=False)
-            return None
+                self._state = replace(self._state, leader=False)
+        return report
+
+    def _round(self) -> CheckReport:
         report = self._checker.run(
             self._buckets, repair=self._repair, max_objects=self._objects, resume_after=self._resume
         )
@@ -123,20 +120,12 @@ class ScheduledCheck:
             log.warning("scheduled check: %s", report.summary())
         return report
 
-    def run(self, stop: threading.Event) -> None:
-        """Rounds every ``interval_s`` until ``stop`` is set; a failed round is logged and retried next time."""
-        while not stop.wait(self._interval_s):
-            try:
-                self.run_once()
-            except Exception as exc:  # a store blip must not end the loop
-                log.warning("scheduled check round failed: %s", type(exc).__name__, exc_info=True)
-                with self._lock:
-                    s = self._state
-                    self._state = CheckState(s.rounds, s.last, f"{type(exc).__name__}: {exc}"[:300], s.leader)
-
     def start(self) -> tuple[threading.Thread, threading.Event]:
-        """``run`` in a daemon thread; set the returned event to stop it."""
-        stop = threading.Event()
-        thread = threading.Thread(target=self.run, args=(stop,), name="scheduled-check", daemon=True)
-        thread.start()
-        return thread, stop
+        """Rounds on a daemon thread every ``interval_s`` (the first after one interval); a failed
+        round is logged, kept as ``last_error`` and the next one tries again. Set the returned event
+        to stop it."""
+        return self._loop.start(self.run_once, self._failed)
+
+    def _failed(self, why: str) -> None:
+        with self._lock:
+            self._state = replace(self._state, last_error=why[:300])

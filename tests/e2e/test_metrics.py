@@ -140,8 +140,9 @@ def test_metrics_come_from_every_replica_and_jobs_log_json(host: AppHost, tmp_pa
         need("index events", metric_sum(text, "ray_vidx_bucket_events_total", kind="jobs_index", **router) >= 3)
         need("ignored .txt", metric_sum(text, "ray_vidx_bucket_events_total", kind="ignored_not_video", **router) >= 1)
         need("parked event", metric_sum(text, "ray_vidx_bucket_events_total", kind="parked", **router) == 1)
-        need("reconcile rounds", metric_sum(text, "ray_vidx_reconcile_rounds_total", **router) >= 1)
-        need("reconcile finding", metric_sum(text, "ray_vidx_reconcile_findings_total", **router) >= 1)
+        upkeep = {"deployment": "Upkeep"}  # the scheduled check runs in the Upkeep deployment
+        need("reconcile rounds", metric_sum(text, "ray_vidx_reconcile_rounds_total", **upkeep) >= 1)
+        need("reconcile finding", metric_sum(text, "ray_vidx_reconcile_findings_total", **upkeep) >= 1)
         for queue in ("events", "index", "failed", "parked"):
             need(f"queue {queue}", len(samples(text, "vidx_queue_messages", queue=queue)) == 1)
         need("dead letter queued", metric_sum(text, "vidx_queue_messages", queue="failed") >= 1)

@@ -97,7 +97,7 @@ def secure(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.Te
     import ray
     from ray import serve
 
-    from pipeline.serve.deployments import build_app
+    from pipeline.serve.app import build_app
 
     prefix = unique_prefix()
     services.prepare_buckets(prefix)

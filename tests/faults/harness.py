@@ -181,7 +181,7 @@ def start_app(
     import ray
     from ray import serve
 
-    from pipeline.serve.deployments import build_app
+    from pipeline.serve.app import build_app
 
     services.prepare_buckets(prefix)
     env = {

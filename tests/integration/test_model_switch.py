@@ -31,6 +31,7 @@ from pipeline.upkeep.check import build_checker
 from storage.catalog import VideoStatus
 from storage.ids import fingerprint, video_id
 from storage.models import ModelTable
+from storage.sampling import Sampling
 from storage.tables import IndexStore
 from tests.faults.harness import STARTUP_TIMEOUT_S, AppHost, _free_port, start_app
 from tests.harness import report_lines
@@ -134,7 +135,7 @@ def kill_everything(host: AppHost) -> str:
     killed GCS waits for it, and after a minute Ray exits the test process."""
     import ray
 
-    deployments = ("IndexConsumer", "Encoder", "EventRouter", "Api", "CatalogWriter")
+    deployments = ("IndexConsumer", "Encoder", "EventRouter", "Upkeep", "Api", "CatalogWriter")
     pids = [pid for d in deployments for pid in host.replica_pids(d)]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -210,7 +211,7 @@ def table_rows(store: IndexStore, table: ModelTable, vids: dict[str, str]) -> li
         summary = frames.summary(vid)
         record = store.catalog.get(vid)
         assert record is not None and record.version is not None
-        fp = fingerprint(record.version, table.model, EVERY_S)
+        fp = fingerprint(record.version, table.model, Sampling(EVERY_S))
         if summary.rows != want or summary.duplicate_ids or set(summary.fingerprints) != {fp}:
             problems.append(f"{table.model} {uri}: {summary.rows} rows (want {want}), {summary.duplicate_ids} repeated")
     return problems

@@ -1,5 +1,5 @@
 """Operator paths over real services: the dead-letter queue (``vidx dlq list|replay``) and
-``vidx reconcile`` repairing a bucket whose events were partly lost.
+``vidx reconcile`` (``vidx check --repair``) repairing a bucket whose events were partly lost.
 
 The CLI runs for real (typer's runner, settings from the environment) and submits to the real task
 queue on RabbitMQ; the test takes those task messages off the queue and runs them through the
@@ -20,6 +20,7 @@ from events.deadletters import DeadLetterQueue
 from events.jobs import IndexJob, JobSource
 from events.records import BucketEvent, EventKind, decode_message
 from events.router import EventRouter, Planned
+from pipeline.cli.check import FOUND_EXIT
 from pipeline.cli.main import app
 from pipeline.index.consumer import IndexTaskHandler, TaskContext
 from pipeline.index.indexer import JobResult
@@ -34,9 +35,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 SMALL = (64, 48)
 
 
-def cli(*args: str) -> str:
+def cli(*args: str, exit_code: int = 0) -> str:
     result = CliRunner().invoke(app, list(args))
-    assert result.exit_code == 0, (args, result.output)
+    assert result.exit_code == exit_code, (args, result.output)
     return result.output
 
 
@@ -164,7 +165,7 @@ def test_reconcile_repairs_a_bucket_after_ten_percent_of_events_were_lost(
     assert missing >= 1 and orphaned >= 1, loss.lost
 
     # When reconcile runs: first dry, then for real
-    dry = cli("reconcile", "--dry-run", "--verbose")
+    dry = cli("reconcile", "--dry-run", "--verbose", exit_code=FOUND_EXIT)  # i.e. `vidx check`
     assert f"{missing + orphaned} inconsistencies (missing {missing}, orphaned {orphaned})" in dry, dry
     assert take_tasks(stack) == []
     real = cli("reconcile")

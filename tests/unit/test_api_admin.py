@@ -12,9 +12,10 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from events.deadletters import DeadLetter, FailureKind, ReplayReport
+from events.deadletters import DeadLetter, FailureKind
+from events.held import ReplayReport
 from events.jobs import IndexJob, JobOp, JobSink, JobSource
-from events.parked import ParkedEvent, ParkedReplayReport
+from events.parked import ParkedEvent
 from pipeline.api.admin import admin_router
 from pipeline.api.app import create_app
 from pipeline.reindex.lifecycle import ModelLifecycle
@@ -42,7 +43,7 @@ class FakeLetters:
     def list(self, limit: int | None = None) -> list[DeadLetter]:
         return self.letters[:limit]
 
-    def replay(self, sink: JobSink, ids: Collection[str] | None = None) -> ReplayReport:
+    def replay(self, sink: JobSink, ids: Collection[str] | None = None) -> ReplayReport[DeadLetter]:
         chosen = [d for d in self.letters if ids is None or d.id in ids]
         for letter in chosen:
             assert letter.job is not None
@@ -70,11 +71,11 @@ class FakeParked:
     def list(self, limit: int | None = None) -> list[ParkedEvent]:
         return self.events[:limit]
 
-    def replay(self, ids: Collection[str] | None = None) -> ParkedReplayReport:
+    def replay(self, ids: Collection[str] | None = None) -> ReplayReport[ParkedEvent]:
         chosen = [e for e in self.events if ids is None or e.id in ids]
         self.replayed.extend(chosen)
         self.events = [e for e in self.events if e not in chosen]
-        return ParkedReplayReport(replayed=chosen, remaining=len(self.events))
+        return ReplayReport(replayed=chosen, remaining=len(self.events))
 
 
 def admin_client(

@@ -6,6 +6,7 @@ paused mid-flight while a round runs on another thread."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -26,6 +27,7 @@ from storage.frames import FrameRow, VideoFrames
 from storage.ids import fingerprint, video_id
 from storage.maintenance import create_vector_index
 from storage.models import Backfill, ModelRegistry, ModelState, ModelTable, table_name
+from storage.sampling import Sampling
 from storage.tables import IndexStore
 from tests.media import write_video
 from tests.unit.test_indexer import MemoryObjects
@@ -109,7 +111,7 @@ def backfilling(store: IndexStore, live_from: datetime | None = None, **fields: 
 
 
 def entry(table: ModelTable, version: str, frames: int = 3) -> ModelIndex:
-    return ModelIndex(table.table, table.model, fingerprint(version, table.model, 1.0), frames, 1.0)
+    return ModelIndex(table.table, table.model, fingerprint(version, table.model, Sampling(1.0)), frames, Sampling(1.0))
 
 
 def put(store: IndexStore, key: str, status: VideoStatus = VideoStatus.INDEXED, **fields: Any) -> VideoRecord:
@@ -399,7 +401,7 @@ def fill_target(store: IndexStore, rows: int) -> None:
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     frames = [FrameRow(frame_id=f"a-{i}", ts_s=float(i), vector=v, thumbnail=None) for i, v in enumerate(vectors)]
     vid = video_id("videos", "a.mp4")
-    fp = fingerprint("e1", B.model, 1.0)
+    fp = fingerprint("e1", B.model, Sampling(1.0))
     store.frames_table(B.table).replace(VideoFrames(vid, "s3://videos/a.mp4", "e1", fp, B.model, frames))
 
 
@@ -500,3 +502,26 @@ def test_the_wait_for_the_ann_index_keeps_its_start_while_videos_need_jobs_again
     put(store, "new.mp4", indexes=(entry(A, "e1"), entry(B, "e1")))
     waited(store, 101.0)
     assert backfill.round().switched  # type: ignore[union-attr]
+
+
+def test_the_coordinators_loop_runs_rounds_only_once_it_holds_the_backfill_lease(store: IndexStore) -> None:
+    backfilling(store)
+    put(store, "a.mp4")
+    sink = Recorded()
+    lapses_at = time.time() + 0.3
+    assert store.leases.acquire("backfill", "another worker", 0.3, lapses_at - 0.3)
+    backfill = BackfillCoordinator(
+        store, sink, interval_s=0.01, max_outstanding=10, resubmit_after_s=60.0, lease_ttl_s=30.0
+    )
+    thread, stop = backfill.start()
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while backfill.last is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        assert time.time() > lapses_at  # no round ran while the other worker held the lease
+        assert backfill.last.need == 1 and sink.keys() == ["a.mp4"] and backfill.last_error is None
+    finally:
+        stop.set()
+        thread.join(WAIT_S)
+    assert not thread.is_alive() and thread.name == "backfill"

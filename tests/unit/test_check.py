@@ -18,6 +18,7 @@ from storage.catalog import VideoRecord, VideoStatus
 from storage.frames import FrameRow, FrameSummary, VideoFrames
 from storage.ids import fingerprint, s3_uri, video_id
 from storage.s3 import ObjectHead
+from storage.sampling import Sampling
 from storage.tables import IndexStore
 
 MODEL = "tiny"
@@ -57,7 +58,7 @@ def store(tmp_path: Path) -> IndexStore:
 def checker(store: IndexStore, listing: Listing, sink: Sink | None = None, grace_s: float = 60.0) -> Checker:
     return Checker(
         model_id=MODEL,
-        every_s=1.0,
+        sampling=Sampling(1.0),
         extensions=[".mp4"],
         catalog=store.catalog,
         frames=store.frames,
@@ -76,7 +77,7 @@ def rows(key: str, n: int, seed: int = 0) -> list[FrameRow]:
 
 def index(store: IndexStore, key: str, version: str = "e1", n: int = 3) -> VideoRecord:
     """A video indexed as a job leaves it: rows of the fingerprint, then the catalog row."""
-    fp = fingerprint(version, MODEL, 1.0)
+    fp = fingerprint(version, MODEL, Sampling(1.0))
     vid = video_id(BUCKET, key)
     store.frames.replace(VideoFrames(vid, s3_uri(BUCKET, key), version, fp, MODEL, rows(key, n)))
     seen = store.catalog.get(vid)
@@ -110,7 +111,7 @@ def test_rows_of_another_version_under_an_indexed_row_are_found(store: IndexStor
     listing = Listing()
     listing.put("a.mp4", "e2")
     record = index(store, "a.mp4", "e2")
-    old = fingerprint("e1", MODEL, 1.0)
+    old = fingerprint("e1", MODEL, Sampling(1.0))
     store.frames.replace(VideoFrames(record.video_id, record.uri, "e1", old, MODEL, rows("a.mp4", 3)))
     report = checker(store, listing).run([BUCKET])
     assert [i.finding for i in report.found] == [Finding.ROWS_MISMATCH] and old in report.found[0].detail
@@ -121,7 +122,7 @@ def test_rows_of_a_deleted_video_and_rows_without_a_catalog_row_are_found(store:
     record = index(store, "gone.mp4")
     store.catalog.write(record.evolve(status=VideoStatus.DELETED, frames=0, fingerprint=None), record.rev)
     vid = video_id(BUCKET, "stray.mp4")
-    fp = fingerprint("e1", MODEL, 1.0)
+    fp = fingerprint("e1", MODEL, Sampling(1.0))
     store.frames.replace(VideoFrames(vid, s3_uri(BUCKET, "stray.mp4"), "e1", fp, MODEL, rows("stray.mp4", 2)))
     report = checker(store, listing, sink).run([BUCKET], repair=True)
     assert report.counts[Finding.ROWS_MISMATCH] == 1 and report.counts[Finding.ORPHAN_ROWS] == 1
@@ -252,7 +253,7 @@ class LazyBucket:
         return range(max(0, lo), hi)
 
     def scan(self, uri_from: str, uri_to: str, *, include_from: bool) -> Iterator[VideoRecord]:
-        fp = fingerprint("e1", MODEL, 1.0)
+        fp = fingerprint("e1", MODEL, Sampling(1.0))
         for i in self._range(uri_from, uri_to, include_from):
             if i % 2 == 0:
                 key = self.key(i)
@@ -266,7 +267,7 @@ class LazyBucket:
                 )
 
     def summaries_in(self, uri_from: str, uri_to: str, *, include_from: bool) -> dict[str, FrameSummary]:
-        fp = fingerprint("e1", MODEL, 1.0)
+        fp = fingerprint("e1", MODEL, Sampling(1.0))
         found = {}
         for i in self._range(uri_from, uri_to, include_from):
             if i % 2 == 0:
@@ -281,7 +282,7 @@ def _peak_bytes(n: int) -> int:
     bucket = LazyBucket(n)
     check = Checker(
         model_id=MODEL,
-        every_s=1.0,
+        sampling=Sampling(1.0),
         extensions=[".mp4"],
         catalog=bucket,
         frames=bucket,

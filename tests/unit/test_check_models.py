@@ -21,6 +21,7 @@ from storage.frames import FrameRow, FrameSummary, VideoFrames, frames_schema
 from storage.ids import fingerprint, s3_uri, video_id
 from storage.models import ModelState, ModelTable, table_name
 from storage.s3 import ObjectHead
+from storage.sampling import Sampling
 from storage.tables import IndexStore
 
 A = ModelTable("model-a", 8, table_name("model-a", 8, "g1"))
@@ -54,7 +55,7 @@ def checker(
 ) -> Checker:
     return Checker(
         model_id=A.model,
-        every_s=1.0,
+        sampling=Sampling(1.0),
         extensions=[".mp4"],
         catalog=store.catalog,
         frames=store.frames,
@@ -74,7 +75,7 @@ def rows(key: str, dim: int, n: int) -> list[FrameRow]:
 
 
 def write_rows(store: IndexStore, t: ModelTable, key: str, version: str = "e1", n: int = 3) -> None:
-    fp = fingerprint(version, t.model, 1.0)
+    fp = fingerprint(version, t.model, Sampling(1.0))
     vid = video_id(BUCKET, key)
     store.frames_table(t.table).replace(
         VideoFrames(vid, s3_uri(BUCKET, key), version, fp, t.model, rows(key, t.dim, n))
@@ -87,7 +88,9 @@ def index(
     """A video as a job leaves it: rows in each table of ``entries``, then the row naming them."""
     for t in entries:
         write_rows(store, t, key, version, n)
-    indexes = tuple(ModelIndex(t.table, t.model, fingerprint(version, t.model, 1.0), n, 1.0) for t in entries)
+    indexes = tuple(
+        ModelIndex(t.table, t.model, fingerprint(version, t.model, Sampling(1.0)), n, Sampling(1.0)) for t in entries
+    )
     vid = video_id(BUCKET, key)
     record = VideoRecord(
         vid,
@@ -141,7 +144,7 @@ def test_repeated_frame_ids_in_one_table_are_duplicates_of_that_model(store: Ind
     record = index(store, "a.mp4")
     table = store.frames_table(B.table).table()
     assert table is not None
-    fp = fingerprint("e1", B.model, 1.0)
+    fp = fingerprint("e1", B.model, Sampling(1.0))
     dup = {
         "frame_id": f"{record.video_id}-0000000",
         "video_id": record.video_id,

@@ -286,6 +286,19 @@ def test_the_listings_show_what_the_stand_ins_hold(stand_ins: dict[str, Any]) ->
     assert "X-Amz-Signature=abc" in search.stdout and "1 moments" in search.stderr
 
 
+@pytest.mark.parametrize(
+    ("alias", "same_as"),
+    [(["reconcile"], ["check", "--repair"]), (["reconcile", "--dry-run", "--verbose"], ["check"])],
+)
+def test_reconcile_is_an_alias_of_check_repair(alias: list[str], same_as: list[str], stand_ins: dict[str, Any]) -> None:
+    runner = CliRunner()
+    checker = stand_ins["checker"]
+    got = runner.invoke(app, [*alias, "-b", "videos", "--prefix", "clips/"])
+    expected = runner.invoke(app, [*same_as, "-b", "videos", "--prefix", "clips/"])
+    assert (got.exit_code, got.stdout) == (expected.exit_code, expected.stdout), got.output
+    assert checker.runs[0] == checker.runs[1] == (["videos"], "--repair" in same_as)
+
+
 def test_empty_listings_say_so(stand_ins: dict[str, Any]) -> None:
     stand_ins["api"].rows.clear()
     stand_ins["broker"].queues.clear()

@@ -95,6 +95,15 @@ def test_replay_acks_only_the_letters_whose_jobs_were_confirmed(broker: FakeBrok
     assert [DeadLetter.model_validate_json(b).id for b in broker.bodies("failed")] == ["t1"]
 
 
+def test_replay_all_keeps_the_letters_without_a_readable_job(broker: FakeBroker) -> None:
+    put_letters(broker, *LETTERS)
+    broker.queues["failed"].append(({}, b"garbage"))
+    sink = ListSink()
+    report = DeadLetterQueue("amqp://guest:guest@broker/", "failed").replay(sink)
+    assert [d.id for d in report.replayed] == ["t1", "t2"] and report.remaining == 1
+    assert len(sink.jobs) == 2 and broker.bodies("failed") == [b"garbage"]
+
+
 def test_a_refused_replay_keeps_every_letter(broker: FakeBroker) -> None:
     put_letters(broker, *LETTERS)
     with pytest.raises(TransientError):

@@ -26,6 +26,7 @@ from pipeline.media.decode import (
     span,
 )
 from storage.errors import CorruptVideo, LimitExceeded, NotAVideo, PermanentError
+from storage.sampling import Sampling
 from tests.media import (
     MATRIX_FORMATS,
     expected_sample_count,
@@ -79,7 +80,7 @@ def video(tmp_path_factory: pytest.TempPathFactory) -> VideoFactory:
 
 
 def sample(path: Path, every_s: float = 1.0, limits: DecodeLimits | None = None, **kwargs: Any) -> list[SampledFrame]:
-    return list(sample_frames(path, every_s, limits or DecodeLimits(), **kwargs))
+    return list(sample_frames(path, Sampling(every_s), limits or DecodeLimits(), **kwargs))
 
 
 def assert_shows_second(frame: SampledFrame, second: int, seed: int, seconds: float = SECONDS) -> None:
@@ -200,7 +201,7 @@ def test_every_s_must_be_positive(video: VideoFactory, every_s: float) -> None:
 
 
 def test_stopping_early_closes_cleanly(video: VideoFactory) -> None:
-    frames = sample_frames(video(), 0.5, DecodeLimits())
+    frames = sample_frames(video(), Sampling(0.5), DecodeLimits())
     first = next(frames)
     # Dropping the last reference closes the generator mid-decode: its with-block closes the container.
     del frames
@@ -225,7 +226,7 @@ def test_probe_reads_stream_facts(
 def test_open_sampled_gives_the_probe_and_the_frames(video: VideoFactory, isolated: bool) -> None:
     path = video(".mkv", fps=25, seed=7)
 
-    info, frames = open_sampled(path, 0.5, DecodeLimits(), isolated=isolated)
+    info, frames = open_sampled(path, Sampling(0.5), DecodeLimits(), isolated=isolated)
 
     assert info == probe(path, DecodeLimits())
     got, expected = list(frames), sample(path, 0.5)
@@ -243,7 +244,7 @@ def test_open_sampled_opens_the_file_once(video: VideoFactory, monkeypatch: pyte
         return real_open(file, *args, **kwargs)
 
     monkeypatch.setattr(av, "open", counting_open)
-    info, frames = open_sampled(path, 1.0, DecodeLimits(), isolated=False)
+    info, frames = open_sampled(path, Sampling(1.0), DecodeLimits(), isolated=False)
     assert len(list(frames)) == 3
 
     assert opened == [str(path)]
@@ -259,16 +260,16 @@ def test_open_sampled_raises_what_probe_raises_before_any_frame(
     limits = DecodeLimits(max_duration_s=2.0)
 
     with pytest.raises(NotAVideo) as not_a_video:
-        open_sampled(text, 1.0, DecodeLimits(), isolated=isolated)
+        open_sampled(text, Sampling(1.0), DecodeLimits(), isolated=isolated)
     with pytest.raises(LimitExceeded) as too_long:
-        open_sampled(video(), 1.0, limits, isolated=isolated)
+        open_sampled(video(), Sampling(1.0), limits, isolated=isolated)
     with pytest.raises(LimitExceeded) as probed:
         probe(video(), limits, isolated=isolated)
 
     assert not_a_video.value.reason == "not a video: a text file"
     assert too_long.value.reason == probed.value.reason == "exceeds max duration 2s (video is 3s)"
     with pytest.raises(ValueError, match="every_s"):
-        open_sampled(video(), 0.0, DecodeLimits(), isolated=isolated)
+        open_sampled(video(), Sampling(0.0), DecodeLimits(), isolated=isolated)
 
 
 # Odd but valid videos.
@@ -544,7 +545,7 @@ def test_decompression_bomb_is_refused_from_its_stream_parameters(tmp_path: Path
 
     with pytest.raises(LimitExceeded) as info:
         probe(path, DecodeLimits())
-    frames = sample_frames(path, 1.0, DecodeLimits())
+    frames = sample_frames(path, Sampling(1.0), DecodeLimits())
     with pytest.raises(LimitExceeded) as sampled:
         next(frames)
 
@@ -565,7 +566,7 @@ def test_max_duration_from_the_container(video: VideoFactory) -> None:
 
 def test_max_duration_while_decoding_a_stream_without_duration(tmp_path: Path) -> None:
     path = write_video(tmp_path / "live.mkv", seconds=SECONDS, seekable=False)
-    frames = sample_frames(path, 1.0, DecodeLimits(max_duration_s=1.5))
+    frames = sample_frames(path, Sampling(1.0), DecodeLimits(max_duration_s=1.5))
 
     assert [next(frames).ts_s, next(frames).ts_s] == [0.0, 1.0]
     with pytest.raises(LimitExceeded, match=r"^exceeds max duration 1\.5s \(a frame at 1\.6s\)$"):
@@ -574,7 +575,7 @@ def test_max_duration_while_decoding_a_stream_without_duration(tmp_path: Path) -
 
 def test_max_frames(video: VideoFactory) -> None:
     path = video()
-    frames = sample_frames(path, 1.0, DecodeLimits(max_frames=2))
+    frames = sample_frames(path, Sampling(1.0), DecodeLimits(max_frames=2))
 
     assert [next(frames).index, next(frames).index] == [0, 1]
     with pytest.raises(LimitExceeded, match=r"^exceeds max frames per video 2 \(at 00:00:02\)$"):
@@ -733,7 +734,7 @@ def test_sampled_decode_keeps_the_limits(tmp_path: Path, limits: DecodeLimits) -
     def outcome(strategy: DecodeStrategy) -> tuple[list[float], str]:
         got: list[float] = []
         with pytest.raises(LimitExceeded) as info:
-            for frame in sample_frames(path, 1.0, limits, strategy=strategy):
+            for frame in sample_frames(path, Sampling(1.0), limits, strategy=strategy):
                 got.append(frame.ts_s)
         return got, info.value.reason
 

@@ -17,6 +17,7 @@ import pytest
 
 from pipeline.media.decode import ABANDON_GRACE_S, DecodeLimits, DecodeStats, open_sampled, probe, sample_frames
 from storage.errors import CorruptVideo, LimitExceeded, NotAVideo, TransientError
+from storage.sampling import Sampling
 from tests.media import mae, write_corrupt_mp4, write_video
 
 MAX_DECODE_S = 1.5
@@ -121,7 +122,7 @@ def test_a_decode_whose_read_blocks_is_abandoned_at_max_decode_s(stalled: Stalle
     started = time.monotonic()
     # When the frames are sampled with a decode time limit
     with pytest.raises(LimitExceeded) as info:
-        for frame in sample_frames(stalled.path, 1.0, DecodeLimits(max_decode_s=MAX_DECODE_S)):
+        for frame in sample_frames(stalled.path, Sampling(1.0), DecodeLimits(max_decode_s=MAX_DECODE_S)):
             got.append(frame.ts_s)
     elapsed = time.monotonic() - started
     # Then the decode is given up at the limit, with the limit and how far it got as the reason
@@ -138,16 +139,16 @@ def test_a_decode_whose_read_blocks_is_abandoned_at_max_decode_s(stalled: Stalle
 
 def test_a_worker_that_hangs_is_not_reused(stalled: Stalled, warm: None, source: Path) -> None:
     with pytest.raises(LimitExceeded):
-        list(sample_frames(stalled.path, 1.0, DecodeLimits(max_decode_s=0.5)))
+        list(sample_frames(stalled.path, Sampling(1.0), DecodeLimits(max_decode_s=0.5)))
 
     # The next decode gets a sound worker and all its frames.
-    assert [f.ts_s for f in sample_frames(source, 1.0, DecodeLimits())] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert [f.ts_s for f in sample_frames(source, Sampling(1.0), DecodeLimits())] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
 
 
 def test_the_time_a_caller_holds_a_frame_is_not_decode_time(source: Path, warm: None) -> None:
     # Holding each frame longer than the limit: the decode itself is quick, so it is not abandoned.
     got = []
-    for frame in sample_frames(source, 2.0, DecodeLimits(max_decode_s=0.5)):
+    for frame in sample_frames(source, Sampling(2.0), DecodeLimits(max_decode_s=0.5)):
         time.sleep(0.6)
         got.append(frame.ts_s)
 
@@ -155,7 +156,7 @@ def test_the_time_a_caller_holds_a_frame_is_not_decode_time(source: Path, warm: 
 
 
 def test_a_decoder_that_crashes_fails_its_video_not_the_caller(stalled: Stalled, warm: None) -> None:
-    frames = sample_frames(stalled.path, 1.0, DecodeLimits(max_decode_s=30))
+    frames = sample_frames(stalled.path, Sampling(1.0), DecodeLimits(max_decode_s=30))
     assert next(frames).ts_s == 0.0
     children = child_pids()
 
@@ -169,7 +170,7 @@ def test_a_decoder_that_crashes_fails_its_video_not_the_caller(stalled: Stalled,
 
 
 def test_a_worker_ended_from_outside_is_worth_a_retry(stalled: Stalled, warm: None) -> None:
-    frames = sample_frames(stalled.path, 1.0, DecodeLimits(max_decode_s=30))
+    frames = sample_frames(stalled.path, Sampling(1.0), DecodeLimits(max_decode_s=30))
     next(frames)
 
     os.kill(pid_reading(stalled.path), signal.SIGKILL)
@@ -181,14 +182,14 @@ def test_workers_are_reused(source: Path, warm: None) -> None:
     # The start of a worker is paid once, not per video.
     children = child_pids()
     for _ in range(3):
-        assert len(list(sample_frames(source, 1.0, DecodeLimits()))) == 6
+        assert len(list(sample_frames(source, Sampling(1.0), DecodeLimits()))) == 6
         assert probe(source, DecodeLimits()).width == 160
     assert child_pids() == children
 
 
 def test_stopping_early_ends_the_worker_it_held(source: Path, warm: None) -> None:
     children = child_pids()
-    frames = sample_frames(source, 1.0, DecodeLimits())
+    frames = sample_frames(source, Sampling(1.0), DecodeLimits())
     next(frames)
     busy = child_pids()
     frames.close()
@@ -196,12 +197,12 @@ def test_stopping_early_ends_the_worker_it_held(source: Path, warm: None) -> Non
     # The worker was mid-decode: it can't be handed to someone else, so it is gone.
     assert child_pids() < busy
     assert busy == children
-    assert len(list(sample_frames(source, 1.0, DecodeLimits()))) == 6
+    assert len(list(sample_frames(source, Sampling(1.0), DecodeLimits()))) == 6
 
 
 def test_closing_an_opened_video_before_its_frames_ends_the_worker_it_held(source: Path, warm: None) -> None:
     children = child_pids()
-    info, frames = open_sampled(source, 1.0, DecodeLimits())
+    info, frames = open_sampled(source, Sampling(1.0), DecodeLimits())
     assert info.width == 160
     # One request holds the worker from the stream facts to the last frame.
     busy = child_pids()
@@ -209,7 +210,14 @@ def test_closing_an_opened_video_before_its_frames_ends_the_worker_it_held(sourc
 
     assert child_pids() < busy
     assert busy == children
-    assert [f.ts_s for f in open_sampled(source, 1.0, DecodeLimits()).frames] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert [f.ts_s for f in open_sampled(source, Sampling(1.0), DecodeLimits()).frames] == [
+        0.0,
+        1.0,
+        2.0,
+        3.0,
+        4.0,
+        5.0,
+    ]
 
 
 def test_errors_in_the_worker_keep_their_type_reason_and_cause(tmp_path: Path) -> None:
@@ -218,7 +226,7 @@ def test_errors_in_the_worker_keep_their_type_reason_and_cause(tmp_path: Path) -
     text.write_text("not the frames you are looking for\n")
 
     with pytest.raises(CorruptVideo) as corrupted:
-        list(sample_frames(corrupt, 1.0, DecodeLimits()))
+        list(sample_frames(corrupt, Sampling(1.0), DecodeLimits()))
     with pytest.raises(NotAVideo) as not_a_video:
         probe(text, DecodeLimits())
 
@@ -231,8 +239,8 @@ def test_a_worker_decodes_what_this_thread_decodes(tmp_path: Path) -> None:
     path = write_video(tmp_path / "v.mp4", seconds=3, fps=25, size=(320, 240), seed=32)
     worker_stats, here_stats = DecodeStats(), DecodeStats()
 
-    in_worker = list(sample_frames(path, 0.5, DecodeLimits(), 160, stats=worker_stats))
-    here = list(sample_frames(path, 0.5, DecodeLimits(), 160, stats=here_stats, isolated=False))
+    in_worker = list(sample_frames(path, Sampling(0.5), DecodeLimits(), 160, stats=worker_stats))
+    here = list(sample_frames(path, Sampling(0.5), DecodeLimits(), 160, stats=here_stats, isolated=False))
 
     assert [(f.index, f.ts_s) for f in in_worker] == [(f.index, f.ts_s) for f in here]
     for a, b in zip(in_worker, here, strict=True):

@@ -255,7 +255,7 @@ def test_mixed_shapes_in_one_batch_embed_as_alone(encoder: SiglipEncoder) -> Non
 def fresh_batch_queues() -> Iterator[None]:
     """Ray keeps a ``@serve.batch`` method's queue on the class (made on first call, unpicklable):
     drop it after the test, or a later test can no longer serialize the Encoder class, as Serve does."""
-    from pipeline.embedding.encoders import Encoder
+    from pipeline.serve.encoder import Encoder
 
     yield
     for name in ("embed_image", "embed_text", "embed_chunk"):
@@ -278,7 +278,7 @@ def test_encoder_deployment_batches_concurrent_calls_as_configured(
     method: concurrent one-frame calls (several videos' frames) are embedded in batches of that size."""
     import asyncio
 
-    from pipeline.embedding.encoders import Encoder
+    from pipeline.serve.encoder import Encoder
 
     # Outside a replica: the batch queue only reads max_ongoing_requests from the replica context.
     replica = SimpleNamespace(_deployment_config=SimpleNamespace(max_ongoing_requests=256))
@@ -286,13 +286,13 @@ def test_encoder_deployment_batches_concurrent_calls_as_configured(
 
     shell = Encoder.func_or_class(_settings(tiny_model_dir, max_batch_size=3, batch_wait_timeout_s=1.0))
     sizes: list[int] = []
-    embed = shell._encoder.embed_images
+    embed = shell.models.default.embed_images
 
     def counted(images: Any) -> NDArray[np.float32]:
         sizes.append(len(images))
         return embed(images)
 
-    shell._encoder.embed_images = counted
+    shell.models.default.embed_images = counted
     images = _mixed_images()[:5] + _block_images(2)
 
     async def calls() -> list[NDArray[np.float32]]:
@@ -397,7 +397,7 @@ def test_model_dim_of_a_hub_id_tries_the_cache_before_the_hub(monkeypatch: pytes
 def _serve_encoder(model_dir: Path, monkeypatch: pytest.MonkeyPatch, **overrides: object) -> Any:
     """The Encoder's Serve shell outside a replica (the batch queue reads max_ongoing_requests from
     the replica context)."""
-    from pipeline.embedding.encoders import Encoder
+    from pipeline.serve.encoder import Encoder
 
     replica = SimpleNamespace(_deployment_config=SimpleNamespace(max_ongoing_requests=256))
     monkeypatch.setattr("ray.serve.get_replica_context", lambda: replica)

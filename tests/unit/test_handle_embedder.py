@@ -16,8 +16,8 @@ import pytest
 from numpy.typing import NDArray
 
 from pipeline.embedding.encoders import (
+    BatchEncoder,
     EmbedFailure,
-    Encoder,
     HandleEmbedder,
     HandleEmbedders,
     HandleQueryEncoder,
@@ -168,13 +168,10 @@ def fake_pool(*models: FakeModel, max_models: int = 2) -> ModelPool:
     return ModelPool(settings, max_models, load=lambda s: by_id[s.id])  # type: ignore[arg-type,return-value]
 
 
-def shell(pool: ModelPool) -> tuple[Any, MemoryBackend]:
-    """The Encoder without Serve's constructor: its pool and a recording metrics backend."""
-    encoder: Any = object.__new__(Encoder.func_or_class)  # type: ignore[attr-defined]
-    encoder._pool = pool
+def shell(pool: ModelPool) -> tuple[BatchEncoder, MemoryBackend]:
+    """What the Encoder deployment holds, over ``pool``, with a recording metrics backend."""
     recorded = MemoryBackend()
-    encoder._metrics = Metrics(recorded)
-    return encoder, recorded
+    return BatchEncoder(pool, Metrics(recorded)), recorded
 
 
 def batch_sizes(recorded: MemoryBackend) -> dict[str, float]:
@@ -186,8 +183,7 @@ def test_the_encoder_runs_a_batch_of_chunks_once_and_answers_each_caller_its_own
     # The batch body itself (Ray's @serve.batch gathers the callers' chunks into ``chunks``).
     model = FakeModel()
     encoder, recorded = shell(fake_pool(model))
-    body = Encoder.func_or_class.embed_chunk.__wrapped__  # type: ignore[attr-defined]
-    answers = asyncio.run(asyncio.wait_for(body(encoder, [frames(1, 2, 3), frames(), frames(7)]), 30))
+    answers = asyncio.run(asyncio.wait_for(encoder.embed_chunks([frames(1, 2, 3), frames(), frames(7)]), 30))
     assert [a[:, 0].tolist() for a in answers] == [[1.0, 2.0, 3.0], [], [7.0]]
     assert model.runs == [4]  # one run over the three callers' frames
     assert batch_sizes(recorded) == {
@@ -199,9 +195,8 @@ def test_the_encoder_runs_a_batch_of_chunks_once_and_answers_each_caller_its_own
 def test_a_batch_of_chunks_for_two_models_runs_once_per_model_and_answers_in_the_callers_order() -> None:
     old, new = FakeModel("old", dim=2), FakeModel("new", dim=3)
     encoder, recorded = shell(fake_pool(old, new))
-    body = Encoder.func_or_class.embed_chunk.__wrapped__  # type: ignore[attr-defined]
     chunks = [frames(1, 2), frames(3), frames(5, 6), frames(), frames(4)]
-    answers = asyncio.run(asyncio.wait_for(body(encoder, chunks, ["old", None, "new", "old", "new"]), 30))
+    answers = asyncio.run(asyncio.wait_for(encoder.embed_chunks(chunks, ["old", None, "new", "old", "new"]), 30))
     assert [a.shape for a in answers] == [(2, 2), (1, 2), (2, 3), (0, 2), (1, 3)]
     assert [a[:, 0].tolist() for a in answers] == [[1.0, 2.0], [3.0], [5.0, 6.0], [], [4.0]]
     assert old.runs == [3] and new.runs == [3]  # None is the default model: one group with "old"
@@ -211,12 +206,11 @@ def test_a_batch_of_chunks_for_two_models_runs_once_per_model_and_answers_in_the
 def test_batches_of_images_and_texts_for_two_models_answer_each_caller_with_its_model() -> None:
     old, new = FakeModel("old", dim=2), FakeModel("new", dim=3)
     encoder, _ = shell(fake_pool(old, new))
-    cls = Encoder.func_or_class  # type: ignore[attr-defined]
     images = [frames(v)[0] for v in (1, 2, 3)]
-    vectors = asyncio.run(asyncio.wait_for(cls.embed_image.__wrapped__(encoder, images, ["new", "old", "new"]), 30))
+    vectors = asyncio.run(asyncio.wait_for(encoder.embed_images(images, ["new", "old", "new"]), 30))
     assert [v.tolist() for v in vectors] == [[1.0] * 3, [2.0] * 2, [3.0] * 3]
     texts = ["a", "bb", "ccc"]
-    vectors = asyncio.run(asyncio.wait_for(cls.embed_text.__wrapped__(encoder, texts, [None, "new", "old"]), 30))
+    vectors = asyncio.run(asyncio.wait_for(encoder.embed_texts(texts, [None, "new", "old"]), 30))
     assert [v.tolist() for v in vectors] == [[1.0] * 2, [2.0] * 3, [3.0] * 2]
     assert old.runs == [1, 2] and new.runs == [2, 1]
 
@@ -224,9 +218,8 @@ def test_batches_of_images_and_texts_for_two_models_answer_each_caller_with_its_
 def test_a_model_that_cannot_load_fails_only_its_own_callers_in_a_mixed_batch() -> None:
     old = FakeModel("old", dim=2)
     encoder, _ = shell(fake_pool(old))  # "broken" is no model the pool can load
-    body = Encoder.func_or_class.embed_chunk.__wrapped__  # type: ignore[attr-defined]
     answers = asyncio.run(
-        asyncio.wait_for(body(encoder, [frames(1), frames(2), frames(3)], ["old", "broken", None]), 30)
+        asyncio.wait_for(encoder.embed_chunks([frames(1), frames(2), frames(3)], ["old", "broken", None]), 30)
     )
     assert [a[:, 0].tolist() for a in (answers[0], answers[2])] == [[1.0], [3.0]]
     assert isinstance(answers[1], EmbedFailure) and answers[1].model_id == "broken"
@@ -270,7 +263,7 @@ def test_the_fused_layouts_embedder_runs_one_chunk_at_a_time() -> None:
 
 
 def test_gpu_shares_follow_the_layout() -> None:
-    from pipeline.serve.deployments import FUSED_GPU_SHARE, gpu_shares
+    from pipeline.serve.resources import FUSED_GPU_SHARE, gpu_shares
     from pipeline.settings import ServeSettings, Settings
 
     split, fused = Settings(), Settings(serve=ServeSettings(layout="fused"))

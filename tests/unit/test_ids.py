@@ -9,6 +9,7 @@ import pytest
 
 from storage.errors import InvalidInput, PermanentError
 from storage.ids import fingerprint, frame_id, parse_s3_uri, s3_uri, video_id
+from storage.sampling import Sampling, SamplingStrategy
 
 BUCKETS = ["videos", "archive"]
 
@@ -148,15 +149,39 @@ def test_frame_id_sorts_by_sample_index() -> None:
 
 
 def test_fingerprint_depends_on_version_model_and_sampling() -> None:
-    base = fingerprint("etag-1", "google/siglip2-base-patch16-224", 1.0)
+    base = fingerprint("etag-1", "google/siglip2-base-patch16-224", Sampling(1.0))
 
-    assert base == fingerprint("etag-1", "google/siglip2-base-patch16-224", 1.0)
+    assert base == fingerprint("etag-1", "google/siglip2-base-patch16-224", Sampling(1.0))
     assert re.fullmatch(r"[0-9a-f]{32}", base)
-    assert base == fingerprint("etag-1", "google/siglip2-base-patch16-224", 1)
+    assert base == fingerprint("etag-1", "google/siglip2-base-patch16-224", Sampling(1))
     others = {
-        fingerprint("etag-2", "google/siglip2-base-patch16-224", 1.0),
-        fingerprint("etag-1", "google/siglip-base-patch16-224", 1.0),
-        fingerprint("etag-1", "google/siglip2-base-patch16-224", 0.5),
+        fingerprint("etag-2", "google/siglip2-base-patch16-224", Sampling(1.0)),
+        fingerprint("etag-1", "google/siglip-base-patch16-224", Sampling(1.0)),
+        fingerprint("etag-1", "google/siglip2-base-patch16-224", Sampling(0.5)),
     }
     assert base not in others
     assert len(others) == 3
+
+
+def test_fingerprints_and_labels_are_the_ones_existing_indexes_hold() -> None:
+    # Written by every release before the Sampling value: existing rows must keep matching.
+    assert fingerprint("etag-1", "google/siglip2-base-patch16-224", Sampling(1.0)) == "454f33a7a6db36d416c35f67e2fe9bf0"
+    assert fingerprint("etag-1", "google/siglip2-base-patch16-224", Sampling(0.5)) == "4c767d1f52234fd3e73c43291a9f5753"
+    assert (Sampling(1.0).label, Sampling(0.5).label, Sampling(2.5).label) == (
+        "every_s=1",
+        "every_s=0.5",
+        "every_s=2.5",
+    )
+
+
+@pytest.mark.parametrize("every_s", [1.0, 0.5, 0.25, 2.5, 3600.0])
+def test_a_sampling_label_parses_back_to_its_sampling(every_s: float) -> None:
+    sampling = Sampling(every_s)
+    assert Sampling.parse(sampling.label) == sampling
+    assert sampling.strategy is SamplingStrategy.INTERVAL
+
+
+@pytest.mark.parametrize("label", ["every_s", "every_s=0", "every_s=-1", "every_s=x", "scenes=1", ""])
+def test_a_label_of_no_known_sampling_is_refused(label: str) -> None:
+    with pytest.raises(ValueError):
+        Sampling.parse(label)

@@ -26,6 +26,7 @@ from storage.errors import EncoderUnavailable, TransientError
 from storage.ids import fingerprint
 from storage.models import ModelTable, table_name
 from storage.s3 import ObjectHead
+from storage.sampling import Sampling
 from storage.tables import IndexStore
 from tests.media import write_video
 from tests.unit.test_indexer import MemoryObjects
@@ -124,7 +125,7 @@ class World:
 
         return Checker(
             model_id=A.model,
-            every_s=1.0,
+            sampling=Sampling(1.0),
             extensions=[".mp4"],
             catalog=self.store.catalog,
             frames=self.store.frames,
@@ -155,8 +156,8 @@ def test_a_job_writes_every_live_table_and_an_entry_for_each(world: World) -> No
     assert [i.table for i in record.indexes] == [A.table, B.table]  # active first
     for t in (A, B):
         entry = record.index_in(t.table)
-        assert entry is not None and entry.model == t.model and entry.every_s == 1.0 and entry.frames == 3
-        assert entry.fingerprint == fingerprint(head.version, t.model, 1.0)
+        assert entry is not None and entry.model == t.model and entry.sampling == Sampling(1.0) and entry.frames == 3
+        assert entry.fingerprint == fingerprint(head.version, t.model, Sampling(1.0))
         summary = world.store.frames_table(t.table).summary(record.video_id)
         assert summary.rows == 3 and set(summary.fingerprints) == {entry.fingerprint} and summary.duplicate_ids == 0
         assert world.dim_of(t) == t.dim
@@ -229,7 +230,7 @@ def test_a_job_on_a_lifecycle_read_before_a_backfill_began_settles_with_the_new_
     assert [i.table for i in record.indexes] == [A.table, B.table]
     for t in (A, B):
         summary = world.store.frames_table(t.table).summary(record.video_id)
-        assert summary.rows == 3 and set(summary.fingerprints) == {fingerprint(head.version, t.model, 1.0)}
+        assert summary.rows == 3 and set(summary.fingerprints) == {fingerprint(head.version, t.model, Sampling(1.0))}
     assert world.checker().run(["videos"]).models == {A.model: 0, B.model: 0}
 
 
@@ -341,7 +342,7 @@ def test_two_jobs_of_one_video_racing_leave_one_set_of_rows_per_table(world: Wor
     for t in (A, B):
         summary = world.store.frames_table(t.table).summary(vid)
         entry = record.index_in(t.table)
-        assert entry is not None and entry.fingerprint == fingerprint(head.version, t.model, 1.0)
+        assert entry is not None and entry.fingerprint == fingerprint(head.version, t.model, Sampling(1.0))
         assert summary.rows == entry.frames == 3 and summary.duplicate_ids == 0
         assert set(summary.fingerprints) == {entry.fingerprint}
     report = world.checker().run(["videos"])

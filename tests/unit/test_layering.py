@@ -224,11 +224,11 @@ def found() -> list[Import]:
 
 def test_the_checker_reads_every_package(found: list[Import]) -> None:
     known = module_files(ROOT)
-    assert {"storage.catalog", "events.router", "pipeline.serve.deployments", "infra.dev.stack"} <= set(known)
+    assert {"storage.catalog", "events.router", "pipeline.serve.app", "infra.dev.stack"} <= set(known)
     # Sanity: it sees the imports it must see (a module-level one, a lazy one in a constructor).
     pairs = {(i.source, i.target) for i in found}
     assert ("storage.tables", "storage.catalog") in pairs
-    assert ("pipeline.serve.deployments", "pipeline.index.consumer") in pairs
+    assert ("pipeline.serve.consumer", "pipeline.index.replica") in pairs
 
 
 def test_storage_imports_nothing_above_it(found: list[Import]) -> None:
@@ -262,7 +262,7 @@ def test_nothing_the_serve_app_can_import_reaches_infra(found: list[Import]) -> 
 
 def test_the_serve_app_loads_no_dev_tooling() -> None:
     loaded = loaded_modules(serve_modules())
-    assert "pipeline.serve.deployments" in loaded
+    assert "pipeline.serve.app" in loaded
     dev = [m for m in loaded if m == "infra.dev" or m.startswith("infra.dev.")]
     assert dev == [], f"importing the Serve app loads dev tooling: {dev}"
 

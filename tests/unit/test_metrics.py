@@ -21,9 +21,9 @@ from pipeline import metrics as vm
 from pipeline.api.app import create_app
 from pipeline.api.node_metrics import NodeMetrics, QueueDepths, merge, vidx_lines
 from pipeline.api.prometheus import exposition
+from pipeline.index.clock import StageClock
 from pipeline.index.consumer import IndexTaskHandler, TaskContext
 from pipeline.index.joblog import log_job
-from pipeline.index.stages import StageClock
 from pipeline.settings import Settings
 from storage.errors import CorruptVideo, LimitExceeded, NotAVideo, TransientError
 from tests.unit.test_api import FakeJobs, FakeSearch, FakeStore, router_stats

@@ -19,6 +19,7 @@ from storage.config import S3Settings
 from storage.errors import TransientError
 from storage.ids import fingerprint
 from storage.models import LEGACY_FRAMES, Backfill, ModelState, ModelTable, table_name
+from storage.sampling import Sampling
 from storage.tables import IndexStore
 
 RACERS = 6
@@ -203,7 +204,7 @@ def legacy_catalog(db_dir: Path, **row: object) -> None:
         "status": "indexed",
         "error": None,
         "frames": 4,
-        "fingerprint": fingerprint("e1", "model-a", 1.0),
+        "fingerprint": fingerprint("e1", "model-a", Sampling(1.0)),
         "duration_s": 4.0,
         "model": "model-a",
         "sampling": "every_s=1",
@@ -225,12 +226,16 @@ def test_a_legacy_row_speaks_of_the_frames_table_and_the_column_is_added_on_firs
     assert opened is not None and "indexes" not in opened.schema.names
     record = store.catalog.get("v1")
     assert record is not None and record.rev == 3
-    assert record.indexes == (ModelIndex(LEGACY_FRAMES, "model-a", fingerprint("e1", "model-a", 1.0), 4, 1.0),)
+    assert record.indexes == (
+        ModelIndex(LEGACY_FRAMES, "model-a", fingerprint("e1", "model-a", Sampling(1.0)), 4, Sampling(1.0)),
+    )
     assert record.index_in(LEGACY_FRAMES) is not None and record.index_in("frames-other") is None
     reopened = store.db.open(VIDEOS)
     assert reopened is not None and "indexes" in reopened.schema.names
     # A new write round-trips its entries, the legacy one rewritten as an entry of its own.
-    entry_b = ModelIndex("frames-model-b-1234abcd-12d-g1", "model-b", fingerprint("e1", "model-b", 2.0), 2, 2.0)
+    entry_b = ModelIndex(
+        "frames-model-b-1234abcd-12d-g1", "model-b", fingerprint("e1", "model-b", Sampling(2.0)), 2, Sampling(2.0)
+    )
     written = store.catalog.write(record.evolve(indexes=(*record.indexes, entry_b)), record.rev)
     assert written is not None
     again = IndexStore(S3Settings(), uri=str(db_dir)).catalog.get("v1")
@@ -264,9 +269,18 @@ def test_a_second_process_opening_a_migrated_catalog_adds_nothing(db_dir: Path) 
 
 def test_a_new_catalog_round_trips_entries(store: IndexStore) -> None:
     entries = (
-        ModelIndex("frames-a-1-8d-g", "model-a", "fpa", 3, 1.0),
-        ModelIndex("frames-b-2-12d-g", "model-b", "fpb", 3, 1.0),
+        ModelIndex("frames-a-1-8d-g", "model-a", "fpa", 3, Sampling(1.0)),
+        ModelIndex("frames-b-2-12d-g", "model-b", "fpb", 3, Sampling(1.0)),
     )
     record = VideoRecord("v9", "s3://videos/v9.mp4", VideoStatus.INDEXED, version="e1", indexes=entries)
     written = store.catalog.write(record, 0)
     assert written is not None and store.catalog.get("v9") == written and written.indexes == entries
+
+
+def test_a_rows_entries_are_stored_as_they_always_were() -> None:
+    """The ``indexes`` column's JSON, byte for byte, as written before entries held a ``Sampling``."""
+    entry = ModelIndex("frames-a-1-8d-g", "model-a", "fpa", 3, Sampling(1.0))
+    row = VideoRecord("v1", "s3://videos/a.mp4", VideoStatus.INDEXED, indexes=(entry,)).to_row()
+    stored = '[{"every_s": 1.0, "fingerprint": "fpa", "frames": 3, "model": "model-a", "table": "frames-a-1-8d-g"}]'
+    assert row["indexes"] == stored
+    assert VideoRecord.from_row(row).indexes == (entry,)

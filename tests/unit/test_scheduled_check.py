@@ -1,20 +1,28 @@
-"""The scheduled check: one leader at a time, incremental rounds, its last round kept for status."""
+"""The scheduled check: one leader at a time, incremental rounds, its last round kept for status, and
+its loop keeping a failed round's error until a round succeeds."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from pipeline.settings import Settings
 from pipeline.upkeep.check import Checker
 from pipeline.upkeep.scheduled import ScheduledCheck
+from storage.s3 import ObjectHead
+from storage.sampling import Sampling
 from storage.tables import IndexStore
 from tests.unit.test_check import BUCKET, Listing, index
 
+#: Longest the loop's thread is waited for.
+WAIT_S = 10.0
 
-def scheduled(store: IndexStore, listing: Listing, now: list[float]) -> ScheduledCheck:
+
+def scheduled(store: IndexStore, listing: Listing, now: list[float], interval_s: float = 1) -> ScheduledCheck:
     checker = Checker(
         model_id="tiny",
-        every_s=1.0,
+        sampling=Sampling(1.0),
         extensions=[".mp4"],
         catalog=store.catalog,
         frames=store.frames,
@@ -27,7 +35,7 @@ def scheduled(store: IndexStore, listing: Listing, now: list[float]) -> Schedule
         checker,
         store.leases,
         [BUCKET],
-        interval_s=1,
+        interval_s=interval_s,
         objects_per_round=2,
         lease_ttl_s=10,
         repair=False,
@@ -62,3 +70,38 @@ def test_rounds_walk_the_bucket_and_keep_the_last_report(tmp_path: Path) -> None
     assert listed == [2, 2, 2]  # k0 k1 | k2 missing | (wrapped) k0 k1
     state = loop.state.as_json()
     assert state["rounds"] == 3 and state["last"]["listed"] == 2 and state["leader"] is True
+
+
+class FlakyListing(Listing):
+    """A bucket listing that fails while ``failing``."""
+
+    failing = True
+
+    def pages(self, bucket: str, prefix: str, start_after: str | None) -> Iterator[list[ObjectHead]]:
+        if self.failing:
+            raise OSError("store unreachable")
+        return super().pages(bucket, prefix, start_after)
+
+
+def test_the_loop_keeps_a_failed_rounds_error_until_a_round_succeeds(tmp_path: Path) -> None:
+    store = IndexStore(Settings().s3, uri=str(tmp_path / "lance"))
+    listing = FlakyListing()
+    listing.put("k0.mp4")
+    check = scheduled(store, listing, [1000.0], interval_s=0.01)
+    thread, stop = check.start()
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while check.state.last_error is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        assert "store unreachable" in check.state.last_error and check.state.rounds == 0
+        listing.failing = False
+        while check.state.rounds == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        state = check.state
+        assert state.last_error is None and state.leader and state.last is not None
+    finally:
+        stop.set()
+        thread.join(WAIT_S)
+    assert not thread.is_alive() and thread.name == "scheduled-check"

@@ -16,6 +16,7 @@ from pipeline.settings import Settings
 from storage.catalog import ModelIndex, VideoRecord, VideoStatus
 from storage.frames import FRAMES, FrameRow, VideoFrames
 from storage.models import ModelTable, table_name
+from storage.sampling import Sampling
 from storage.tables import IndexStore
 
 A = ModelTable("model-a", 8, table_name("model-a", 8, "g1"))
@@ -78,7 +79,7 @@ def add(
 
 
 def entry(table: ModelTable, every_s: float, frames: int = 2) -> ModelIndex:
-    return ModelIndex(table.table, table.model, "fp", frames, every_s)
+    return ModelIndex(table.table, table.model, "fp", frames, Sampling(every_s))
 
 
 def search(service: SearchService, q: str = "a dog", k: int = 10) -> SearchResponse:

@@ -94,7 +94,7 @@ def serve_action(action: str, address: str) -> dict[str, Any]:
         serve.shutdown()
         return {"status": "SHUTDOWN"}
     if action == "deploy":
-        from pipeline.serve.deployments import build_app
+        from pipeline.serve.app import build_app
 
         serve.start(http_options={"host": settings.serve.host, "port": settings.serve.port})
         target = serve.RunTarget(build_app(settings), name=name, route_prefix=settings.serve.route_prefix)

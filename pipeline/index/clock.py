@@ -1,19 +1,11 @@
-"""Pieces of one index job's work: its per-stage wall clock, frame chunks, thumbnails."""
+"""The wall clock of one index job, added up per stage (its log line and metrics report it)."""
 
 from __future__ import annotations
 
-import io
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from itertools import islice
 from typing import TypeVar
-
-import numpy as np
-from numpy.typing import NDArray
-from PIL import Image
-
-from pipeline.media.decode import SampledFrame
 
 T = TypeVar("T")
 
@@ -49,16 +41,3 @@ class StageClock:
 
     def summary(self) -> str:
         return " ".join(f"{k}={v:.2f}s" for k, v in self.seconds.items())
-
-
-def chunks(frames: Iterator[SampledFrame], size: int) -> Iterator[list[SampledFrame]]:
-    while chunk := list(islice(frames, size)):
-        yield chunk
-
-
-def thumbnail_jpeg(rgb: NDArray[np.uint8], max_side: int) -> bytes:
-    image = Image.fromarray(rgb)
-    image.thumbnail((max_side, max_side))
-    out = io.BytesIO()
-    image.save(out, format="JPEG", quality=75)
-    return out.getvalue()

@@ -1,0 +1,153 @@
+"""What an index job must do for one video, decided from what it read; no storage here.
+
+``plan_index`` for an object that exists, ``plan_removal`` for one that is gone. The indexer
+(``pipeline.index.indexer``) carries a plan out and re-reads before every settling write, so a plan
+is only ever acted on through the compare-and-set transitions of ``pipeline.index.videostate``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+
+from pipeline.index.videostate import Attempt
+from storage.catalog import ModelIndex, VideoRecord, VideoStatus
+from storage.ids import fingerprint
+from storage.models import ModelTable
+from storage.sampling import Sampling
+
+
+class Step(enum.StrEnum):
+    """What a job does about its video."""
+
+    #: Nothing to change or rewrite: the row already says what the tables hold.
+    LEAVE = "leave"
+    #: Every live table holds this content already: settle the row ``indexed`` (``confirm``).
+    CONFIRM = "confirm"
+    #: Claim the row, fetch, decode and embed for the tables in ``need``, write them, settle ``indexed``.
+    EMBED = "embed"
+    #: No rows and a row that says ``deleted`` (or none): rewrite it ``deleted``, so a `queued` mark loses.
+    SETTLE_REMOVED = "settle_removed"
+    #: Remove the video's rows from every live table, then settle ``deleted``.
+    REMOVE = "remove"
+
+
+@dataclass(frozen=True, slots=True)
+class IndexPlan:
+    """The plan for an object that exists at ``version``: ``live`` are the tables it must end up in
+    (the active model's first), ``kept`` what they already hold (looked at), ``need`` the rest."""
+
+    step: Step
+    version: str
+    live: tuple[ModelTable, ...]
+    sampling: Sampling
+    #: What each live table's rows of this version must carry, by table.
+    fingerprints: dict[str, str] = field(hash=False)
+    kept: tuple[ModelIndex, ...] = ()
+    need: tuple[ModelTable, ...] = ()
+
+    @property
+    def searchable(self) -> bool:
+        """Whether the active model's rows hold this version already (only other tables are needed)."""
+        return all(t.table != self.live[0].table for t in self.need)
+
+    @property
+    def optional(self) -> frozenset[str]:
+        """Tables whose model may fail to embed without failing the job: the active model's rows never
+        wait on a target's (the backfill comes back for it). None when the active one isn't needed."""
+        if self.searchable:
+            return frozenset()
+        return frozenset(t.table for t in self.need if t.table != self.live[0].table)
+
+    def written(self, tables: Collection[str], frames: int) -> tuple[ModelIndex, ...]:
+        """The entries of the needed tables among ``tables`` (those embedded), ``frames`` rows each."""
+        return tuple(
+            ModelIndex(t.table, t.model, self.fingerprints[t.table], frames, self.sampling)
+            for t in self.need
+            if t.table in tables
+        )
+
+    def models_moved(self, fresh: Sequence[ModelTable], held: Collection[str]) -> bool:
+        """Whether the live tables read afresh (``fresh``) forbid settling with entries for ``held``: a
+        table added since ``live`` was read and not held (a backfill begun meanwhile, which waits for
+        this claimed row), or an active table not held (a switch may have made a left-out target active)."""
+        return any(t not in self.live for t in fresh if t.table not in held) or fresh[0].table not in held
+
+    @staticmethod
+    def twin_finished(now: VideoRecord | None, written: Sequence[ModelIndex]) -> bool:
+        """Whether ``now`` is indexed and says each table of ``written`` holds those rows: a job of the
+        same content settled first (its rows equal these)."""
+        if now is None or now.status is not VideoStatus.INDEXED:
+            return False
+        return all((e := now.index_in(i.table)) is not None and e.fingerprint == i.fingerprint for i in written)
+
+    def indexes(self, written: Sequence[ModelIndex]) -> tuple[ModelIndex, ...]:
+        """The row's entries once ``written`` are in: the kept ones and those, in the order of ``live``."""
+        order = [t.table for t in self.live]
+        return tuple(sorted([*self.kept, *written], key=lambda i: order.index(i.table)))
+
+
+def fingerprints(version: str, live: Sequence[ModelTable], sampling: Sampling) -> dict[str, str]:
+    """What each live table's rows of ``version`` carry, by table."""
+    return {t.table: fingerprint(version, t.model, sampling) for t in live}
+
+
+def claims(
+    seen: VideoRecord | None, version: str, live: Sequence[ModelTable], sampling: Sampling
+) -> tuple[ModelIndex, ...]:
+    """The entries of ``seen`` saying a live table holds exactly this content, model and sampling:
+    trusted only once the rows are looked at (a job that lost a race may have written over them)."""
+    if seen is None:
+        return ()
+    fps = fingerprints(version, live, sampling)
+    entries = (seen.index_in(t.table) for t in live)
+    return tuple(e for e in entries if e is not None and e.fingerprint == fps[e.table])
+
+
+def plan_index(
+    seen: VideoRecord | None,
+    version: str,
+    live: Sequence[ModelTable],
+    sampling: Sampling,
+    *,
+    holding: Collection[str],
+    settle: bool,
+) -> IndexPlan:
+    """The plan for an object at ``version``, from the row as read (``seen``), the live tables (the
+    active model's first) and the tables among ``claims`` whose rows were looked at and hold them.
+    ``settle``: the job must write the row even when nothing changed (a `queued` mark may be in flight).
+
+    Raises:
+        ValueError: no live table.
+    """
+    if not live:
+        raise ValueError("a video is indexed into at least one table")
+    kept = tuple(e for e in claims(seen, version, live, sampling) if e.table in holding)
+    need = tuple(t for t in live if t.table not in {k.table for k in kept})
+    fps = fingerprints(version, live, sampling)
+    base = IndexPlan(Step.EMBED, version, tuple(live), sampling, fps, kept, need)
+    if seen is None or need:
+        return base
+    settled = seen.status is VideoStatus.INDEXED and seen.version == version
+    return IndexPlan(Step.CONFIRM if settle or not settled else Step.LEAVE, version, tuple(live), sampling, fps, kept)
+
+
+def plan_removal(seen: VideoRecord | None, rows: int, *, settle: bool) -> Step:
+    """The plan for an object that is gone, from the row as read and the video's ``rows`` in the live tables."""
+    if rows == 0 and (seen is None or seen.status is VideoStatus.DELETED):
+        return Step.SETTLE_REMOVED if settle else Step.LEAVE
+    return Step.REMOVE
+
+
+def count_crashes(seen: VideoRecord | None, attempt: Attempt | None, holder: str, alive: Callable[[str], bool]) -> int:
+    """Times this task's consumer died while holding the video, this start included: a claim of this
+    task left ``indexing`` by a process that no longer runs (``alive`` says) is one more. ``holder``
+    is this process."""
+    if attempt is None or seen is None or seen.task_id != attempt.task_id:
+        return 0
+    if seen.status is not VideoStatus.INDEXING or seen.holder is None:
+        return seen.crashes
+    if seen.holder == holder:
+        return seen.crashes  # this process is alive: a retry or a redelivery, not a crash
+    return seen.crashes if alive(seen.holder) else seen.crashes + 1

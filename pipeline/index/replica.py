@@ -1,0 +1,54 @@
+"""What one IndexConsumer replica runs, built from the settings: an ``Indexer`` over the index, its
+embedders and frame writers, behind an ``IndexTaskHandler`` (the Serve shell only forwards to it)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from events.deadletters import DeadLetterQueue
+from pipeline.embedding.encoders import HandleEmbedders, PoolEmbedders
+from pipeline.embedding.pool import ModelPool
+from pipeline.index.catalog_writes import HandleCatalogWrites
+from pipeline.index.consumer import IndexTaskHandler
+from pipeline.index.extract import Embedders
+from pipeline.index.holders import holder_alive, process_holder
+from pipeline.index.indexer import Indexer
+from pipeline.index.writers import FrameWriters
+from pipeline.metrics import Metrics
+from pipeline.reindex.lifecycle import LiveModels
+from pipeline.settings import Settings
+from storage.tables import IndexStore
+
+if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle
+
+
+def consumer_handler(
+    settings: Settings, encoder: DeploymentHandle, catalog_writer: DeploymentHandle | None, metrics: Metrics
+) -> IndexTaskHandler:
+    """The task handler of one consumer process. ``encoder``: the Encoder deployment's handle (the
+    ``split`` layout; ``fused`` loads the models in this process); ``catalog_writer``: the CatalogWriter
+    deployment's handle, or None to commit this process's catalog writes itself."""
+    store = IndexStore(settings.s3)
+    live = LiveModels(store.models, settings.reindex.live_refresh_s)
+    embedders: Embedders
+    if settings.serve.layout == "fused":
+        embedders = PoolEmbedders(ModelPool(settings.model))
+    else:
+        embedders = HandleEmbedders(encoder, settings.model.embed_timeout_s)
+    indexer = Indexer(
+        settings,
+        embedders.for_model(settings.model.id),
+        store,
+        # The cluster's one catalog writer groups every replica's status writes into few commits.
+        catalog_writes=HandleCatalogWrites(catalog_writer) if catalog_writer is not None else None,
+        holder=process_holder(),
+        holder_alive=holder_alive,
+        metrics=metrics,
+        models=live.live,
+        models_now=live.live_now,
+        embedders=embedders,
+        writer_for=FrameWriters(store, settings.writer),
+    )
+    dead_letters = DeadLetterQueue(settings.amqp.url.get_secret_value(), settings.serve.failed_queue)
+    return IndexTaskHandler(indexer, dead_letters, settings.serve.max_retries, metrics)

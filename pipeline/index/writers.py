@@ -1,0 +1,34 @@
+"""One grouped frame writer per model's table, shared by the jobs of one consumer process."""
+
+from __future__ import annotations
+
+import threading
+
+from pipeline.settings import WriterSettings
+from storage.tables import IndexStore
+from storage.writer import GroupedFrameWriter
+
+
+class FrameWriters:
+    """The process's frame writers by table, made on first use: the Celery threads of a replica share
+    commits (one writer per model's table), and each task is acked only after the commit holding its rows."""
+
+    def __init__(self, store: IndexStore, settings: WriterSettings) -> None:
+        self._store = store
+        self._settings = settings
+        self._writers: dict[str, GroupedFrameWriter] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, table: str) -> GroupedFrameWriter:
+        """The writer of ``table`` (the ``writer_for`` an ``Indexer`` takes)."""
+        with self._lock:
+            if table not in self._writers:
+                w = self._settings
+                self._writers[table] = GroupedFrameWriter(
+                    self._store.frames_table(table),
+                    max_videos=w.group_max_videos,
+                    max_rows=w.group_max_rows,
+                    wait_s=w.group_wait_s,
+                    commit_timeout_s=w.commit_timeout_s,
+                )
+            return self._writers[table]

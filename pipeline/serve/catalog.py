@@ -1,0 +1,38 @@
+"""The CatalogWriter deployment: one replica holding the cluster's ``SharedCatalogWriter``."""
+
+from __future__ import annotations
+
+from ray import serve
+
+from pipeline.index.catalog_writes import SharedCatalogWriter
+from pipeline.serve.logs import route_logs_to_replica
+from pipeline.settings import Settings
+from storage.catalog import VideoRecord
+
+#: Room for ``close`` (``storage.catalog_writer.CLOSE_TIMEOUT_S``) when the replica stops.
+SHUTDOWN_TIMEOUT_S = 45.0
+
+
+@serve.deployment(
+    name="CatalogWriter", num_replicas=1, max_ongoing_requests=4096, graceful_shutdown_timeout_s=SHUTDOWN_TIMEOUT_S
+)
+class CatalogWriter:
+    """Forwards every consumer's compare-and-set catalog writes to the one grouped writer."""
+
+    def __init__(self, settings: Settings) -> None:
+        route_logs_to_replica()
+        self._writer = SharedCatalogWriter(settings)
+
+    async def write(self, record: VideoRecord, expected_rev: int) -> VideoRecord | None:
+        """Raises:
+        TransientError: the commit failed or gave no outcome in time.
+        """
+        return await self._writer.write(record, expected_rev)
+
+    def stats(self) -> dict[str, int]:
+        return self._writer.stats()
+
+    def __del__(self) -> None:
+        writer = getattr(self, "_writer", None)  # absent when __init__ failed
+        if writer is not None:
+            writer.close()

@@ -1,0 +1,74 @@
+"""The IndexConsumer deployment: Ray Serve's task consumer on the index queue, forwarding each task
+to its replica's ``IndexTaskHandler`` (``pipeline.index.replica``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+from ray.serve.task_consumer import task_consumer, task_handler
+
+from events.jobs import INDEX_TASK
+from pipeline.index.taskqueue import task_processor_config
+from pipeline.serve.autoscale import replica_options
+from pipeline.serve.logs import logging_config, route_logs_to_replica
+from pipeline.serve.resources import SHUTDOWN_MARGIN_S
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: The deployment's name in Serve's status, the metrics and the replicas' log files.
+NAME = "IndexConsumer"
+
+
+def consumer_deployment(settings: Settings, num_gpus: float = 0.0) -> Any:
+    """The IndexConsumer class, decorated with the task-processor config built from ``settings``."""
+
+    @serve.deployment(
+        name=NAME,
+        max_ongoing_requests=settings.serve.consumer_concurrency,
+        # Room for __del__ to drain the running tasks (Celery's warm shutdown stops new ones first).
+        graceful_shutdown_timeout_s=settings.serve.drain_timeout_s + SHUTDOWN_MARGIN_S,
+        ray_actor_options={"num_cpus": settings.serve.consumer_num_cpus, "num_gpus": num_gpus},
+        logging_config=logging_config(settings.serve.log_encoding),
+        **replica_options(settings, NAME),
+    )
+    @task_consumer(task_processor_config=task_processor_config(settings))
+    class IndexConsumer:
+        def __init__(
+            self, settings: Settings, encoder: DeploymentHandle, catalog_writer: DeploymentHandle | None = None
+        ) -> None:
+            from pipeline.index.replica import consumer_handler
+            from pipeline.metrics import Metrics, RayBackend
+
+            route_logs_to_replica()
+            self._handler = consumer_handler(settings, encoder, catalog_writer, Metrics(RayBackend()))
+            self._drain_timeout_s = settings.serve.drain_timeout_s
+
+        def __del__(self) -> None:
+            # Runs after the task consumer's own __del__ asked Celery for a warm shutdown.
+            handler = getattr(self, "_handler", None)  # absent when __init__ failed
+            if handler is None:
+                return
+            left = handler.drain(self._drain_timeout_s)
+            if left:
+                log.warning("consumer stopping with %d tasks still running (they will be redelivered)", left)
+
+        @task_handler(name=INDEX_TASK)
+        def index_video(self, job: dict[str, Any]) -> dict[str, Any]:
+            from celery import current_task
+
+            from pipeline.index.consumer import TaskContext
+
+            request = current_task.request
+            delivery = getattr(request, "delivery_info", None) or {}
+            context = TaskContext(
+                task_id=str(request.id),
+                retries=int(getattr(request, "retries", 0) or 0),
+                redelivered=bool(delivery.get("redelivered", False)),
+            )
+            return self._handler.handle(job, context)
+
+    return IndexConsumer

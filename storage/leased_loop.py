@@ -1,0 +1,109 @@
+"""A background service's loop: a round every interval on a daemon thread, run by one worker of the
+fleet at a time (the holder of a named lease in ``storage.leases``). Index maintenance, the backfill
+coordinator and the scheduled check each supply only their round."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import TypeVar
+
+from storage.leases import Leases
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def new_holder() -> str:
+    """A lease holder id unique to this process and loop: ``host:pid:token``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class LeasedLoop:
+    """The lease ``lease`` and the thread of the service ``service`` (its thread's name).
+
+    ``once`` runs a round only while this worker holds the lease; ``start`` calls a tick every
+    ``every_s`` until its stop event is set, and a tick that fails is logged and the next one tries
+    again. The tick takes the lease itself (through ``once`` or ``hold``), so a service can choose
+    its round after the lease answers, or run the same round on demand.
+    """
+
+    def __init__(
+        self,
+        service: str,
+        leases: Leases,
+        lease: str,
+        *,
+        every_s: float,
+        ttl_s: float,
+        first_tick_now: bool = False,
+        holder: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``first_tick_now``: the first tick as the thread starts (else after one ``every_s``);
+        ``clock``: the epoch seconds lease expiries are kept in."""
+        self.service = service
+        self._leases = leases
+        self._lease = lease
+        self._every_s = every_s
+        self._ttl_s = ttl_s
+        self._first_tick_now = first_tick_now
+        self._holder = holder or new_holder()
+        self._clock = clock
+        self._leader = False
+
+    @property
+    def holder(self) -> str:
+        return self._holder
+
+    @property
+    def leader(self) -> bool:
+        """Whether the last answer of the lease was that this worker holds it."""
+        return self._leader
+
+    def hold(self) -> bool:
+        """Take or renew the lease for ``ttl_s`` from now; whether this worker holds it.
+
+        Raises:
+            TransientError: the index database failed (``leader`` keeps its last answer).
+        """
+        self._leader = self._leases.acquire(self._lease, self._holder, self._ttl_s, self._clock())
+        return self._leader
+
+    def once(self, work: Callable[[], T]) -> T | None:
+        """``work()`` if this worker holds the lease (taken or renewed first); None if another does.
+
+        Raises:
+            TransientError: the index database failed; and whatever ``work`` raises.
+        """
+        return work() if self.hold() else None
+
+    def run(self, stop: threading.Event, tick: Callable[[], object], on_error: Callable[[str], None] | None) -> None:
+        """``tick()`` every ``every_s`` until ``stop`` is set. A tick that raises is logged and its
+        ``Type: message`` handed to ``on_error``; the loop goes on."""
+        if not self._first_tick_now and stop.wait(self._every_s):
+            return
+        while not stop.is_set():
+            try:
+                tick()
+            except Exception as exc:  # a store blip must not end the loop
+                why = f"{type(exc).__name__}: {exc}"
+                log.warning("%s round failed: %s", self.service, why, exc_info=True)
+                if on_error is not None:
+                    on_error(why)
+            stop.wait(self._every_s)
+
+    def start(
+        self, tick: Callable[[], object], on_error: Callable[[str], None] | None = None
+    ) -> tuple[threading.Thread, threading.Event]:
+        """``run`` on a daemon thread named after the service; set the returned event to stop it."""
+        stop = threading.Event()
+        thread = threading.Thread(target=self.run, args=(stop, tick, on_error), name=self.service, daemon=True)
+        thread.start()
+        return thread, stop
