@@ -7,7 +7,7 @@ replay tick); the figure is the time from the PUT's answer to the event's delive
 the bucket-event queue — the hop the EventRouter sees, measured without the app so that no router or
 pipeline work is in it. Then the outage: RabbitMQ's app is stopped (the container and its address
 stay), objects are uploaded, the broker is started again, and the run waits for their events.
-docs/architecture.md ("Event delivery") reads the figures.
+docs/design/events.md reads the figures.
 """
 
 from __future__ import annotations

@@ -136,7 +136,7 @@ class ServeSettings(BaseModel):
     #: Fixed replica counts, used when ``autoscale.enabled`` is off.
     consumer_replicas: int = Field(default=1, ge=1)
     #: Tasks one consumer replica runs at once (Celery threads; each holds one unacked task).
-    #: Chosen with ``python -m bench.e2e`` (docs/architecture.md has the figures).
+    #: Chosen with ``python -m bench.e2e`` (docs/benchmarks.md has the figures).
     consumer_concurrency: int = Field(default=4, ge=1, le=64)
     #: Of those, how many decode and embed at once (the rest fetch, or wait on catalog and frame
     #: commits meanwhile); 0: as many as ``consumer_concurrency``.

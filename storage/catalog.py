@@ -2,7 +2,7 @@
 
 Every write names the revision it read (``expected_rev``) and lands only if the row still holds it,
 so of two racing writers exactly one wins and the loser learns it lost. The transitions themselves
-(who may move a video from which state to which) live in ``pipeline.index.videostate``; docs/architecture.md
+(who may move a video from which state to which) live in ``pipeline.index.videostate``; docs/design/state-machine.md
 draws them.
 """
 

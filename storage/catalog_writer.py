@@ -5,7 +5,7 @@ two transitions (claim, finish), so one commit per transition caps the whole clu
 per second. ``GroupedCatalogWriter`` commits whatever writes are waiting in one ``Catalog.write_many``
 (each still a compare-and-set of its own), at most one commit per ``min_interval_s``: alone, a write
 commits at once; under load the commit rate stays fixed and each commit carries more videos.
-docs/architecture.md says why the state machine's argument holds unchanged.
+docs/design/state-machine.md says why the state machine's argument holds unchanged.
 """
 
 from __future__ import annotations

@@ -94,7 +94,9 @@ class LeasedLoop:
                 tick()
             except Exception as exc:  # a store blip must not end the loop
                 why = f"{type(exc).__name__}: {exc}"
-                log.warning("%s round failed: %s", self.service, why, exc_info=True)
+                # One line a round (a store down fails every round); the traceback for debugging.
+                log.warning("%s round failed: %s", self.service, why)
+                log.debug("%s round failed", self.service, exc_info=True)
                 if on_error is not None:
                     on_error(why)
             stop.wait(self._every_s)

@@ -255,7 +255,7 @@ def _checker(w: World, sink: _ListSink | None) -> Checker:
     store = w.stores[0]
     return Checker(
         model_id=ColourEmbedder.model_id,
-        every_s=settings.sampling.spec,
+        sampling=settings.sampling.spec,
         extensions=settings.videos.extensions,
         catalog=store.catalog,
         frames=store.frames,

@@ -3,7 +3,7 @@ CatalogWriter deployment holds, over ``storage.catalog_writer.GroupedCatalogWrit
 every consumer writes through.
 
 One writer for the whole fleet keeps the catalog's commit rate fixed however many consumers run:
-more consumers make each commit carry more videos, not more commits (docs/architecture.md).
+more consumers make each commit carry more videos, not more commits (docs/design/state-machine.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The index job, without Ray: read the video's row, HEAD the object, then remove its rows, confirm
 them, or fetch, decode, embed and replace them — each catalog change a compare-and-set through
-``pipeline.index.videostate``. docs/architecture.md explains why every interleaving converges.
+``pipeline.index.videostate``. docs/design/state-machine.md explains why every interleaving converges.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The per-video state machine over the catalog: each transition is one compare-and-set on the
 revision the caller read (``Catalog.write``), so no interleaving of jobs can write over a change it
-did not see. docs/architecture.md draws the states and who moves them.
+did not see. docs/design/state-machine.md draws the states and who moves them.
 
 A transition returns the row as written, or None when another writer changed the row first: the
 caller reads again and decides anew.

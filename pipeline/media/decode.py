@@ -35,7 +35,7 @@ from pipeline.media.workers import (
     serve,
 )
 from storage.errors import CorruptVideo, LimitExceeded, NotAVideo, TransientError
-from storage.sampling import Sampling, hms
+from storage.sampling import Sampling, SamplingStrategy, hms
 
 __all__ = [
     "ABANDON_GRACE_S",
@@ -140,7 +140,9 @@ def open_sampled(
         "sample",
         path,
         limits,
-        sampling=sampling.label,
+        # The interval as a float: the label rounds it to 6 digits.
+        every_s=sampling.every_s,
+        sampling_strategy=sampling.strategy.value,
         max_side=max_side,
         strategy=DecodeStrategy(strategy).value,
         threads=threads,
@@ -284,7 +286,13 @@ def _handle(request: dict[str, Any], reply: Callable[[Message], None]) -> None:
     try:
         # One open: the stream facts first, then the frames.
         info, frames = open_file(
-            path, Sampling.parse(request["sampling"]), limits, request["max_side"], strategy, request["threads"], stats
+            path,
+            Sampling(request["every_s"], SamplingStrategy(request["sampling_strategy"])),
+            limits,
+            request["max_side"],
+            strategy,
+            request["threads"],
+            stats,
         )
         reply(Message(_INFO, asdict(info)))
         for frame in frames:

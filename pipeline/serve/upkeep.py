@@ -33,6 +33,13 @@ class Upkeep:
         """Each service's name and whether its thread is alive."""
         return self._services.running()
 
+    def check_health(self) -> None:
+        """Serve replaces the replica when a service's thread has ended (their loops survive failing
+        rounds, so only a bug ends one)."""
+        stopped = [name for name, alive in self._services.running().items() if not alive]
+        if stopped:
+            raise RuntimeError(f"upkeep services stopped: {', '.join(stopped)}")
+
     def __del__(self) -> None:
         services = getattr(self, "_services", None)  # absent when __init__ failed
         if services is not None:
