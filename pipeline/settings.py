@@ -69,6 +69,9 @@ class WriterSettings(BaseModel):
     catalog_max_writes: int = Field(default=1024, ge=1)
     #: Longest wait of one transition for the outcome of its catalog write; then it counts as failed.
     catalog_write_timeout_s: float = Field(default=60.0, gt=0)
+    #: A writer (catalog or frames) whose work waits this long without a group taken or a commit
+    #: ending fails its health check, so Serve replaces its replica (a hung commit, a dead thread).
+    stall_after_s: float = Field(default=180.0, gt=0)
 
 
 class SamplingSettings(BaseModel):

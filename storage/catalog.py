@@ -75,8 +75,14 @@ VIDEOS_SCHEMA = pa.schema(
         #: carry, how many and the sampling interval (JSON list of ``ModelIndex``; null in rows
         #: written before per-model tables, which speak of the table ``frames``).
         pa.field("indexes", pa.string(), nullable=True),
+        #: Chosen by the writer of this revision (``pipeline.index.videostate``): a caller that lost
+        #: the reply to its write reads the row back to tell "landed" from "not landed".
+        pa.field("write_id", pa.string(), nullable=True),
     ]
 )
+
+#: Columns added after the first catalogs were made, with the SQL that fills them in old rows.
+_ADDED_COLUMNS = {"indexes": "CAST(NULL AS STRING)", "write_id": "CAST(NULL AS STRING)"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +144,7 @@ class VideoRecord:
     crashes: int = 0
     updated_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     indexes: tuple[ModelIndex, ...] = ()
+    write_id: str | None = None
 
     def index_in(self, table: str) -> ModelIndex | None:
         """What the catalog says frames table ``table`` holds for this video (None: nothing)."""
@@ -162,6 +169,7 @@ class VideoRecord:
             crashes=int(row.get("crashes") or 0),
             updated_at=row["updated_at"],
             indexes=_indexes_from(row),
+            write_id=row.get("write_id"),
         )
 
     def to_row(self) -> dict[str, Any]:
@@ -190,12 +198,13 @@ class Catalog:
         if self._table is None:
             try:
                 table = self._db.create(VIDEOS, VIDEOS_SCHEMA)
-            except ValueError:  # made before per-model tables: the old schema, without ``indexes``
+            except ValueError:  # made by an earlier release: an older schema, without some columns
                 table = self._db.open(VIDEOS)
                 if table is None:
                     raise
-            if "indexes" not in table.schema.names:
-                _add_indexes_column(table)
+            for name, fill in _ADDED_COLUMNS.items():
+                if name not in table.schema.names:
+                    _add_column(table, name, fill)
             self._table = table
         return self._table
 
@@ -355,16 +364,17 @@ class Catalog:
         return _by_ids(self._read, video_ids)
 
 
-def _add_indexes_column(table: Any) -> None:
-    """A catalog made before per-model tables gets the ``indexes`` column (null: its rows are read
-    as speaking of the ``frames`` table). Two processes may race to add it: one wins."""
+def _add_column(table: Any, name: str, fill: str) -> None:
+    """A catalog made by an earlier release gets a column added since (``indexes`` null: its rows
+    are read as speaking of the ``frames`` table; ``write_id`` null: no write of it is awaited). Two
+    processes may race to add it: one wins."""
     try:
-        table.add_columns({"indexes": "CAST(NULL AS STRING)"})
+        table.add_columns({name: fill})
     except Exception:  # another process added it first; anything else shows on the next write
         table.checkout_latest()
-        if "indexes" not in table.schema.names:
+        if name not in table.schema.names:
             raise
-    log.info("catalog: added the indexes column")
+    log.info("catalog: added the %s column", name)
 
 
 def _by_ids(table: Callable[[], Any], video_ids: Iterable[str]) -> dict[str, VideoRecord]:

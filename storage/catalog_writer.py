@@ -19,7 +19,7 @@ from typing import Protocol
 from storage.catalog import Catalog, VideoRecord
 from storage.errors import TransientError
 from storage.grouped import CLOSE_TIMEOUT_S as CLOSE_TIMEOUT_S
-from storage.grouped import GroupedCommits, GroupPolicy
+from storage.grouped import STALL_AFTER_S, GroupedCommits, GroupPolicy
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,14 @@ class CatalogWriterStats:
 class GroupedCatalogWriter:
     """Gathers concurrent catalog writes into grouped commits (see the module docstring)."""
 
-    def __init__(self, catalog: Catalog, *, min_interval_s: float = 1.0, max_writes: int = 512) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        *,
+        min_interval_s: float = 1.0,
+        max_writes: int = 512,
+        stall_after_s: float = STALL_AFTER_S,
+    ) -> None:
         if min_interval_s < 0 or max_writes < 1:
             raise ValueError("min_interval_s must be >= 0 and max_writes >= 1")
         self._catalog = catalog
@@ -111,9 +118,16 @@ class GroupedCatalogWriter:
             key=lambda p: p.record.video_id,
             due_at=lambda _oldest: self._last_commit + self._min_interval_s,
             max_items=max_writes,
+            # A write whose caller cancelled its future is not committed; one taken can't be cancelled.
+            admit=lambda p: p.future.set_running_or_notify_cancel(),
         )
         self._grouped = GroupedCommits(
-            "catalog-writer", policy, write=self._write, landed=self._landed, failed=self._failed_commit
+            "catalog-writer",
+            policy,
+            write=self._write,
+            landed=self._landed,
+            failed=self._failed_commit,
+            stall_after_s=stall_after_s,
         )
 
     @property
@@ -128,6 +142,10 @@ class GroupedCatalogWriter:
             pending.future.set_exception(TransientError("the catalog writer is closed"))
         return FutureWrite(pending.future, record.video_id)
 
+    def health(self) -> str | None:
+        """None while the writer thread lives and its queue moves; else what is wrong."""
+        return self._grouped.health()
+
     def close(self) -> None:
         """Commit what is queued, then stop the writer thread (bounded by ``CLOSE_TIMEOUT_S``)."""
         self._grouped.close()
@@ -141,7 +159,7 @@ class GroupedCatalogWriter:
         error = exc if isinstance(exc, TransientError) else TransientError(f"catalog commit failed: {exc}")
         self._last_commit = time.monotonic()
         for pending in group:
-            pending.future.set_exception(error)
+            _settle(pending.future, error=error)
         return []
 
     def _landed(self, group: list[_Pending], outcomes: list[VideoRecord | None], took_s: float) -> None:
@@ -149,4 +167,18 @@ class GroupedCatalogWriter:
         self._last_commit = time.monotonic()
         log.debug("catalog commit of %d writes in %.3fs", len(group), took_s)
         for pending, outcome in zip(group, outcomes, strict=True):
-            pending.future.set_result(outcome)
+            _settle(pending.future, outcome)
+
+
+def _settle(
+    future: Future[VideoRecord | None], outcome: VideoRecord | None = None, error: Exception | None = None
+) -> None:
+    """Hand a write's outcome to its future; one that already has one (it can't: admitted futures
+    can't be cancelled) is left as it is rather than end the writer thread."""
+    if future.done():
+        log.warning("a catalog write's future already had an outcome; this one is dropped")
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(outcome)

@@ -7,6 +7,7 @@ the queue, the thread, closing and draining, one item per key in a group, and ta
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -14,8 +15,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
+log = logging.getLogger(__name__)
+
 #: Longest wait for the writer thread to finish what is queued when the writer is closed.
 CLOSE_TIMEOUT_S = 30.0
+
+#: How long work may wait without a group taken or a commit ending before ``health`` says the writer
+#: stopped moving (a default: each writer passes its own, above its longest due time and commit).
+STALL_AFTER_S = 120.0
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -41,6 +48,9 @@ class GroupPolicy(Generic[T]):
     weight: Callable[[T], int] = _unweighted
     max_weight: int | None = None
     take_when_full: bool = False
+    #: Called once on each item as a group takes it (under the queue's lock): False drops the item
+    #: (its caller gave up on it: e.g. a cancelled future), True admits it to the group.
+    admit: Callable[[T], bool] = lambda _item: True
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +70,9 @@ class GroupedCommits(Generic[T, R]):
     ``write(group)`` commits a group; what it returns goes to ``landed(group, result, took_s)``, what it
     raises to ``failed(group, error, took_s)``, which returns the parts of the group to commit again, each
     on its own (none: the group is done). Items are told apart by identity. Runs until ``close``.
+
+    The thread outlives anything one group does: a hook that raises is logged and counted
+    (``hook_errors``), and ``health`` says when it died anyway or stopped moving.
     """
 
     def __init__(
@@ -70,6 +83,7 @@ class GroupedCommits(Generic[T, R]):
         write: Callable[[list[T]], R],
         landed: Callable[[list[T], R, float], None],
         failed: Callable[[list[T], Exception, float], Sequence[list[T]]],
+        stall_after_s: float = STALL_AFTER_S,
     ) -> None:
         if policy.max_items < 1:
             raise ValueError("a group must hold at least one item")
@@ -81,6 +95,12 @@ class GroupedCommits(Generic[T, R]):
         self._cond = threading.Condition()
         self._closed = False
         self._counts = CommitCounts(0, 0, 0, 0)
+        self._stall_after_s = stall_after_s
+        #: When a group was last taken or a commit last ended, and whether a commit is under way.
+        self._moved_at = time.monotonic()
+        self._committing = False
+        self.hook_errors = 0
+        self.dropped = 0
         self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
         self._thread.start()
 
@@ -90,11 +110,26 @@ class GroupedCommits(Generic[T, R]):
         with self._cond:
             return self._counts
 
+    def health(self) -> str | None:
+        """None while the writer works; else why not: its thread died, or work has waited
+        ``stall_after_s`` without a group taken or a commit ending (a stalled store, a hung commit)."""
+        if not self._thread.is_alive():
+            return None if self._closed else "its writer thread is dead"
+        with self._cond:
+            waiting = bool(self._queue) or self._committing
+            still_s = time.monotonic() - self._moved_at
+        if waiting and still_s > self._stall_after_s:
+            what = "a commit has run" if self._committing else "writes have waited"
+            return f"{what} {still_s:.0f}s without progress (bound {self._stall_after_s:g}s)"
+        return None
+
     def put(self, item: T) -> bool:
         """Queue ``item`` for the next groups; False (not queued) once the writer is closed."""
         with self._cond:
             if self._closed:
                 return False
+            if not self._queue and not self._committing:
+                self._moved_at = time.monotonic()  # idle until now: the wait starts here
             self._queue.append(item)
             self._cond.notify_all()
         return True
@@ -118,7 +153,14 @@ class GroupedCommits(Generic[T, R]):
     # -- the writer thread ------------------------------------------------------------------------
     def _run(self) -> None:
         while (group := self._next_group()) is not None:
-            self._commit(group)
+            if group:
+                self._commit(group)
+            self._moved(committing=False)
+
+    def _moved(self, *, committing: bool) -> None:
+        with self._cond:
+            self._moved_at = time.monotonic()
+            self._committing = committing
 
     def _full(self) -> bool:
         p = self._policy
@@ -157,7 +199,11 @@ class GroupedCommits(Generic[T, R]):
                 weight += w
             taken = set(map(id, group))
             self._queue = deque(item for item in self._queue if id(item) not in taken)
-            return group
+            admitted = [item for item in group if p.admit(item)]
+            self.dropped += len(group) - len(admitted)
+            self._moved_at = time.monotonic()
+            self._committing = bool(admitted)
+            return admitted
 
     def _commit(self, group: list[T]) -> None:
         started = time.perf_counter()
@@ -166,11 +212,22 @@ class GroupedCommits(Generic[T, R]):
         except Exception as exc:  # the writer thread carries on whatever a commit raises
             with self._cond:
                 self._counts = replace(self._counts, failed=self._counts.failed + 1)
-            for part in self._failed(group, exc, time.perf_counter() - started):
+            parts = self._hook(self._failed, group, exc, time.perf_counter() - started) or []
+            for part in parts:
                 self._commit(part)
             return
         weight = sum(self._policy.weight(item) for item in group)
         with self._cond:
             c = self._counts
             self._counts = CommitCounts(c.commits + 1, c.items + len(group), c.weight + weight, c.failed)
-        self._landed(group, result, time.perf_counter() - started)
+        self._hook(self._landed, group, result, time.perf_counter() - started)
+
+    def _hook(self, hook: Callable[..., Sequence[list[T]] | None], *args: object) -> Sequence[list[T]] | None:
+        """Run an outcome hook; what it raises is one group's trouble, never the thread's end."""
+        try:
+            return hook(*args)
+        except Exception:
+            with self._cond:
+                self.hook_errors += 1
+            log.exception("%s: an outcome hook raised; the writer carries on", self._thread.name)
+            return None

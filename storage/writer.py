@@ -25,7 +25,7 @@ from typing import Protocol
 
 from storage.errors import PermanentError, TransientError
 from storage.frames import VideoFrames
-from storage.grouped import CLOSE_TIMEOUT_S, GroupedCommits, GroupPolicy
+from storage.grouped import CLOSE_TIMEOUT_S, STALL_AFTER_S, GroupedCommits, GroupPolicy
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ class GroupedFrameWriter:
         max_rows: int = 50_000,
         wait_s: float = 0.05,
         commit_timeout_s: float = 120.0,
+        stall_after_s: float = STALL_AFTER_S,
     ) -> None:
         if max_videos < 1 or max_rows < 1 or wait_s < 0 or commit_timeout_s <= 0:
             raise ValueError("max_videos and max_rows must be >= 1, wait_s >= 0, commit_timeout_s > 0")
@@ -83,7 +84,12 @@ class GroupedFrameWriter:
             take_when_full=True,
         )
         self._grouped = GroupedCommits(
-            "frame-writer", policy, write=self._write, landed=self._landed, failed=self._failed_commit
+            "frame-writer",
+            policy,
+            write=self._write,
+            landed=self._landed,
+            failed=self._failed_commit,
+            stall_after_s=stall_after_s,
         )
 
     @property
@@ -116,6 +122,10 @@ class GroupedFrameWriter:
             raise TransientError(
                 f"grouped commit of {video_id}'s frames failed: {type(pending.error).__name__}"
             ) from pending.error
+
+    def health(self) -> str | None:
+        """None while the writer thread lives and its queue moves; else what is wrong."""
+        return self._grouped.health()
 
     def close(self) -> None:
         """Write what is queued, then stop the writer thread (bounded by ``CLOSE_TIMEOUT_S``)."""

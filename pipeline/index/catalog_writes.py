@@ -27,7 +27,10 @@ class SharedCatalogWriter:
     def __init__(self, settings: Settings) -> None:
         w = settings.writer
         self._writer = GroupedCatalogWriter(
-            IndexStore(settings.s3).catalog, min_interval_s=w.catalog_min_interval_s, max_writes=w.catalog_max_writes
+            IndexStore(settings.s3).catalog,
+            min_interval_s=w.catalog_min_interval_s,
+            max_writes=w.catalog_max_writes,
+            stall_after_s=w.stall_after_s,
         )
         self._timeout_s = w.catalog_write_timeout_s
 
@@ -37,9 +40,18 @@ class SharedCatalogWriter:
         """
         pending = self._writer.submit(record, expected_rev)
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(pending.future), self._timeout_s)
+            # Shielded: the caller's deadline ends its wait, never the write (the writer thread hands
+            # every taken write its outcome, landed or not; the caller tells which by reading back).
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(pending.future)), self._timeout_s)
         except TimeoutError as exc:
             raise TransientError(f"no outcome of the catalog write of {record.video_id} in time") from exc
+
+    def check_health(self) -> None:
+        """Raises:
+        RuntimeError: the writer thread died or its queue stopped moving (Serve replaces the replica).
+        """
+        if (problem := self._writer.health()) is not None:
+            raise RuntimeError(f"the catalog writer is unhealthy: {problem}")
 
     def stats(self) -> dict[str, int]:
         s = self._writer.stats

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -62,9 +63,15 @@ class IndexTaskHandler:
     task's outcome, each failure's reason class and each dead letter."""
 
     def __init__(
-        self, runner: JobRunner, dead_letters: DeadLetterSink, max_retries: int, metrics: Metrics | None = None
+        self,
+        runner: JobRunner,
+        dead_letters: DeadLetterSink,
+        max_retries: int,
+        metrics: Metrics | None = None,
+        writers_health: Callable[[], str | None] = lambda: None,
     ) -> None:
         self._runner = runner
+        self._writers_health = writers_health
         self._dead_letters = dead_letters
         self._max_retries = max_retries
         self._metrics = metrics or Metrics()
@@ -90,6 +97,14 @@ class IndexTaskHandler:
             with self._idle:
                 self._running -= 1
                 self._idle.notify_all()
+
+    def check_health(self) -> None:
+        """Raises:
+        RuntimeError: a frame writer of this process died or stopped moving (Serve replaces the replica;
+            its tasks, unacknowledged, are redelivered).
+        """
+        if (problem := self._writers_health()) is not None:
+            raise RuntimeError(problem)
 
     def drain(self, timeout_s: float) -> int:
         """Wait up to ``timeout_s`` for the tasks running now to end (a replica being scaled down has

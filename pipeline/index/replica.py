@@ -36,6 +36,7 @@ def consumer_handler(
         embedders = PoolEmbedders(ModelPool(settings.model))
     else:
         embedders = HandleEmbedders(encoder, settings.model.embed_timeout_s)
+    writers = FrameWriters(store, settings.writer)
     indexer = Indexer(
         settings,
         embedders.for_model(settings.model.id),
@@ -48,7 +49,7 @@ def consumer_handler(
         models=live.live,
         models_now=live.live_now,
         embedders=embedders,
-        writer_for=FrameWriters(store, settings.writer),
+        writer_for=writers,
     )
     dead_letters = DeadLetterQueue(settings.amqp.url.get_secret_value(), settings.serve.failed_queue)
-    return IndexTaskHandler(indexer, dead_letters, settings.serve.max_retries, metrics)
+    return IndexTaskHandler(indexer, dead_letters, settings.serve.max_retries, metrics, writers.health)

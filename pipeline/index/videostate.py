@@ -9,6 +9,7 @@ caller reads again and decides anew.
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -44,15 +45,29 @@ class VideoStates:
         self._writes: CatalogWrites = writes or DirectWrites(catalog)
         self._write_timeout_s = write_timeout_s
 
+    def _submit(self, record: VideoRecord, expected_rev: int) -> PendingWrite:
+        """Start a write stamped with a fresh ``write_id``, so its outcome can be read back."""
+        stamped = record.evolve(write_id=uuid.uuid4().hex)
+        return _ReadBack(self, self._writes.submit(stamped, expected_rev), stamped)
+
     def _write(self, record: VideoRecord, expected_rev: int) -> VideoRecord | None:
         """Raises:
-        TransientError: the write failed or its outcome did not come in time (it may still land).
+        TransientError: the write failed or its outcome did not come in time, and the row read back
+            does not show it landed (it may still land).
         """
-        return self._writes.submit(record, expected_rev).result(self._write_timeout_s)
+        return self._submit(record, expected_rev).result(self._write_timeout_s)
 
     def wait(self, pending: PendingWrite) -> VideoRecord | None:
         """The outcome of a write started by a ``*_async`` transition (bounded like every write)."""
         return pending.result(self._write_timeout_s)
+
+    def landed(self, video_id: str, write_id: str | None) -> VideoRecord | None:
+        """The row, if it is the one the write stamped ``write_id`` left (None: not seen, or unreadable)."""
+        try:
+            row = self.read(video_id)
+        except TransientError:
+            return None
+        return row if row is not None and write_id is not None and row.write_id == write_id else None
 
     def read(self, video_id: str) -> VideoRecord | None:
         return self.catalog.get(video_id)
@@ -62,10 +77,10 @@ class VideoStates:
         compare-and-set on the row as read *before* that submit (see ``QueueingSink``). A row already
         queued or being indexed is left as it is (None)."""
         if seen is None:
-            return self._writes.submit(VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.QUEUED), 0)
+            return self._submit(VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.QUEUED), 0)
         if seen.status in IN_FLIGHT:
             return None
-        return self._writes.submit(seen.evolve(status=VideoStatus.QUEUED, error=None), seen.rev)
+        return self._submit(seen.evolve(status=VideoStatus.QUEUED, error=None), seen.rev)
 
     def claim_async(
         self,
@@ -93,7 +108,7 @@ class VideoStates:
             holder=attempt.holder if attempt else None,
             crashes=crashes,
         )
-        return self._writes.submit(claimed, seen.rev if seen else 0)
+        return self._submit(claimed, seen.rev if seen else 0)
 
     def claim(self, job: IndexJob, seen: VideoRecord | None, **marker: Any) -> VideoRecord | None:
         """``claim_async`` (same keywords), waiting for its outcome."""
@@ -169,6 +184,27 @@ class VideoStates:
         base = seen or VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.FAILED)
         failed = base.evolve(status=VideoStatus.FAILED, error=reason, version=version or base.version)
         return self._write(failed, seen.rev if seen else 0)
+
+
+class _ReadBack:
+    """A pending write that, when its outcome is lost (the writer failed, died or answered late), reads
+    the row back: one carrying the write's ``write_id`` is the write, landed. Without this a job whose
+    finish landed but whose reply was lost would unsettle its own settled row and embed the video again."""
+
+    def __init__(self, states: VideoStates, pending: PendingWrite, record: VideoRecord) -> None:
+        self._states = states
+        self._pending = pending
+        self._record = record
+
+    def result(self, timeout_s: float) -> VideoRecord | None:
+        try:
+            return self._pending.result(timeout_s)
+        except TransientError as exc:
+            landed = self._states.landed(self._record.video_id, self._record.write_id)
+            if landed is None:
+                raise
+            log.info("%s: the reply to a catalog write was lost (%s) but the write landed", self._record.uri, exc)
+            return landed
 
 
 class QueueingSink:

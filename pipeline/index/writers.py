@@ -30,5 +30,15 @@ class FrameWriters:
                     max_rows=w.group_max_rows,
                     wait_s=w.group_wait_s,
                     commit_timeout_s=w.commit_timeout_s,
+                    stall_after_s=w.stall_after_s,
                 )
             return self._writers[table]
+
+    def health(self) -> str | None:
+        """None while every writer works; else which one does not and why."""
+        with self._lock:
+            writers = dict(self._writers)
+        for table, writer in writers.items():
+            if (problem := writer.health()) is not None:
+                return f"the frame writer of {table}: {problem}"
+        return None

@@ -29,6 +29,12 @@ class CatalogWriter:
         """
         return await self._writer.write(record, expected_rev)
 
+    def check_health(self) -> None:
+        """Raises:
+        RuntimeError: the writer thread died or stopped moving: Serve replaces this replica.
+        """
+        self._writer.check_health()
+
     def stats(self) -> dict[str, int]:
         return self._writer.stats()
 

@@ -56,6 +56,12 @@ def consumer_deployment(settings: Settings, num_gpus: float = 0.0) -> Any:
             if left:
                 log.warning("consumer stopping with %d tasks still running (they will be redelivered)", left)
 
+        def check_health(self) -> None:
+            """Raises:
+            RuntimeError: a frame writer of this replica died or stopped moving: Serve replaces it.
+            """
+            self._handler.check_health()
+
         @task_handler(name=INDEX_TASK)
         def index_video(self, job: dict[str, Any]) -> dict[str, Any]:
             from celery import current_task

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Protocol
 from events.jobs import IndexJob, JobOp, JobSink, JobSource
 from pipeline.upkeep.judge import Judge
 from pipeline.upkeep.report import MAX_REPORTED, CheckReport, Finding, Inconsistency
-from storage.catalog import VideoRecord
+from storage.catalog import IN_FLIGHT, VideoRecord
 from storage.config import S3Settings
-from storage.errors import TransientError
+from storage.errors import PermanentError, TransientError
 from storage.frames import FRAMES, FrameSummary
 from storage.ids import s3_uri, video_id
 from storage.models import ModelTable
@@ -53,6 +53,14 @@ class CatalogReader(Protocol):
 
 class FrameReader(Protocol):
     def summaries_in(self, uri_from: str, uri_to: str, *, include_from: bool) -> dict[str, FrameSummary]: ...
+
+
+def _never(_record: VideoRecord) -> bool:
+    return False
+
+
+def _nothing(_record: VideoRecord) -> None:
+    return None
 
 
 class S3PageLister:
@@ -126,6 +134,9 @@ class Checker:
         self._lister = lister
         self._sink = sink
         self._stuck_after = timedelta(seconds=in_flight_grace_s)
+        #: For the duration of one ``run``: rows in flight already resubmitted, and who to tell of a resubmit.
+        self._skip: Callable[[VideoRecord], bool] = _never
+        self._resubmitted: Callable[[VideoRecord], None] = _nothing
         self._judge = Judge(sampling, self._stuck_after, timedelta(seconds=new_object_grace_s), models is not None)
 
     def run(
@@ -136,9 +147,15 @@ class Checker:
         repair: bool = False,
         max_objects: int | None = None,
         resume_after: tuple[str, str] | None = None,
+        keep_going: bool = False,
+        skip: Callable[[VideoRecord], bool] = _never,
+        resubmitted: Callable[[VideoRecord], None] = _nothing,
     ) -> CheckReport:
         """Check ``s3://bucket/prefix…`` of each bucket; with ``max_objects``, stop after about that
-        many objects and say where to resume (``report.resume_after``).
+        many objects and say where to resume (``report.resume_after``). With ``keep_going`` a bucket
+        that fails (deleted, refusing listing, a table read failing within it) is recorded in
+        ``report.errors`` and the walk goes on with the next one. ``skip`` and ``resubmitted`` as in
+        ``stuck``, for rows in flight.
 
         Raises:
             TransientError: the object store, a table or the task queue is unavailable; repairs
@@ -146,15 +163,24 @@ class Checker:
         """
         if repair and self._sink is None:
             raise ValueError("a job sink is needed to repair")
+        self._skip, self._resubmitted = skip, resubmitted
         try:
-            return self._run(list(buckets), prefix, repair, max_objects, resume_after)
-        except (RuntimeError, OSError) as exc:  # a table read failed mid-stream (scans are generators)
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-            raise TransientError(f"check: index table read failed: {first}") from exc
+            return self._run(list(buckets), prefix, repair, max_objects, resume_after, keep_going)
+        finally:
+            self._skip, self._resubmitted = _never, _nothing
 
-    def stuck(self, *, repair: bool) -> CheckReport:
+    def stuck(
+        self,
+        *,
+        repair: bool,
+        skip: Callable[[VideoRecord], bool] = _never,
+        resubmitted: Callable[[VideoRecord], None] = _nothing,
+        limit: int = 10_000,
+    ) -> CheckReport:
         """Rows queued/indexing past the grace, found by one catalog query rather than by walking the
         buckets (the scheduled check runs this every round, so no row waits for the walk to reach it).
+        A row ``skip`` says was resubmitted already is counted in flight, not found again; at most
+        ``limit`` rows are resubmitted (the rest wait for the next round), each told to ``resubmitted``.
 
         Raises:
             TransientError: the catalog or the task queue is unavailable.
@@ -162,14 +188,35 @@ class Checker:
         report = CheckReport(repair=repair)
         for record in self._catalog.in_flight_since(datetime.now(UTC) - self._stuck_after):
             report.videos += 1
+            if skip(record):
+                report.in_flight += 1
+                continue
             report.add(
                 Inconsistency(Finding.STUCK, record.uri, record.video_id, f"{record.status.value} past the grace")
             )
-            if repair and self._sink is not None:
+            if repair and self._sink is not None and report.submitted < limit:
                 bucket, key = _split_uri(record.uri)
                 self._sink.submit(IndexJob(op=JobOp.INDEX, bucket=bucket, key=key, source=JobSource.RECONCILE))
                 report.submitted += 1
+                resubmitted(record)
         return report
+
+    def _walk_bucket(
+        self,
+        report: CheckReport,
+        bucket: str,
+        prefix: str,
+        start_after: str | None,
+        now: datetime,
+        repair: bool,
+        budget: int | None,
+    ) -> str | None:
+        """``_bucket``, with a table read failing mid-stream (scans are generators) made transient."""
+        try:
+            return self._bucket(report, bucket, prefix, start_after, now, repair, budget)
+        except (RuntimeError, OSError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            raise TransientError(f"check: index table read failed: {first}") from exc
 
     def _run(
         self,
@@ -178,6 +225,7 @@ class Checker:
         repair: bool,
         max_objects: int | None,
         resume_after: tuple[str, str] | None,
+        keep_going: bool,
     ) -> CheckReport:
         report = CheckReport(repair=repair)
         if self._models is not None:
@@ -195,7 +243,14 @@ class Checker:
             else:
                 start_after = None
             report.buckets.append(bucket)
-            stopped = self._bucket(report, bucket, prefix, start_after, now, repair, budget)
+            try:
+                stopped = self._walk_bucket(report, bucket, prefix, start_after, now, repair, budget)
+            except (TransientError, PermanentError) as exc:
+                if not keep_going:
+                    raise
+                log.warning("check: bucket %s failed, going on with the others: %s", bucket, exc)
+                report.errors[bucket] = str(exc)[:300]
+                continue
             if stopped is not None:
                 report.resume_after = (bucket, stopped)
                 break
@@ -296,6 +351,9 @@ class Checker:
                 report.ignored += 1
                 return
         report.videos += 1
+        if record is not None and record.status in IN_FLIGHT and self._skip(record):
+            report.in_flight += 1  # resubmitted already; its job may wait in a backlog
+            return
         found = self._judge(obj, record, rows, tables, now)
         if found is None:
             return
@@ -318,6 +376,8 @@ class Checker:
                 )
             )
             report.submitted += 1
+            if record is not None and record.status in IN_FLIGHT:
+                self._resubmitted(record)
 
 
 def build_checker(

@@ -51,6 +51,8 @@ class CheckReport:
     resume_after: tuple[str, str] | None = None
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     took_s: float = 0.0
+    #: Parts of a round that kept going past a failure (a bucket, the stuck-row step), and why.
+    errors: dict[str, str] = field(default_factory=dict)
 
     @property
     def inconsistencies(self) -> int:
@@ -67,10 +69,11 @@ class CheckReport:
         kinds = ", ".join(f"{k.value} {n}" for k, n in self.counts.items() if n) or "none"
         verb = f"; submitted {self.submitted} repairing jobs" if self.repair else ""
         models = "; findings per model: " + ", ".join(f"{m} {n}" for m, n in self.models.items()) if self.models else ""
+        errors = "; not checked: " + "; ".join(f"{k}: {v}" for k, v in self.errors.items()) if self.errors else ""
         return (
             f"checked {self.videos} videos, {self.listed} objects in {', '.join(self.buckets) or 'no buckets'}: "
             f"{self.inconsistencies} inconsistencies ({kinds}); in sync {self.in_sync}, failed {self.failed}, "
-            f"in flight {self.in_flight}, ignored {self.ignored}{models}{verb}"
+            f"in flight {self.in_flight}, ignored {self.ignored}{models}{verb}{errors}"
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -90,6 +93,7 @@ class CheckReport:
             "resume_after": list(self.resume_after) if self.resume_after else None,
             "started_at": self.started_at.isoformat(),
             "took_s": round(self.took_s, 3),
+            "errors": dict(self.errors),
             "found": [
                 {"finding": i.finding.value, "uri": i.uri, "video_id": i.video_id, "detail": i.detail}
                 for i in self.found

@@ -18,6 +18,8 @@ from typing import Any
 
 from pipeline.metrics import Metrics
 from pipeline.upkeep.check import Checker, CheckReport
+from storage.catalog import VideoRecord
+from storage.errors import PermanentError, TransientError
 from storage.leased_loop import LeasedLoop
 from storage.leases import Leases
 
@@ -69,10 +71,20 @@ class ScheduledCheck:
         objects_per_round: int,
         lease_ttl_s: float,
         repair: bool,
+        stuck_per_round: int = 1000,
+        resubmit_after_s: float = 14_400.0,
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
     ) -> None:
+        """``stuck_per_round``: stuck rows resubmitted per round at most; ``resubmit_after_s``: a row
+        resubmitted and not changed since is not resubmitted again before this (its job may wait in a
+        backlog: resubmitting every round would multiply it)."""
         self._checker = checker
+        self._stuck_per_round = stuck_per_round
+        self._resubmit_after_s = resubmit_after_s
+        self._clock = clock
+        #: The stamps: video id -> (the row's revision when resubmitted, when). Kept by the leader.
+        self._resubmits: dict[str, tuple[int, float]] = {}
         self._buckets = buckets
         self._objects = objects_per_round
         self._repair = repair
@@ -100,25 +112,74 @@ class ScheduledCheck:
         return report
 
     def _round(self) -> CheckReport:
-        report = self._checker.run(
-            self._buckets, repair=self._repair, max_objects=self._objects, resume_after=self._resume
-        )
-        if report.listed == 0 and self._resume is not None:
-            # The last round ended exactly at the end of the buckets: start over now, not next round.
-            report = self._checker.run(self._buckets, repair=self._repair, max_objects=self._objects)
-        self._resume = report.resume_after  # None: the next round starts from the first bucket again
-        stuck = self._checker.stuck(repair=self._repair)
+        """Stuck-row repair, then a slice of the walk: two steps, each going on when the other fails
+        (and a failing bucket doesn't stop the walk of the others); what failed is in ``errors``.
+
+        Raises:
+            TransientError: both steps failed (nothing was checked).
+        """
+        stuck = self._stuck_step()
+        try:
+            report = self._walk_step()
+        except (TransientError, PermanentError) as exc:
+            if "stuck rows" in stuck.errors:
+                raise TransientError(f"{stuck.errors['stuck rows']}; walk: {exc}") from exc
+            report = CheckReport(repair=self._repair)
+            report.errors["walk"] = str(exc)[:300]
         walked = {i.video_id for i in report.found}
         for item in stuck.found:
             if item.video_id not in walked:
                 report.add(item)
         report.submitted += stuck.submitted
+        report.in_flight += stuck.in_flight
+        report.errors.update(stuck.errors)
+        error = "; ".join(f"{k}: {v}" for k, v in report.errors.items()) or None
         with self._lock:
-            self._state = CheckState(self._state.rounds + 1, report, None, leader=True)
+            self._state = CheckState(self._state.rounds + 1, report, error[:300] if error else None, leader=True)
         self._metrics.reconcile_round({k.value: n for k, n in report.counts.items()}, report.submitted)
         if report.inconsistencies:
             log.warning("scheduled check: %s", report.summary())
         return report
+
+    def _stamped(self, record: VideoRecord) -> bool:
+        stamp = self._resubmits.get(record.video_id)
+        return stamp is not None and stamp[0] == record.rev
+
+    def _stamp(self, record: VideoRecord) -> None:
+        self._resubmits[record.video_id] = (record.rev, self._clock())
+
+    def _stuck_step(self) -> CheckReport:
+        """Rows queued or indexing past the grace, resubmitted unless stamped (see ``__init__``)."""
+        now = self._clock()
+        self._resubmits = {v: s for v, s in self._resubmits.items() if now - s[1] < self._resubmit_after_s}
+        try:
+            return self._checker.stuck(
+                repair=self._repair, skip=self._stamped, resubmitted=self._stamp, limit=self._stuck_per_round
+            )
+        except (TransientError, PermanentError) as exc:
+            log.warning("scheduled check: the stuck-row step failed: %s", exc)
+            report = CheckReport(repair=self._repair)
+            report.errors["stuck rows"] = str(exc)[:300]
+            return report
+
+    def _walk_step(self) -> CheckReport:
+        report = self._walk(self._resume)
+        if report.listed == 0 and self._resume is not None and not report.errors:
+            # The last round ended exactly at the end of the buckets: start over now, not next round.
+            report = self._walk(None)
+        self._resume = report.resume_after  # None: the next round starts from the first bucket again
+        return report
+
+    def _walk(self, resume_after: tuple[str, str] | None) -> CheckReport:
+        return self._checker.run(
+            self._buckets,
+            repair=self._repair,
+            max_objects=self._objects,
+            resume_after=resume_after,
+            keep_going=True,
+            skip=self._stamped,
+            resubmitted=self._stamp,
+        )
 
     def start(self) -> tuple[threading.Thread, threading.Event]:
         """Rounds on a daemon thread every ``interval_s`` (the first after one interval); a failed

@@ -180,3 +180,83 @@ def test_withdraw_takes_back_a_queued_item_but_not_one_being_written() -> None:
 def test_a_policy_without_room_for_one_item_is_refused() -> None:
     with pytest.raises(ValueError):
         writer(Recorder(), max_items=0)
+
+
+def test_a_hook_that_raises_is_counted_and_the_thread_carries_on() -> None:
+    """A landed hook that raises (as ``Future.set_result`` on a cancelled future did) ends one group's
+    hand-over, never the writer thread: the next item still commits and ``health`` stays None."""
+    rec = Recorder()
+    calls = {"n": 0}
+
+    def landed(group: list[Item], result: int, took_s: float) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("invalid state")
+        rec.on_landed(group, result, took_s)
+
+    policy: GroupPolicy[Item] = GroupPolicy(key=lambda i: i.key, due_at=lambda o: o.arrived, max_items=10)
+    w = GroupedCommits("test-writer", policy, write=rec.write, landed=landed, failed=rec.on_failed)
+    try:
+        w.put(Item("a"))
+        w.put(Item("b"))  # may share a's group; then c goes alone
+        deadline = time.monotonic() + WAIT_S
+        while w.hook_errors == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        w.put(Item("c"))
+        with rec.settled:
+            assert rec.settled.wait_for(lambda: any("c" in g for g in rec.landed), WAIT_S)
+        assert w.hook_errors == 1 and w.health() is None
+    finally:
+        w.close()
+
+
+def test_items_the_policy_does_not_admit_are_dropped_uncommitted() -> None:
+    rec = Recorder()
+    policy: GroupPolicy[Item] = GroupPolicy(
+        key=lambda i: i.key, due_at=lambda o: o.arrived + 60, max_items=10, admit=lambda i: i.key != "gave-up"
+    )
+    w = GroupedCommits("test-writer", policy, write=rec.write, landed=rec.on_landed, failed=rec.on_failed)
+    w.put(Item("a"))
+    w.put(Item("gave-up"))
+    w.close()
+    assert rec.groups == [["a"]] and w.dropped == 1
+
+
+def test_health_says_when_the_queue_stops_moving_and_when_it_moves_again() -> None:
+    rec = Recorder()
+    rec.release.clear()  # the first commit hangs
+    policy: GroupPolicy[Item] = GroupPolicy(key=lambda i: i.key, due_at=lambda o: o.arrived, max_items=10)
+    w = GroupedCommits(
+        "test-writer", policy, write=rec.write, landed=rec.on_landed, failed=rec.on_failed, stall_after_s=0.3
+    )
+    try:
+        assert w.health() is None  # idle is healthy, however long
+        w.put(Item("a"))
+        assert rec.writing.wait(WAIT_S)
+        w.put(Item("b"))
+        time.sleep(0.5)
+        problem = w.health()
+        assert problem is not None and "without progress" in problem
+        rec.release.set()
+        rec.wait_landed(2)
+        deadline = time.monotonic() + WAIT_S
+        while w.health() is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert w.health() is None
+    finally:
+        w.close()
+    assert w.health() is None  # closed on purpose: not a dead thread
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_health_says_when_the_writer_thread_died() -> None:
+    rec = Recorder()
+    policy: GroupPolicy[Item] = GroupPolicy(
+        key=lambda i: i.key, due_at=lambda o: o.arrived, max_items=10, admit=lambda i: 1 // 0 == 0
+    )
+    w = GroupedCommits("test-writer", policy, write=rec.write, landed=rec.on_landed, failed=rec.on_failed)
+    w.put(Item("a"))  # admit raises in the thread: it dies
+    deadline = time.monotonic() + WAIT_S
+    while w.health() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert w.health() == "its writer thread is dead"

@@ -16,6 +16,7 @@ from pipeline.index.indexer import ConsumerKilled, Indexer, JobResult, Outcome
 from pipeline.index.videostate import QueueingSink, VideoStates
 from pipeline.settings import Settings
 from storage.catalog import VideoRecord, VideoStatus
+from storage.catalog_writer import PendingWrite
 from storage.errors import CorruptVideo, LimitExceeded, TransientError
 from storage.frames import VideoFrames
 from storage.s3 import ObjectHead
@@ -367,3 +368,57 @@ def test_a_queued_mark_landing_after_its_job_found_nothing_to_do_is_not_left_beh
     row = store.catalog.get(api_job.video_id)
     assert row is not None and row.status is (VideoStatus.INDEXED if present else VideoStatus.DELETED)
     assert objects.downloads == (1 if present else 0)
+
+
+class LosesTheReplyToTheFinish:
+    """Catalog writes that land, but the reply to the ``indexed`` write is lost (the writer was replaced,
+    or answered after the caller's deadline): the caller gets a transient error for a landed write."""
+
+    def __init__(self, store: IndexStore) -> None:
+        from storage.catalog_writer import DirectWrites
+
+        self.direct = DirectWrites(store.catalog)
+        self.lost = 0
+
+    def submit(self, record: VideoRecord, expected_rev: int) -> PendingWrite:
+        pending = self.direct.submit(record, expected_rev)
+        if record.status is not VideoStatus.INDEXED:
+            return pending
+        outcome = pending.result(0)
+        assert outcome is not None  # it landed
+        self.lost += 1
+        return _LostReply()
+
+
+class _LostReply:
+    def result(self, timeout_s: float) -> VideoRecord | None:
+        raise TransientError(f"catalog write failed: ActorDiedError (deadline {timeout_s:g}s)")
+
+
+def test_a_lost_reply_of_a_landed_finish_leaves_the_video_indexed_without_a_re_embed(
+    tmp_path: Path,
+) -> None:
+    settings = Settings()
+    store = IndexStore(settings.s3, uri=str(tmp_path / "lance"))
+    objects = MemoryObjects()
+    writes = LosesTheReplyToTheFinish(store)
+    embeds = CountingEmbedder()
+    indexer = Indexer(settings, embeds, store, objects, catalog_writes=writes)
+    objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=3, seed=1))
+    assert indexer.run(job("a.mp4"), "t-1").outcome is Outcome.INDEXED
+    assert writes.lost == 1
+    record = store.catalog.get(job("a.mp4").video_id)
+    assert record is not None and record.status is VideoStatus.INDEXED and record.frames == 3
+    assert store.frames.count(job("a.mp4").video_id) == 3
+    # A redelivery of the same task finds it done: nothing fetched or embedded again.
+    assert indexer.run(job("a.mp4"), "t-1").outcome is Outcome.UNCHANGED
+    assert objects.downloads == 1 and embeds.calls == 1
+
+
+class CountingEmbedder(MeanColour):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def embed_images(self, images: Sequence[NDArray[np.uint8]]) -> NDArray[np.float32]:
+        self.calls += 1
+        return super().embed_images(images)
