@@ -197,6 +197,7 @@ class FailureReason(enum.StrEnum):
     MODEL_UNAVAILABLE = "model_unavailable"
     CRASH_LOOP = "crash_loop"
     MALFORMED_JOB = "malformed_job"
+    UNCONFIGURED_BUCKET = "unconfigured_bucket"
     TRANSIENT_EXHAUSTED = "transient_exhausted"
     INTERNAL_ERROR = "internal_error"
     PERMANENT = "permanent"

@@ -110,6 +110,11 @@ class LimitSettings(DecodeLimits):
     max_k: int = Field(default=100, gt=0)
     max_image_bytes: int = Field(default=16 * 1024**2, gt=0)
     max_image_pixels: int = Field(default=50_000_000, gt=0)
+    #: A query image is scaled down to this longest side before it goes to the Encoder (frames are
+    #: scaled like this too, ``sampling.decode_max_side``; the model squeezes both to its input size).
+    query_image_max_side: int = Field(default=512, ge=32, le=8192)
+    #: Query images decoded at once per Api replica (off the event loop, on threads); more wait.
+    image_decodes_in_flight: int = Field(default=2, ge=1, le=64)
 
 
 class ServeSettings(BaseModel):
@@ -160,6 +165,9 @@ class ServeSettings(BaseModel):
     #: Requests the app admits at once beyond /healthz and /metrics; past it they are answered 503
     #: with ``Retry-After``. Below ``api_max_ongoing_requests``: the difference stays free for the probes.
     api_max_in_flight: int = Field(default=112, ge=1)
+    #: ``/metrics`` scrapes served at once (each fans out to every node); past it a scrape is answered
+    #: 503 with ``Retry-After`` at once, so scrapes never take the slots /healthz answers in.
+    metrics_max_in_flight: int = Field(default=4, ge=1)
     #: Requests waiting at the proxy for an Api replica (Ray's ``max_queued_requests``); past it the
     #: proxy itself answers 503 with ``Retry-After`` (-1: no bound).
     api_max_queued_requests: int = Field(default=256, ge=-1)
@@ -188,9 +196,11 @@ class ServeSettings(BaseModel):
 
     @model_validator(mode="after")
     def _probes_keep_room(self) -> ServeSettings:
-        """Raises ValueError when admission would leave /healthz and /metrics no slot."""
-        if self.api_max_in_flight >= self.api_max_ongoing_requests:
-            raise ValueError("serve.api_max_in_flight must be below serve.api_max_ongoing_requests")
+        """Raises ValueError when admission would leave /healthz no slot."""
+        if self.api_max_in_flight + self.metrics_max_in_flight >= self.api_max_ongoing_requests:
+            raise ValueError(
+                "serve.api_max_in_flight + serve.metrics_max_in_flight must be below serve.api_max_ongoing_requests"
+            )
         return self
 
 

@@ -104,8 +104,9 @@ ADMIN_PREFIX = "/v1/admin"
 IMAGE_SEARCH_PATH = "/v1/search/image"
 #: Thumbnails open with a key or with a live signed link (``pipeline.query.links``).
 THUMBNAIL_PATH = re.compile(r"/v1/frames/[^/]+/thumbnail")
-#: Paths answered whatever the load: probes must tell "busy" from "down".
-UNSHED_PATHS = frozenset({PUBLIC_PATH, "/metrics"})
+#: The path answered whatever the load: probes must tell "busy" from "down".
+UNSHED_PATHS = frozenset({PUBLIC_PATH})
+METRICS_PATH = "/metrics"
 
 _HTTP_CODES = {
     400: "bad_request",
@@ -215,28 +216,31 @@ class BodyLimit:
 
 class Admission:
     """ASGI middleware bounding the requests the app works on at once: past ``max_in_flight`` a
-    request is answered 503 with ``Retry-After`` at once (load shed, nothing done); the paths in
-    ``UNSHED_PATHS`` are neither counted nor shed. One event loop per replica: no lock needed."""
+    request is answered 503 with ``Retry-After`` at once (load shed, nothing done); ``/metrics`` has
+    its own, smaller bound (``max_scrapes``); the paths in ``UNSHED_PATHS`` are neither counted nor
+    shed. One event loop per replica: no lock needed."""
 
-    def __init__(self, app: ASGIApp, max_in_flight: int, retry_after_s: int) -> None:
+    def __init__(self, app: ASGIApp, max_in_flight: int, retry_after_s: int, max_scrapes: int = 4) -> None:
         self._app = app
-        self._max_in_flight = max_in_flight
+        self._bounds = {"requests": max_in_flight, "scrapes": max_scrapes}
         self._retry_after_s = retry_after_s
-        self.in_flight = 0
+        self.in_flight = {"requests": 0, "scrapes": 0}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or route_path(scope) in UNSHED_PATHS:
+        path = route_path(scope) if scope["type"] == "http" else None
+        if path is None or path in UNSHED_PATHS:
             await self._app(scope, receive, send)
             return
-        if self.in_flight >= self._max_in_flight:
-            message = f"over {self._max_in_flight} requests in flight; retry after {self._retry_after_s} s"
+        kind = "scrapes" if path == METRICS_PATH else "requests"
+        if self.in_flight[kind] >= self._bounds[kind]:
+            message = f"over {self._bounds[kind]} {kind} in flight; retry after {self._retry_after_s} s"
             await _error(503, "overloaded", message, self._retry_after_s)(scope, receive, send)
             return
-        self.in_flight += 1
+        self.in_flight[kind] += 1
         try:
             await self._app(scope, receive, send)
         finally:
-            self.in_flight -= 1
+            self.in_flight[kind] -= 1
 
 
 def create_app(
@@ -296,7 +300,12 @@ def create_app(
         return await call_next(request)
 
     # Added last, so it runs first: shed load costs no key check and reads no body.
-    app.add_middleware(Admission, max_in_flight=settings.serve.api_max_in_flight, retry_after_s=retry_after_s)
+    app.add_middleware(
+        Admission,
+        max_in_flight=settings.serve.api_max_in_flight,
+        retry_after_s=retry_after_s,
+        max_scrapes=settings.serve.metrics_max_in_flight,
+    )
 
     @app.exception_handler(VidxError)
     async def vidx_error(request: Request, exc: VidxError) -> JSONResponse:
@@ -382,7 +391,7 @@ def create_app(
         cache = f"private, max-age={settings.s3.presign_ttl_s}, immutable" if v else "private, no-cache"
         return Response(content=data, media_type="image/jpeg", headers={"Cache-Control": cache})
 
-    @app.get("/metrics")
+    @app.get(METRICS_PATH)
     async def metrics() -> PlainTextResponse:
         text = await exposition(stats, check_state, replicas, queues, recorded)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")

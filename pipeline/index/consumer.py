@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -69,8 +69,11 @@ class IndexTaskHandler:
         max_retries: int,
         metrics: Metrics | None = None,
         writers_health: Callable[[], str | None] = lambda: None,
+        buckets: Collection[str] | None = None,
     ) -> None:
+        """``buckets``: the configured buckets; a job naming another is refused (None: any)."""
         self._runner = runner
+        self._buckets = frozenset(buckets) if buckets is not None else None
         self._writers_health = writers_health
         self._dead_letters = dead_letters
         self._max_retries = max_retries
@@ -133,6 +136,14 @@ class IndexTaskHandler:
             self._metrics.failed(FailureReason.MALFORMED_JOB, FailureKind.MALFORMED.value)
             log.warning("task %s dead-lettered: %s", task.task_id, reason)
             return {"outcome": "failed", "reason": reason}
+        if self._buckets is not None and job.bucket not in self._buckets:
+            # Whoever can publish to the task queue must not make vidx read, thumbnail and link any
+            # object it can reach: refused for good, no catalog row, the reason in the dead letter.
+            reason = f"bucket {job.bucket!r} is not one of the configured buckets (VIDX_S3__BUCKETS)"
+            self._dead_letter(job, task, FailureKind.PERMANENT, reason)
+            self._metrics.failed(FailureReason.UNCONFIGURED_BUCKET, FailureKind.PERMANENT.value)
+            log.warning("task %s refused: %s", task.task_id, reason)
+            return {"video_id": job.video_id, "outcome": "failed", "reason": reason}
         if task.redelivered:
             log.info("task %s for %s redelivered: running it again", task.task_id, job.uri)
         try:

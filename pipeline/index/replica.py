@@ -52,4 +52,6 @@ def consumer_handler(
         writer_for=writers,
     )
     dead_letters = DeadLetterQueue(settings.amqp.url.get_secret_value(), settings.serve.failed_queue)
-    return IndexTaskHandler(indexer, dead_letters, settings.serve.max_retries, metrics, writers.health)
+    return IndexTaskHandler(
+        indexer, dead_letters, settings.serve.max_retries, metrics, writers.health, buckets=settings.s3.buckets
+    )

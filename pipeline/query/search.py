@@ -67,9 +67,11 @@ class SearchResponse(BaseModel):
     model: str
 
 
-def decode_query_image(data: bytes, max_bytes: int, max_pixels: int) -> NDArray[np.uint8]:
+def decode_query_image(data: bytes, max_bytes: int, max_pixels: int, max_side: int | None = None) -> NDArray[np.uint8]:
     """Decode a query image to upright RGB (turned by its EXIF orientation, as viewers show it: phone
     photos are stored sideways); its size is checked from the header before any pixel is decoded.
+    With ``max_side`` it is scaled down to that longest side (a JPEG is decoded at a reduced size
+    already), so what goes to the Encoder is small whatever was sent. CPU-bound: call it on a thread.
 
     Raises:
         LimitExceeded: over the byte or pixel limit (a small file can declare a huge picture).
@@ -82,7 +84,11 @@ def decode_query_image(data: bytes, max_bytes: int, max_pixels: int) -> NDArray[
         # Image.open reads only the header: the pixel count is known before decoding.
         if image.width * image.height > max_pixels:
             raise LimitExceeded(f"image exceeds max pixels {max_pixels} ({image.width}x{image.height})")
+        if max_side is not None:
+            image.draft("RGB", (max_side, max_side))  # JPEG: decode at 1/2, 1/4 or 1/8 size
         upright = ImageOps.exif_transpose(image)
+        if max_side is not None and max(upright.size) > max_side:
+            upright.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
         rgb = np.asarray(upright.convert("RGB"), dtype=np.uint8)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise LimitExceeded(f"image exceeds max pixels {max_pixels}") from exc
@@ -105,6 +111,7 @@ class SearchService:
     ) -> None:
         """``models`` says which model answers (by default the configured model's ``frames`` table)."""
         self._settings = settings
+        self._decodes = asyncio.Semaphore(settings.limits.image_decodes_in_flight)
         self._models = models
         self._metrics = metrics or Metrics()
         self._store = store
@@ -157,7 +164,11 @@ class SearchService:
     async def _search_image(self, data: bytes, k: int, base_url: str, started: float) -> SearchResponse:
         limits = self._settings.limits
         k = self.check_k(k)
-        rgb = decode_query_image(data, limits.max_image_bytes, limits.max_image_pixels)
+        async with self._decodes:
+            # Off the event loop (a 7000x7000 PNG takes about a second), a few at a time.
+            rgb = await asyncio.to_thread(
+                decode_query_image, data, limits.max_image_bytes, limits.max_image_pixels, limits.query_image_max_side
+            )
         model = await self._active()
         vector = await self._encoder.embed_image(rgb, model.model)
         return await self._respond(model, vector, k, base_url, started)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import io
+import statistics
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -712,7 +715,14 @@ class GatedSearch(FakeSearch):
 
 def test_a_full_app_sheds_load_with_503_and_retry_after_but_probes_answer() -> None:
     settings = Settings.model_validate(
-        {"serve": {"api_max_in_flight": 2, "api_max_ongoing_requests": 4, "retry_after_s": 7}}
+        {
+            "serve": {
+                "api_max_in_flight": 2,
+                "metrics_max_in_flight": 1,
+                "api_max_ongoing_requests": 4,
+                "retry_after_s": 7,
+            }
+        }
     )
     store, jobs, search = FakeStore(), FakeJobs(), GatedSearch(settings.limits)
     app = create_app(settings, search, store, jobs, router_stats)  # type: ignore[arg-type]
@@ -727,7 +737,7 @@ def test_a_full_app_sheds_load_with_503_and_retry_after_but_probes_answer() -> N
             assert shed.status_code == 503 and shed.headers["Retry-After"] == "7"
             assert shed.json()["error"]["code"] == "overloaded"
             assert search.waiting == 2  # the shed request never reached the route
-            # Probes are neither counted nor shed: "busy" is not "down".
+            # The probe is neither counted nor shed: "busy" is not "down"; scrapes have their own bound.
             assert (await http.get("/healthz")).status_code == 200
             assert (await http.get("/metrics")).status_code == 200
             search.gate.set()
@@ -740,3 +750,93 @@ def test_a_full_app_sheds_load_with_503_and_retry_after_but_probes_answer() -> N
 def test_admission_must_leave_room_for_the_probes() -> None:
     with pytest.raises(ValueError, match="api_max_in_flight"):
         Settings.model_validate({"serve": {"api_max_in_flight": 8, "api_max_ongoing_requests": 8}})
+    with pytest.raises(ValueError, match="metrics_max_in_flight"):
+        Settings.model_validate(
+            {"serve": {"api_max_in_flight": 6, "metrics_max_in_flight": 2, "api_max_ongoing_requests": 8}}
+        )
+
+
+#: Scrapes fired at once at a /metrics whose node fan-out hangs.
+SCRAPES = 200
+
+
+def test_two_hundred_concurrent_scrapes_take_their_own_few_slots_and_healthz_answers() -> None:
+    """Each scrape fans out to every node; 200 at once used to take every one of the replica's slots
+    (``/metrics`` was unbounded) so ``/healthz`` queued behind them. Now at most
+    ``metrics_max_in_flight`` run, the rest are answered 503 at once, and probes and searches go on."""
+    settings = Settings()
+    release = asyncio.Event()
+    running = {"now": 0, "most": 0}
+
+    async def slow_stats() -> dict[str, Any]:
+        running["now"] += 1
+        running["most"] = max(running["most"], running["now"])
+        try:
+            await release.wait()  # the nodes don't answer
+            return await router_stats()
+        finally:
+            running["now"] -= 1
+
+    store, jobs, search = FakeStore(), FakeJobs(), FakeSearch(settings.limits)
+    app = create_app(settings, search, store, jobs, slow_stats)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=30) as http:
+            scrapes = [asyncio.create_task(http.get("/metrics")) for _ in range(SCRAPES)]
+            while sum(t.done() for t in scrapes) < SCRAPES - settings.serve.metrics_max_in_flight:
+                await asyncio.sleep(0.01)
+            assert running["now"] == settings.serve.metrics_max_in_flight
+            assert (await http.get("/healthz")).status_code == 200
+            assert (await http.get("/v1/search", params={"q": "cat"})).status_code == 200
+            release.set()
+            codes = [r.status_code for r in await asyncio.gather(*scrapes)]
+            assert codes.count(200) == settings.serve.metrics_max_in_flight
+            assert codes.count(503) == SCRAPES - settings.serve.metrics_max_in_flight
+            assert running["most"] == settings.serve.metrics_max_in_flight
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_7000_by_7000_image_query_is_decoded_off_the_loop_and_scaled_down_while_healthz_answers(
+    tmp_path: Path,
+) -> None:
+    """The real ``SearchService`` decodes a 7000x7000 PNG (~1 s of CPU, ~147 MB) on a thread and hands
+    the Encoder at most ``query_image_max_side`` pixels a side; /healthz, probed every 10 ms on the same
+    event loop meanwhile, keeps answering (its p50 stays under 50 ms; before, the loop was blocked)."""
+    from storage.tables import IndexStore
+    from tests.unit.test_search import BlockEncoder, add_video
+
+    settings = Settings()
+    index = IndexStore(settings.s3, uri=str(tmp_path / "lance"))
+    add_video(index, "v", [(1.0, BlockEncoder.vector(np.zeros((8, 8, 3), np.uint8)))], duration_s=4.0)
+    encoder = BlockEncoder()
+    buffer = io.BytesIO()
+    Image.new("RGB", (7000, 7000), (40, 90, 160)).save(buffer, format="PNG")
+    big = buffer.getvalue()
+
+    async def scenario() -> tuple[int, list[float], int]:
+        service = SearchService(settings, index, encoder)
+        app = create_app(settings, service, FakeStore(), FakeJobs(), router_stats)  # type: ignore[arg-type]
+        transport = httpx.ASGITransport(app=app)
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=60) as http:
+                query = asyncio.create_task(http.post("/v1/search/image", files={"image": ("big.png", big)}))
+                probes: list[float] = []
+                while not query.done():
+                    started = time.perf_counter()
+                    assert (await http.get("/healthz")).status_code == 200
+                    probes.append(time.perf_counter() - started)
+                    await asyncio.sleep(0.01)
+                return (await query).status_code, probes, len(probes)
+        finally:
+            await service.aclose()
+
+    status, probes, answered = asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert status == 200
+    (sent,) = encoder.images
+    assert max(sent.shape[:2]) <= settings.limits.query_image_max_side
+    assert answered >= 5, f"only {answered} probes answered while the image was decoded"
+    p50_ms = 1000 * statistics.median(probes)
+    print(f"image 7000x7000 ({len(big)} bytes): {answered} /healthz probes during it, p50 {p50_ms:.1f} ms")
+    assert p50_ms < 50

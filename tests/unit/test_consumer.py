@@ -155,3 +155,16 @@ def test_drain_waits_for_the_running_task_while_it_runs_on_another_thread() -> N
     worker.join(30)
     assert outcome and outcome[0]["outcome"] == "indexed"
     assert h.drain(0) == 0
+
+
+def test_a_job_for_a_bucket_that_is_not_configured_is_refused_with_its_reason_and_never_run() -> None:
+    runner, letters = Runner(), Letters()
+    guarded = IndexTaskHandler(runner, letters, max_retries=3, buckets=["videos"])
+    foreign = IndexJob(op=JobOp.INDEX, bucket="payroll", key="2026/q3.mp4", source=JobSource.API)
+    out = guarded.handle(foreign.model_dump(mode="json"), TaskContext("t9", 0))
+    reason = "bucket 'payroll' is not one of the configured buckets (VIDX_S3__BUCKETS)"
+    assert out == {"video_id": foreign.video_id, "outcome": "failed", "reason": reason}
+    [letter] = letters.letters
+    assert (letter.kind, letter.reason, letter.uri) == (FailureKind.PERMANENT, reason, foreign.uri)
+    assert runner.runs == 0 and runner.failures == []  # nothing read, nothing written to the catalog
+    assert guarded.handle(JOB.model_dump(mode="json"), TaskContext("t1", 0))["outcome"] == "indexed"
