@@ -115,6 +115,13 @@ class LimitSettings(DecodeLimits):
     query_image_max_side: int = Field(default=512, ge=32, le=8192)
     #: Query images decoded at once per Api replica (off the event loop, on threads); more wait.
     image_decodes_in_flight: int = Field(default=2, ge=1, le=64)
+    #: Requests per second one caller (API key, or address without keys) may make on average to
+    #: ``POST /v1/index`` and to the search endpoints, per Api replica; bursts up to ``*_burst``.
+    #: Past it: 429 with ``Retry-After``. 0: no limit.
+    index_rate_per_s: float = Field(default=50.0, ge=0)
+    index_burst: int = Field(default=200, ge=1)
+    search_rate_per_s: float = Field(default=20.0, ge=0)
+    search_burst: int = Field(default=40, ge=1)
 
 
 class ServeSettings(BaseModel):
@@ -263,6 +270,11 @@ class CheckSettings(BaseModel):
     lease_ttl_s: float = Field(default=120.0, gt=0)
     #: Submit repairing jobs for what a scheduled round finds.
     repair: bool = True
+    #: Rows stuck in flight resubmitted per round at most (the rest wait for the next round)...
+    stuck_per_round: int = Field(default=1000, ge=1)
+    #: ...and a resubmitted row that has not changed since is not resubmitted again before this (its
+    #: job may wait in a backlog; resubmitting every round would multiply it). Kept by the leader.
+    resubmit_after_s: float = Field(default=14_400.0, gt=0)
 
 
 class ReindexSettings(BaseModel):

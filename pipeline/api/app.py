@@ -5,12 +5,7 @@
 from __future__ import annotations
 
 import asyncio
-import enum
-import hashlib
-import hmac
 import logging
-import posixpath
-import re
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Any, Protocol
@@ -19,12 +14,29 @@ from fastapi import APIRouter, FastAPI, File, HTTPException, Query, Request, Upl
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client.metrics_core import Metric
-from pydantic import BaseModel, SecretStr
-from starlette._utils import get_route_path
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from events.jobs import IndexJob, JobOp, JobSource
+from pipeline.api.guards import (
+    HTTP_CODES,
+    IMAGE_SEARCH_PATH,
+    MAX_BODY_BYTES,
+    METRICS_PATH,
+    MULTIPART_OVERHEAD_BYTES,
+    PUBLIC_PATH,
+    THUMBNAIL_PATH,
+    Access,
+    Admission,
+    BearerKeys,
+    BodyLimit,
+    RateLimit,
+    caller_of,
+    error_response,
+    is_admin_path,
+    rate_class,
+    route_path,
+)
 from pipeline.api.prometheus import exposition
 from pipeline.api.web import is_page_path, web_router
 from pipeline.query.links import S3Links, media_signer
@@ -83,166 +95,6 @@ class VideoList(BaseModel):
     videos: list[VideoOut]
 
 
-#: Seconds a client is asked to wait before retrying a 503 (``Retry-After``): transient failures
-#: (a store or queue restarting, the encoder scaling) usually clear within a few seconds.
-RETRY_AFTER_S = 5
-
-
-def _error(status: int, code: str, message: str, retry_after_s: int = RETRY_AFTER_S) -> JSONResponse:
-    headers = {"Retry-After": str(retry_after_s)} if status == 503 else None
-    return JSONResponse(status_code=status, content={"error": {"code": code, "message": message}}, headers=headers)
-
-
-#: Room for multipart headers around an image when bounding an image search's body.
-MULTIPART_OVERHEAD_BYTES = 64 * 1024
-#: Largest body of any other request (JSON control bodies such as ``{"uri": ...}``).
-MAX_BODY_BYTES = 1024 * 1024
-#: The one path served without a key (load balancers and ``vidx up`` probe it).
-PUBLIC_PATH = "/healthz"
-#: Paths under this prefix need the admin key (dead letters, reindex).
-ADMIN_PREFIX = "/v1/admin"
-IMAGE_SEARCH_PATH = "/v1/search/image"
-#: Thumbnails open with a key or with a live signed link (``pipeline.query.links``).
-THUMBNAIL_PATH = re.compile(r"/v1/frames/[^/]+/thumbnail")
-#: The path answered whatever the load: probes must tell "busy" from "down".
-UNSHED_PATHS = frozenset({PUBLIC_PATH})
-METRICS_PATH = "/metrics"
-
-_HTTP_CODES = {
-    400: "bad_request",
-    401: "unauthorized",
-    403: "forbidden",
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "too_large",
-    422: "invalid_request",
-    503: "unavailable",
-}
-
-
-class Access(enum.Enum):
-    """What a request's bearer key opens."""
-
-    NONE = "none"
-    USER = "user"
-    ADMIN = "admin"
-
-
-class BearerKeys:
-    """Checks ``Authorization: Bearer KEY`` against the configured keys in constant time.
-
-    Keys are kept as SHA-256 digests: each comparison is between equal-length values, so neither
-    a key's content nor its length leaks through timing, and every key is compared on every call.
-    """
-
-    def __init__(self, api_keys: list[SecretStr], admin_key: SecretStr | None) -> None:
-        self._users = [self._digest(k.get_secret_value()) for k in api_keys]
-        self._admin = self._digest(admin_key.get_secret_value()) if admin_key else None
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self._users) or self._admin is not None
-
-    @property
-    def admin_enabled(self) -> bool:
-        return self._admin is not None
-
-    @staticmethod
-    def _digest(key: str) -> bytes:
-        return hashlib.sha256(key.encode()).digest()
-
-    def access(self, authorization: str | None) -> Access:
-        scheme, _, token = (authorization or "").strip().partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return Access.NONE
-        given = self._digest(token.strip())
-        user = False
-        for digest in self._users:
-            user |= hmac.compare_digest(given, digest)
-        admin = self._admin is not None and hmac.compare_digest(given, self._admin)
-        return Access.ADMIN if admin else Access.USER if user else Access.NONE
-
-
-def route_path(scope: Scope) -> str:
-    """The request path below the app's mount point (Serve's route prefix arrives as ``root_path``),
-    read by Starlette's own rule: access is decided on exactly the path the router routes."""
-    return get_route_path(scope)
-
-
-def is_admin_path(path: str) -> bool:
-    """Whether ``path`` is under ``/v1/admin``, however it is spelled (case, ``//``, ``.`` segments)."""
-    squeezed = re.sub(r"/+", "/", "/" + path.lower())
-    return any(p == ADMIN_PREFIX or p.startswith(ADMIN_PREFIX + "/") for p in (squeezed, posixpath.normpath(squeezed)))
-
-
-class BodyTooLarge(HTTPException):
-    def __init__(self, max_bytes: int) -> None:
-        super().__init__(413, f"request body exceeds max bytes {max_bytes}")
-
-
-class BodyLimit:
-    """ASGI middleware bounding request bodies as they are read, whatever ``Content-Length`` says:
-    a declared length over the bound is refused before reading; a body that grows past it (chunked,
-    or longer than declared) fails the read with 413."""
-
-    def __init__(self, app: ASGIApp, max_bytes_for: Callable[[str], int]) -> None:
-        self._app = app
-        self._max_bytes_for = max_bytes_for
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self._app(scope, receive, send)
-            return
-        max_bytes = self._max_bytes_for(route_path(scope))
-        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
-        if declared and (not declared.isdigit() or int(declared) > max_bytes):
-            exc = BodyTooLarge(max_bytes)
-            await _error(413, "too_large", str(exc.detail))(scope, receive, send)
-            return
-        received = 0
-
-        async def bounded() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > max_bytes:
-                    # fastapi's HTTPException: FastAPI re-raises it from body parsing as it is.
-                    raise BodyTooLarge(max_bytes)
-            return message
-
-        await self._app(scope, bounded, send)
-
-
-class Admission:
-    """ASGI middleware bounding the requests the app works on at once: past ``max_in_flight`` a
-    request is answered 503 with ``Retry-After`` at once (load shed, nothing done); ``/metrics`` has
-    its own, smaller bound (``max_scrapes``); the paths in ``UNSHED_PATHS`` are neither counted nor
-    shed. One event loop per replica: no lock needed."""
-
-    def __init__(self, app: ASGIApp, max_in_flight: int, retry_after_s: int, max_scrapes: int = 4) -> None:
-        self._app = app
-        self._bounds = {"requests": max_in_flight, "scrapes": max_scrapes}
-        self._retry_after_s = retry_after_s
-        self.in_flight = {"requests": 0, "scrapes": 0}
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = route_path(scope) if scope["type"] == "http" else None
-        if path is None or path in UNSHED_PATHS:
-            await self._app(scope, receive, send)
-            return
-        kind = "scrapes" if path == METRICS_PATH else "requests"
-        if self.in_flight[kind] >= self._bounds[kind]:
-            message = f"over {self._bounds[kind]} {kind} in flight; retry after {self._retry_after_s} s"
-            await _error(503, "overloaded", message, self._retry_after_s)(scope, receive, send)
-            return
-        self.in_flight[kind] += 1
-        try:
-            await self._app(scope, receive, send)
-        finally:
-            self.in_flight[kind] -= 1
-
-
 def create_app(
     settings: Settings,
     search: SearchService,
@@ -276,6 +128,30 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes_for=max_body_bytes)
     thumbnails = media_signer(settings)
 
+    rates = {
+        kind: RateLimit(rate, burst)
+        for kind, rate, burst in (
+            ("index", limits.index_rate_per_s, limits.index_burst),
+            ("search", limits.search_rate_per_s, limits.search_burst),
+        )
+        if rate > 0
+    }
+
+    @app.middleware("http")
+    async def rate_limited(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        """Runs inside ``auth``: only callers with a valid key (or any, without keys) are counted."""
+        kind = rate_class(request.method, route_path(request.scope))
+        limit = rates.get(kind) if kind is not None else None
+        if limit is not None:
+            caller = caller_of(request.headers.get("authorization"), request.client.host if request.client else None)
+            if (wait_s := limit.take(caller)) is not None:
+                response = error_response(
+                    429, "rate_limited", f"too many {kind} requests from this key; retry after {wait_s} s"
+                )
+                response.headers["Retry-After"] = str(wait_s)
+                return response
+        return await call_next(request)
+
     @app.middleware("http")
     async def auth(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         path = route_path(request.scope)
@@ -286,17 +162,19 @@ def create_app(
             return await call_next(request)
         if is_admin_path(path) and not keys.admin_enabled:
             # Dead letters and reconcile are never open: without an admin key they are off.
-            return _error(403, "forbidden", "admin endpoints are off: set VIDX_ADMIN_KEY or VIDX_ADMIN_KEY_FILE")
+            return error_response(
+                403, "forbidden", "admin endpoints are off: set VIDX_ADMIN_KEY or VIDX_ADMIN_KEY_FILE"
+            )
         if not keys.enabled:
             return await call_next(request)
         access = keys.access(request.headers.get("authorization"))
         if access is Access.NONE:
             given = "authorization" in request.headers
-            response = _error(401, "unauthorized", "a valid API key is required: Authorization: Bearer KEY")
+            response = error_response(401, "unauthorized", "a valid API key is required: Authorization: Bearer KEY")
             response.headers["WWW-Authenticate"] = 'Bearer realm="vidx"' + (', error="invalid_token"' if given else "")
             return response
         if is_admin_path(path) and access is not Access.ADMIN:
-            return _error(403, "forbidden", "this endpoint needs the admin key")
+            return error_response(403, "forbidden", "this endpoint needs the admin key")
         return await call_next(request)
 
     # Added last, so it runs first: shed load costs no key check and reads no body.
@@ -308,32 +186,32 @@ def create_app(
     )
 
     @app.exception_handler(VidxError)
-    async def vidx_error(request: Request, exc: VidxError) -> JSONResponse:
+    async def vidxerror_response(request: Request, exc: VidxError) -> JSONResponse:
         if isinstance(exc, LimitExceeded):
-            return _error(413, "too_large", str(exc))
+            return error_response(413, "too_large", str(exc))
         if isinstance(exc, ReindexRefused):  # refused in the lifecycle's current state: a conflict
-            return _error(409, "conflict", str(exc))
+            return error_response(409, "conflict", str(exc))
         if isinstance(exc, InvalidInput):
-            return _error(400, "bad_request", str(exc))
+            return error_response(400, "bad_request", str(exc))
         if isinstance(exc, TransientError):
             log.warning("%s %s answered 503: %s", request.method, route_path(request.scope), exc)
-            return _error(503, "unavailable", str(exc), retry_after_s)
-        return _error(400, "bad_request", exc.reason)
+            return error_response(503, "unavailable", str(exc), retry_after_s)
+        return error_response(400, "bad_request", exc.reason)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error(exc.status_code, _HTTP_CODES.get(exc.status_code, "error"), str(exc.detail), retry_after_s)
+    async def httperror_response(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, HTTP_CODES.get(exc.status_code, "error"), str(exc.detail), retry_after_s)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def validationerror_response(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()))
-        return _error(422, "invalid_request", f"{where}: {first.get('msg', 'invalid request')}")
+        return error_response(422, "invalid_request", f"{where}: {first.get('msg', 'invalid request')}")
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
-        return _error(500, "internal", "internal error; see the server log")
+        return error_response(500, "internal", "internal error; see the server log")
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -73,6 +73,8 @@ class UpkeepServices:
             objects_per_round=c.objects_per_round,
             lease_ttl_s=c.lease_ttl_s,
             repair=c.repair,
+            stuck_per_round=c.stuck_per_round,
+            resubmit_after_s=c.resubmit_after_s,
             metrics=metrics,
         )
         services: dict[str, BackgroundService] = {
