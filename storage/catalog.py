@@ -224,23 +224,46 @@ class Catalog:
 
     @read_errors_are_transient
     def find(self, *, uri: str | None = None, status: VideoStatus | None = None, limit: int = 100) -> list[VideoRecord]:
+        """The newest ``limit`` rows matching (the first page of ``page``)."""
+        return self.page(uri=uri, status=status, limit=limit)[0]
+
+    @read_errors_are_transient
+    def page(
+        self,
+        *,
+        uri: str | None = None,
+        status: VideoStatus | None = None,
+        limit: int = 100,
+        after: tuple[datetime, str] | None = None,
+    ) -> tuple[list[VideoRecord], tuple[datetime, str] | None]:
+        """One page of rows matching, newest first (by ``updated_at``, then ``video_id``), starting
+        after the position ``after`` (the previous page's last row); and the position to pass for the
+        next page (None: this was the last). The filters and the position go into the table query;
+        only the two ordering columns of the matches are read to order them, then the page's rows."""
         clauses = []
         if uri is not None:
             clauses.append(f"uri = {sql_quote(uri)}")
         if status is not None:
             clauses.append(f"status = {sql_quote(status.value)}")
-        table = self._read()
-        query = table.search()
+        if after is not None:
+            at = f"timestamp '{after[0].astimezone(UTC).replace(tzinfo=None).isoformat()}'"
+            clauses.append(f"(updated_at < {at} OR (updated_at = {at} AND video_id < {sql_quote(after[1])}))")
+        query = self._read().search().select(["video_id", "updated_at"]).limit(None)
         if clauses:
             query = query.where(" AND ".join(clauses))
-        # Newest first: every match is read before the limit applies (the catalog is one row per video).
-        records = [VideoRecord.from_row(r) for r in query.limit(max(1, table.count_rows())).to_list()]
-        records.sort(key=lambda r: r.updated_at, reverse=True)
-        return records[:limit]
+        keys = query.to_arrow()
+        order = sorted(
+            zip(keys.column("updated_at").to_pylist(), keys.column("video_id").to_pylist(), strict=True), reverse=True
+        )
+        picked = order[:limit]
+        rows = _by_ids(self._read, [vid for _, vid in picked])
+        records = [rows[vid] for _, vid in picked if vid in rows]
+        more = len(order) > limit and bool(picked)
+        return records, (picked[-1][0], picked[-1][1]) if more else None
 
     @read_errors_are_transient
     def counts(self) -> dict[str, int]:
-        table = self._read().to_arrow().select(["status"])
+        table = self._read().search().select(["status"]).limit(None).to_arrow()
         counts: dict[str, int] = {s.value: 0 for s in VideoStatus}
         for value in table.column("status").to_pylist():
             counts[value] = counts.get(value, 0) + 1

@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -93,6 +95,31 @@ class VideoOut(BaseModel):
 
 class VideoList(BaseModel):
     videos: list[VideoOut]
+    #: Pass as ``cursor`` for the next page (newest first); null on the last page.
+    next_cursor: str | None = None
+
+
+def encode_cursor(position: tuple[datetime, str] | None) -> str | None:
+    """The opaque cursor of a listing position (the last row's ``updated_at`` and ``video_id``)."""
+    if position is None:
+        return None
+    raw = json.dumps([position[0].isoformat(), position[1]]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """Raises:
+    InvalidInput: not a cursor this API handed out.
+    """
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        at, vid = json.loads(raw)
+        when = datetime.fromisoformat(at)
+        if when.tzinfo is None or not isinstance(vid, str):
+            raise ValueError("not a position")
+        return when, vid
+    except (ValueError, TypeError) as exc:
+        raise InvalidInput("cursor is not one this API handed out (pass next_cursor as it came)") from exc
 
 
 def create_app(
@@ -236,13 +263,16 @@ def create_app(
         uri: str | None = None,
         status: VideoStatus | None = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        cursor: str | None = None,
     ) -> VideoList:
+        """Newest first, ``limit`` at a time; ``cursor`` (a page's ``next_cursor``) gives the next page."""
         if uri is not None:
             bucket, key = parse_s3_uri(uri, settings.s3.buckets)
             record = await asyncio.to_thread(store.catalog.get, video_id(bucket, key))
             return VideoList(videos=[VideoOut.of(record)] if record else [])
-        records = await asyncio.to_thread(store.catalog.find, status=status, limit=limit)
-        return VideoList(videos=[VideoOut.of(r) for r in records])
+        after = decode_cursor(cursor) if cursor else None
+        records, position = await asyncio.to_thread(store.catalog.page, status=status, limit=limit, after=after)
+        return VideoList(videos=[VideoOut.of(r) for r in records], next_cursor=encode_cursor(position))
 
     @app.get("/v1/search")
     async def search_text(request: Request, q: str, k: int = 10) -> SearchResponse:
@@ -276,8 +306,9 @@ def create_app(
 
     @app.get("/v1/status")
     async def status() -> dict[str, Any]:
-        """What the app knows of itself: the scheduled check's last round."""
-        return {"check": await check_state() if check_state is not None else None}
+        """What the app knows of itself: the scheduled check's last round and the videos by status."""
+        counts = await asyncio.to_thread(store.catalog.counts)
+        return {"check": await check_state() if check_state is not None else None, "videos": counts}
 
     app.include_router(web_router(settings, links or S3Links(settings.s3), store))
     if admin is not None:

@@ -118,15 +118,18 @@ def videos(
     ctx: typer.Context,
     status_: Annotated[str | None, typer.Option("--status", help="queued|indexing|indexed|failed|deleted")] = None,
     uri: Annotated[str | None, typer.Option(help="One video by its s3:// URI.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many.")] = 100,
+    limit: Annotated[int, typer.Option(help="At most this many (one page, newest first; 1000 at most).")] = 100,
+    cursor: Annotated[str | None, typer.Option(help="The next page: the cursor the last page ended with.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
 ) -> None:
-    """List videos in the catalog with their indexing status."""
+    """List videos in the catalog with their indexing status, newest first, a page at a time."""
     params: dict[str, Any] = {"limit": limit}
     if status_:
         params["status"] = status_
     if uri:
         params["uri"] = uri
+    if cursor:
+        params["cursor"] = cursor
     with errors():
         answer = ApiClient(settings_of(ctx)).request("GET", "/v1/videos", params=params)
     if as_json:
@@ -149,6 +152,8 @@ def videos(
         ],
         empty="no videos",
     )
+    if answer.get("next_cursor"):
+        typer.echo(f"(more: vidx videos --cursor {answer['next_cursor']})", err=True)
 
 
 @app.command()

@@ -73,7 +73,13 @@ class FakeApi:
             rows = sorted(self.rows.values(), key=lambda r: r["updated_at"], reverse=True)
             if "status" in params:
                 rows = [r for r in rows if r["status"] == params["status"]]
-            return httpx.Response(200, json={"videos": rows[: int(params.get("limit", 100))]})
+            start, limit = (
+                int(params.get("cursor", 0)),
+                int(params.get("limit", 100)),
+            )  # the stand-in's cursor: an offset
+            more = len(rows) > start + limit
+            page = {"videos": rows[start : start + limit], "next_cursor": str(start + limit) if more else None}
+            return httpx.Response(200, json=page)
         if path == "/v1/search":
             result = {
                 "video_id": "v1",
@@ -90,7 +96,10 @@ class FakeApi:
             uri = json.loads(request.content)["uri"]
             return httpx.Response(202, json={"video_id": "v1", "task_id": "t1", "status": "queued", "uri": uri})
         if path == "/v1/status":
-            return httpx.Response(200, json={"check": None})
+            counts: dict[str, int] = {}
+            for row in self.rows.values():
+                counts[row["status"]] = counts.get(row["status"], 0) + 1
+            return httpx.Response(200, json={"check": None, "videos": counts})
         return httpx.Response(404, json={"error": {"code": "not_found", "message": f"no route {path}"}})
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeApi:

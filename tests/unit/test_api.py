@@ -89,6 +89,19 @@ class FakeCatalog:
         ]
         return sorted(found, key=lambda r: r.updated_at, reverse=True)[:limit]
 
+    def page(
+        self, *, status: VideoStatus | None = None, limit: int = 100, after: tuple[datetime, str] | None = None
+    ) -> tuple[list[VideoRecord], tuple[datetime, str] | None]:
+        self._answer()
+        found = sorted(
+            (r for r in self.rows.values() if status is None or r.status is status),
+            key=lambda r: (r.updated_at, r.video_id),
+            reverse=True,
+        )
+        found = [r for r in found if after is None or (r.updated_at, r.video_id) < after]
+        more = len(found) > limit
+        return found[:limit], (found[limit - 1].updated_at, found[limit - 1].video_id) if more else None
+
     def counts(self) -> dict[str, int]:
         self._answer()
         return {s.value: sum(r.status is s for r in self.rows.values()) for s in VideoStatus}
@@ -644,7 +657,7 @@ def test_status_and_metrics_show_the_scheduled_checks_last_round() -> None:
 
     app = create_app(settings, search, store, jobs, router_stats, None, check_state)  # type: ignore[arg-type]
     http = TestClient(app, raise_server_exceptions=False)
-    assert http.get("/v1/status").json() == {"check": state}
+    assert http.get("/v1/status").json() == {"check": state, "videos": store.catalog.counts()}
     metrics = http.get("/metrics").text
     assert 'vidx_check_last_inconsistencies{finding="missing"} 1.0' in metrics
     assert 'vidx_check_last_inconsistencies{finding="stuck"} 1.0' in metrics
@@ -873,3 +886,48 @@ def test_a_token_bucket_refills_at_its_rate() -> None:
     limit.take("b")
     limit.take("c")  # "a" is forgotten: it starts again with a full bucket
     assert limit.take("a") is None
+
+
+def test_videos_are_listed_newest_first_a_page_at_a_time_through_the_real_catalog(tmp_path: Path) -> None:
+    """``GET /v1/videos`` pages with an opaque cursor over the real catalog: every video once, newest
+    first, the status filter in the query; a cursor it never handed out is a 400."""
+    from storage.tables import IndexStore
+
+    settings = Settings()
+    index = IndexStore(settings.s3, uri=str(tmp_path / "lance"))
+    written = [
+        index.catalog.write_many(
+            [
+                (
+                    VideoRecord(
+                        f"v{i:02d}{j}", f"s3://videos/{i:02d}{j}.mp4", VideoStatus.INDEXED if j else VideoStatus.FAILED
+                    ),
+                    0,
+                )
+                for j in range(2)
+            ]
+        )
+        for i in range(12)
+    ]  # 12 commits of 2: ties on updated_at within each, told apart by video_id
+    assert all(w is not None for pair in written for w in pair)
+    app = create_app(settings, FakeSearch(settings.limits), index, FakeJobs(), router_stats)  # type: ignore[arg-type]
+    http = TestClient(app)
+    seen: list[str] = []
+    cursor: str | None = None
+    pages = 0
+    while True:
+        params: dict[str, Any] = {"limit": 5, **({"cursor": cursor} if cursor else {})}
+        body = http.get("/v1/videos", params=params).json()
+        seen += [v["video_id"] for v in body["videos"]]
+        pages += 1
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+        assert pages < 10
+    newest_first = [f"v{i:02d}{j}" for i in reversed(range(12)) for j in (1, 0)]
+    assert seen == newest_first and pages == 5
+    indexed = http.get("/v1/videos", params={"status": "indexed", "limit": 100}).json()
+    assert [v["video_id"] for v in indexed["videos"]] == [f"v{i:02d}1" for i in reversed(range(12))]
+    assert indexed["next_cursor"] is None
+    bad = http.get("/v1/videos", params={"cursor": "not-a-cursor"})
+    assert bad.status_code == 400 and "cursor" in bad.json()["error"]["message"]

@@ -288,3 +288,24 @@ def test_a_full_listing_looks_up_a_bounded_number_of_videos_per_round() -> None:
         else:
             lookups_per_round[-1] += 1
     assert lookups_per_round == [WAIT_PROBES_PER_ROUND, 5]
+
+
+def test_videos_lists_a_page_and_says_how_to_get_the_next(stack: tuple[FakeApi, FakeMinio]) -> None:
+    api, _ = stack
+    for i in range(3):
+        api.put(f"s3://videos/v{i}.mp4", "indexed", at=i)
+    first = CliRunner().invoke(app, ["videos", "--limit", "2"])
+    assert first.exit_code == 0, first.output
+    assert "v2.mp4" in first.stdout and "v1.mp4" in first.stdout and "v0.mp4" not in first.stdout
+    assert "(more: vidx videos --cursor 2)" in first.stderr
+    rest = CliRunner().invoke(app, ["videos", "--limit", "2", "--cursor", "2"])
+    assert rest.exit_code == 0 and "v0.mp4" in rest.stdout and "more:" not in rest.stderr
+
+
+def test_wait_counts_by_status_from_the_catalog_not_from_a_listing(stack: tuple[FakeApi, FakeMinio]) -> None:
+    api, _ = stack
+    for i in range(1500):  # more than one listing page holds
+        api.put(f"s3://videos/v{i}.mp4", "indexed", at=i)
+    result = CliRunner().invoke(app, ["wait", "--count", "1500", "--timeout", "5", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"indexed": 1500} and api.lists == 0

@@ -307,18 +307,25 @@ async function follow(videoId, previous, set) {
 
 // -- videos -----------------------------------------------------------------------------------------
 
-let videoListings = 0;
+let videoListings = 0, videosCursor = null;
+//: Videos per page of the listing (newest first); "Show more" follows the API's cursor.
+const VIDEOS_PAGE = 100;
 
-async function loadVideos() {
+async function loadVideos(more = false) {
   const status = $("#status-filter").value, mine = ++videoListings;
-  const { videos } = await api(`v1/videos?limit=500${status ? `&status=${status}` : ""}`).catch((err) => {
+  const params = new URLSearchParams({ limit: String(VIDEOS_PAGE) });
+  if (status) params.set("status", status);
+  if (more === true && videosCursor) params.set("cursor", videosCursor);
+  const page = await api(`v1/videos?${params}`).catch((err) => {
     reportError(err);
-    return { videos: [] };
+    return { videos: [], next_cursor: null };
   });
   if (mine !== videoListings) return; // a later listing (another filter) is on its way
   const body = $("#videos tbody");
-  body.replaceChildren();
-  for (const v of videos) {
+  if (more !== true) body.replaceChildren();
+  videosCursor = page.next_cursor || null;
+  $("#videos-more").hidden = !videosCursor;
+  for (const v of page.videos) {
     const reindex = el("button", {
       type: "button",
       title: "Submit an index job: it re-runs unless this content is already indexed with the current model and sampling",
@@ -333,7 +340,7 @@ async function loadVideos() {
       el("td", { class: "reason" }, v.error || ""),
       el("td", {}, reindex)));
   }
-  if (!videos.length) body.append(el("tr", {}, el("td", { colspan: "7" }, "No videos yet.")));
+  if (!body.children.length) body.append(el("tr", {}, el("td", { colspan: "7" }, "No videos yet.")));
 }
 
 async function reindexVideo(uri) {
@@ -462,8 +469,9 @@ document.addEventListener("DOMContentLoaded", () => {
     if (item && currentView() === "search") searchImage(item.getAsFile()).catch(reportError);
   });
   dropZone($("#upload-drop"), $("#upload-file"), (files) => files.forEach(enqueueUpload));
-  $("#status-filter").addEventListener("change", loadVideos);
-  $("#videos-refresh").addEventListener("click", loadVideos);
+  $("#status-filter").addEventListener("change", () => loadVideos());
+  $("#videos-refresh").addEventListener("click", () => loadVideos());
+  $("#videos-more").addEventListener("click", () => loadVideos(true));
   $("#dlq-refresh").addEventListener("click", loadDeadLetters);
   $("#dlq-replay-all").addEventListener("click", () => replay({ all: true }));
   $("#model-refresh").addEventListener("click", loadModel);
