@@ -13,8 +13,20 @@ from storage.catalog import VideoRecord
 SHUTDOWN_TIMEOUT_S = 45.0
 
 
+#: Serve asks the replica's ``check_health`` this often and replaces it when an answer takes longer
+#: than the timeout (a frozen or wedged replica; one whose writer thread died or stopped moving fails
+#: the check at once).
+HEALTH_CHECK_PERIOD_S = 5.0
+HEALTH_CHECK_TIMEOUT_S = 20.0
+
+
 @serve.deployment(
-    name="CatalogWriter", num_replicas=1, max_ongoing_requests=4096, graceful_shutdown_timeout_s=SHUTDOWN_TIMEOUT_S
+    name="CatalogWriter",
+    num_replicas=1,
+    max_ongoing_requests=4096,
+    graceful_shutdown_timeout_s=SHUTDOWN_TIMEOUT_S,
+    health_check_period_s=HEALTH_CHECK_PERIOD_S,
+    health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S,
 )
 class CatalogWriter:
     """Forwards every consumer's compare-and-set catalog writes to the one grouped writer."""

@@ -1,0 +1,101 @@
+"""Gray failures against the real Ray Serve app, while a stream of uploads, overwrites and deletes runs:
+the object store frozen (SIGSTOP) for longer than a status write waits for its commit, and the one
+CatalogWriter replica frozen or SIGKILLed. After the stream drains, every object in the bucket is
+indexed exactly once at its current version, every deleted one is gone, and ``vidx check`` finds nothing.
+
+The app runs with ``VIDX_WRITER__CATALOG_WRITE_TIMEOUT_S=3``, so a 10 s freeze of MinIO makes every
+waiting consumer give up on its catalog write while the commit is still in progress (the writer thread
+used to die when that commit landed, and no catalog write committed again until a restart).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.faults.harness import AppHost, Fault, StreamPlan, Variant, make_variants, start_app
+from tests.integration.test_faults import OPS, RATE_PER_S, scenario
+from tests.services import Services, unique_prefix
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
+
+#: How long MinIO stays frozen: past the app's catalog write deadline (3 s) several times over.
+FREEZE_S = 10.0
+#: Longest wait for Serve to replace a frozen CatalogWriter (its health check: every 5 s, 20 s to answer).
+REPLACE_TIMEOUT_S = 90.0
+
+
+@pytest.fixture(scope="module")
+def host(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppHost]:
+    env = {"VIDX_WRITER__CATALOG_WRITE_TIMEOUT_S": "3"}
+    with start_app(services, unique_prefix(), tiny_model_dir, tmp_path_factory.mktemp("state"), env=env) as app:
+        yield app
+
+
+@pytest.fixture(scope="module")
+def variants(host: AppHost, tmp_path_factory: pytest.TempPathFactory) -> list[Variant]:
+    return make_variants(tmp_path_factory.mktemp("media"), host.settings.sampling.every_s)
+
+
+def freeze_minio(services: Services, seconds: float) -> str:
+    """SIGSTOP the MinIO server process for ``seconds``, then SIGCONT it: connections stay open and
+    nothing answers (a stall, not a crash)."""
+    pid = int(services.minio.get_wrapped_container().attrs["State"]["Pid"])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    return f"MinIO pid {pid} SIGSTOPped for {seconds:g}s"
+
+
+def freeze_catalog_writer(host: AppHost) -> str:
+    """SIGSTOP the CatalogWriter replica and leave it stopped: its health check stops answering and
+    Serve must replace it (the stopped process is then killed by Serve; SIGCONT in case it is not)."""
+    [victim] = host.replica_pids("CatalogWriter")
+    stopped = time.monotonic()
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        deadline = stopped + REPLACE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if set(host.replica_pids("CatalogWriter")) - {victim}:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"the frozen CatalogWriter (pid {victim}) was not replaced in {REPLACE_TIMEOUT_S:g}s")
+        replaced_s = time.monotonic() - stopped
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGCONT)
+    host.wait_serving("CatalogWriter")
+    return f"CatalogWriter pid {victim} SIGSTOPped; Serve replaced it after {replaced_s:.1f}s"
+
+
+def test_minio_frozen_past_the_catalog_write_deadline(
+    request: pytest.FixtureRequest, host: AppHost, variants: list[Variant]
+) -> None:
+    plan = StreamPlan("minio-frozen", OPS, seed=21, rate_per_s=RATE_PER_S)
+    fault = Fault(6, "minio SIGSTOP", lambda: freeze_minio(host.services, FREEZE_S))
+    scenario(request, host, variants, plan, [fault])
+
+
+def test_catalog_writer_frozen_is_replaced_by_serve(
+    request: pytest.FixtureRequest, host: AppHost, variants: list[Variant]
+) -> None:
+    plan = StreamPlan("catalog-writer-frozen", OPS, seed=22, rate_per_s=RATE_PER_S)
+    fault = Fault(6, "CatalogWriter SIGSTOP", lambda: freeze_catalog_writer(host))
+    scenario(request, host, variants, plan, [fault])
+
+
+def test_catalog_writer_killed_is_replaced_by_serve(
+    request: pytest.FixtureRequest, host: AppHost, variants: list[Variant]
+) -> None:
+    plan = StreamPlan("catalog-writer-kill", OPS, seed=23, rate_per_s=RATE_PER_S)
+    fault = Fault(6, "CatalogWriter SIGKILL", lambda: host.kill_replica("CatalogWriter"))
+    scenario(request, host, variants, plan, [fault])
