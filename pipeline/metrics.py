@@ -9,6 +9,7 @@ gathers them from every node (``pipeline.api.node_metrics``). Unit tests record 
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -19,15 +20,7 @@ from prometheus_client import Gauge as PromGauge
 from prometheus_client import Histogram as PromHistogram
 from prometheus_client.metrics_core import Metric
 
-from storage.errors import (
-    CorruptVideo,
-    InvalidInput,
-    LimitExceeded,
-    ModelUnavailable,
-    NotAVideo,
-    PermanentError,
-    TransientError,
-)
+from pipeline.failures import FailureReason
 
 #: The namespace Ray's metrics agent puts before every application metric.
 RAY_PREFIX = "ray_"
@@ -115,6 +108,15 @@ RECONCILE_FINDINGS = MetricDef(
 )
 RECONCILE_REPAIRS = MetricDef("vidx_reconcile_repairs", "Repairing jobs the scheduled check submitted", Kind.COUNTER)
 
+SERVICE_OK = MetricDef(
+    "vidx_service_ok_timestamp_seconds",
+    "When a background service last did its work or was seen healthy (router, catalog-writer, frame-writer, "
+    "scheduled-check, backfill, maintenance): an alert fires when it falls behind",
+    Kind.GAUGE,
+    ("service",),
+)
+CATALOG_COMMITS = MetricDef("vidx_catalog_commits", "Grouped catalog commits that landed", Kind.COUNTER)
+
 _CTL, _LIVE = Source.CONTROLLER, Source.SCRAPE
 AUTOSCALE_DESIRED = MetricDef(
     "vidx_autoscale_desired_replicas", "Replicas the policy asks for", Kind.GAUGE, ("deployment",), source=_CTL
@@ -162,6 +164,8 @@ METRICS: tuple[MetricDef, ...] = (
     RECONCILE_ROUNDS,
     RECONCILE_FINDINGS,
     RECONCILE_REPAIRS,
+    SERVICE_OK,
+    CATALOG_COMMITS,
     AUTOSCALE_DESIRED,
     AUTOSCALE_BACKLOG,
     AUTOSCALE_DECISIONS,
@@ -180,57 +184,6 @@ RECORDED = tuple(d for d in METRICS if d.source is Source.RECORDED)
 
 def sample_names() -> frozenset[str]:
     return frozenset(s for d in METRICS for s in d.samples)
-
-
-class FailureReason(enum.StrEnum):
-    """Why a video failed for good, as a small closed set (the full reason is in the catalog)."""
-
-    NOT_A_VIDEO = "not_a_video"
-    DECODE_ERROR = "decode_error"
-    TOO_LARGE = "too_large"
-    TOO_LONG = "too_long"
-    TOO_MANY_FRAMES = "too_many_frames"
-    TOO_MANY_PIXELS = "too_many_pixels"
-    DECODE_TIMEOUT = "decode_timeout"
-    OVER_LIMIT = "over_limit"
-    INVALID_INPUT = "invalid_input"
-    MODEL_UNAVAILABLE = "model_unavailable"
-    CRASH_LOOP = "crash_loop"
-    MALFORMED_JOB = "malformed_job"
-    UNCONFIGURED_BUCKET = "unconfigured_bucket"
-    TRANSIENT_EXHAUSTED = "transient_exhausted"
-    INTERNAL_ERROR = "internal_error"
-    PERMANENT = "permanent"
-
-
-#: Which limit a ``LimitExceeded`` names (its messages say "exceeds max <limit>").
-_LIMITS = (
-    ("max bytes", FailureReason.TOO_LARGE),
-    ("max duration", FailureReason.TOO_LONG),
-    ("max frames", FailureReason.TOO_MANY_FRAMES),
-    ("max pixels", FailureReason.TOO_MANY_PIXELS),
-    ("max decode time", FailureReason.DECODE_TIMEOUT),
-)
-
-
-def failure_reason(exc: BaseException) -> FailureReason:
-    """The reason class of the error that failed a job for good (after its retries, if transient)."""
-    if isinstance(exc, NotAVideo):
-        return FailureReason.NOT_A_VIDEO
-    if isinstance(exc, CorruptVideo):
-        return FailureReason.DECODE_ERROR
-    if isinstance(exc, LimitExceeded):
-        text = str(exc)
-        return next((reason for phrase, reason in _LIMITS if phrase in text), FailureReason.OVER_LIMIT)
-    if isinstance(exc, InvalidInput):
-        return FailureReason.INVALID_INPUT
-    if isinstance(exc, ModelUnavailable):
-        return FailureReason.MODEL_UNAVAILABLE
-    if isinstance(exc, PermanentError):
-        return FailureReason.PERMANENT
-    if isinstance(exc, TransientError):
-        return FailureReason.TRANSIENT_EXHAUSTED
-    return FailureReason.INTERNAL_ERROR
 
 
 # -- backends ----------------------------------------------------------------------------------------
@@ -392,3 +345,10 @@ class Metrics:
         for finding, count in findings.items():
             self._add(RECONCILE_FINDINGS, count, finding=finding)
         self._add(RECONCILE_REPAIRS, submitted)
+
+    def service_ok(self, service: str, at: float | None = None) -> None:
+        """``service`` did its work (a round, a commit) or was seen healthy at ``at`` (now)."""
+        self._observe(SERVICE_OK, time.time() if at is None else at, service=service)
+
+    def catalog_commits(self, n: int) -> None:
+        self._add(CATALOG_COMMITS, n)

@@ -29,7 +29,7 @@ from storage.db import (
     write_errors_are_transient,
 )
 from storage.errors import TransientError
-from storage.models import LEGACY_FRAMES
+from storage.models import LEGACY_FRAMES, ModelIndex
 from storage.sampling import Sampling, SamplingStrategy
 
 log = logging.getLogger(__name__)
@@ -83,30 +83,6 @@ VIDEOS_SCHEMA = pa.schema(
 
 #: Columns added after the first catalogs were made, with the SQL that fills them in old rows.
 _ADDED_COLUMNS = {"indexes": "CAST(NULL AS STRING)", "write_id": "CAST(NULL AS STRING)"}
-
-
-@dataclass(frozen=True, slots=True)
-class ModelIndex:
-    """What one frames table holds for one video: ``frames`` rows of ``fingerprint``, embedded by
-    ``model`` from frames picked by ``sampling``."""
-
-    table: str
-    model: str
-    fingerprint: str
-    frames: int
-    sampling: Sampling
-
-    def to_json(self) -> dict[str, Any]:
-        """The stored entry (an interval sampling is stored as its ``every_s``, as ever)."""
-        if self.sampling.strategy is not SamplingStrategy.INTERVAL:
-            raise ValueError(f"no stored form for sampling {self.sampling.label!r}")
-        entry = {"table": self.table, "model": self.model, "fingerprint": self.fingerprint, "frames": self.frames}
-        return {**entry, "every_s": self.sampling.every_s}
-
-    @classmethod
-    def from_json(cls, entry: dict[str, Any]) -> ModelIndex:
-        sampling = Sampling(entry["every_s"])
-        return cls(entry["table"], entry["model"], entry["fingerprint"], entry["frames"], sampling)
 
 
 def _indexes_json(indexes: Sequence[ModelIndex]) -> str:

@@ -28,6 +28,32 @@ from storage.db import (
     write_errors_are_transient,
 )
 from storage.frames import FRAMES
+from storage.sampling import Sampling, SamplingStrategy
+
+
+@dataclass(frozen=True, slots=True)
+class ModelIndex:
+    """What one frames table holds for one video: ``frames`` rows of ``fingerprint``, embedded by
+    ``model`` from frames picked by ``sampling``."""
+
+    table: str
+    model: str
+    fingerprint: str
+    frames: int
+    sampling: Sampling
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored entry (an interval sampling is stored as its ``every_s``, as ever)."""
+        if self.sampling.strategy is not SamplingStrategy.INTERVAL:
+            raise ValueError(f"no stored form for sampling {self.sampling.label!r}")
+        entry = {"table": self.table, "model": self.model, "fingerprint": self.fingerprint, "frames": self.frames}
+        return {**entry, "every_s": self.sampling.every_s}
+
+    @classmethod
+    def from_json(cls, entry: dict[str, Any]) -> ModelIndex:
+        sampling = Sampling(entry["every_s"])
+        return cls(entry["table"], entry["model"], entry["fingerprint"], entry["frames"], sampling)
+
 
 MODELS = "models"
 #: The one row's key.

@@ -28,7 +28,8 @@ from events.jobs import IndexJob, JobOp, JobSource
 from pipeline.index.indexer import STEPS, Indexer
 from pipeline.index.objects import ObjectSource, S3ObjectSource
 from pipeline.settings import Settings
-from pipeline.upkeep.check import Checker, S3PageLister
+from pipeline.upkeep.check import Checker
+from pipeline.upkeep.sources import S3PageLister
 from storage.catalog import VideoStatus
 from storage.catalog_writer import GroupedCatalogWriter
 from storage.errors import TransientError

@@ -29,8 +29,9 @@ from pydantic import ValidationError
 
 from events.deadletters import DeadLetter, FailureKind
 from events.jobs import IndexJob
+from pipeline.failures import FailureReason, failure_reason
 from pipeline.index.indexer import ConsumerKilled, JobResult
-from pipeline.metrics import FailureReason, Metrics, failure_reason
+from pipeline.metrics import Metrics
 from storage.errors import PermanentError, TransientError, VidxError
 
 log = logging.getLogger(__name__)

@@ -20,11 +20,11 @@ from pipeline.index.result import ConsumerKilled, JobResult, Outcome
 from pipeline.index.videostate import Attempt, VideoStates
 from pipeline.metrics import Metrics
 from pipeline.settings import Settings
-from storage.catalog import IN_FLIGHT, ModelIndex, VideoRecord
+from storage.catalog import IN_FLIGHT, VideoRecord
 from storage.catalog_writer import CatalogWrites, PendingWrite
 from storage.errors import PermanentError, TransientError
 from storage.frames import FRAMES, FrameRow, VideoFrames
-from storage.models import ModelTable
+from storage.models import ModelIndex, ModelTable
 from storage.s3 import ObjectHead
 from storage.tables import IndexStore
 from storage.writer import FrameWriter

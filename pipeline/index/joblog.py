@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 
 from events.jobs import IndexJob
+from pipeline.failures import failure_reason
 from pipeline.index.clock import StageClock
-from pipeline.metrics import failure_reason
 from storage.errors import PermanentError, VidxError
 
 log = logging.getLogger(__name__)

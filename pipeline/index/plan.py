@@ -12,9 +12,9 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from pipeline.index.videostate import Attempt
-from storage.catalog import ModelIndex, VideoRecord, VideoStatus
+from storage.catalog import VideoRecord, VideoStatus
 from storage.ids import fingerprint
-from storage.models import ModelTable
+from storage.models import ModelIndex, ModelTable
 from storage.sampling import Sampling
 
 

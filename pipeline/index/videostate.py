@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from events.jobs import IndexJob, JobSink
-from storage.catalog import IN_FLIGHT, Catalog, ModelIndex, VideoRecord, VideoStatus
+from storage.catalog import IN_FLIGHT, Catalog, VideoRecord, VideoStatus
 from storage.catalog_writer import CatalogWrites, DirectWrites, PendingWrite
 from storage.errors import TransientError
+from storage.models import ModelIndex
 
 log = logging.getLogger(__name__)
 

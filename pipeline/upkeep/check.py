@@ -13,23 +13,22 @@ videos' frame summaries (S3 lists keys in UTF-8 byte order; the catalog is scann
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import posixpath
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from events.jobs import IndexJob, JobOp, JobSink, JobSource
 from pipeline.upkeep.judge import Judge
 from pipeline.upkeep.report import MAX_REPORTED, CheckReport, Finding, Inconsistency
+from pipeline.upkeep.sources import CatalogReader, FrameReader, PageLister, S3PageLister
 from storage.catalog import IN_FLIGHT, VideoRecord
-from storage.config import S3Settings
 from storage.errors import PermanentError, TransientError
 from storage.frames import FRAMES, FrameSummary
 from storage.ids import s3_uri, video_id
 from storage.models import ModelTable
-from storage.s3 import ObjectHead, ObjectStore
+from storage.s3 import ObjectHead
 from storage.sampling import Sampling
 
 if TYPE_CHECKING:
@@ -41,54 +40,12 @@ log = logging.getLogger(__name__)
 __all__ = ["MAX_REPORTED", "CheckReport", "Checker", "Finding", "Inconsistency", "S3PageLister", "build_checker"]
 
 
-class PageLister(Protocol):
-    def pages(self, bucket: str, prefix: str, start_after: str | None) -> Iterator[list[ObjectHead]]: ...
-
-
-class CatalogReader(Protocol):
-    def scan(self, uri_from: str, uri_to: str, *, include_from: bool) -> Iterator[VideoRecord]: ...
-
-    def in_flight_since(self, before: datetime) -> list[VideoRecord]: ...
-
-
-class FrameReader(Protocol):
-    def summaries_in(self, uri_from: str, uri_to: str, *, include_from: bool) -> dict[str, FrameSummary]: ...
-
-
 def _never(_record: VideoRecord) -> bool:
     return False
 
 
 def _nothing(_record: VideoRecord) -> None:
     return None
-
-
-class S3PageLister:
-    """``PageLister`` over aiobotocore, driven from synchronous code on one private event loop."""
-
-    def __init__(self, s3: S3Settings) -> None:
-        self._s3 = s3
-
-    def pages(self, bucket: str, prefix: str, start_after: str | None = None) -> Iterator[list[ObjectHead]]:
-        with asyncio.Runner() as runner:
-            store = ObjectStore(self._s3)
-            runner.run(store.__aenter__())
-            try:
-                listing = store.list_current(bucket, prefix, start_after)
-                while True:
-                    page = runner.run(_next_page(listing))
-                    if page is None:
-                        return
-                    yield page
-            finally:
-                runner.run(store.__aexit__(None, None, None))
-
-
-async def _next_page(listing: AsyncIterator[list[ObjectHead]]) -> list[ObjectHead] | None:
-    try:
-        return await anext(listing)
-    except StopAsyncIteration:
-        return None
 
 
 def _prefix_end(bucket: str, prefix: str) -> str:

@@ -7,7 +7,7 @@ import io
 import pytest
 
 from pipeline.settings import Settings
-from pipeline.upkeep.check import S3PageLister
+from pipeline.upkeep.sources import S3PageLister
 from tests.services import Services, unique_prefix
 
 pytestmark = pytest.mark.integration

@@ -21,12 +21,12 @@ from events.jobs import IndexJob, JobOp, JobSource
 from pipeline.index.indexer import Indexer
 from pipeline.reindex.backfill import BackfillCoordinator, BackfillRound
 from pipeline.settings import Settings
-from storage.catalog import ModelIndex, VideoRecord, VideoStatus
+from storage.catalog import VideoRecord, VideoStatus
 from storage.config import IndexSettings, S3Settings
 from storage.frames import FrameRow, VideoFrames
 from storage.ids import fingerprint, video_id
 from storage.maintenance import create_vector_index
-from storage.models import Backfill, ModelRegistry, ModelState, ModelTable, table_name
+from storage.models import Backfill, ModelIndex, ModelRegistry, ModelState, ModelTable, table_name
 from storage.sampling import Sampling
 from storage.tables import IndexStore
 from tests.media import write_video

@@ -15,11 +15,12 @@ import pytest
 
 from pipeline.reindex.lifecycle import LiveModels
 from pipeline.settings import Settings
-from pipeline.upkeep.check import Checker, Finding, FrameReader
-from storage.catalog import ModelIndex, VideoRecord, VideoStatus
+from pipeline.upkeep.check import Checker, Finding
+from pipeline.upkeep.sources import FrameReader
+from storage.catalog import VideoRecord, VideoStatus
 from storage.frames import FrameRow, FrameSummary, VideoFrames, frames_schema
 from storage.ids import fingerprint, s3_uri, video_id
-from storage.models import ModelState, ModelTable, table_name
+from storage.models import ModelIndex, ModelState, ModelTable, table_name
 from storage.s3 import ObjectHead
 from storage.sampling import Sampling
 from storage.tables import IndexStore

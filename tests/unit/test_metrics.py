@@ -21,6 +21,7 @@ from pipeline import metrics as vm
 from pipeline.api.app import create_app
 from pipeline.api.node_metrics import NodeMetrics, QueueDepths, merge, vidx_lines
 from pipeline.api.prometheus import exposition
+from pipeline.failures import FailureReason, failure_reason
 from pipeline.index.clock import StageClock
 from pipeline.index.consumer import IndexTaskHandler, TaskContext
 from pipeline.index.joblog import log_job
@@ -41,7 +42,7 @@ def test_each_recording_lands_under_its_exported_name() -> None:
     backend = vm.MemoryBackend()
     metrics = vm.Metrics(backend)
     metrics.job("indexed", 1.5)
-    metrics.failed(vm.FailureReason.NOT_A_VIDEO, "permanent")
+    metrics.failed(FailureReason.NOT_A_VIDEO, "permanent")
     metrics.stages({"fetch": 0.2, "decode": 0.7, "mystery": 0.1})
     metrics.frames_embedded(8)
     metrics.frames_embedded(0)  # nothing happened: nothing recorded (Ray refuses 0)
@@ -76,20 +77,20 @@ def test_the_null_backend_records_nothing_and_never_fails() -> None:
 @pytest.mark.parametrize(
     ("error", "reason"),
     [
-        (NotAVideo("no video stream"), vm.FailureReason.NOT_A_VIDEO),
-        (CorruptVideo("moov atom not found"), vm.FailureReason.DECODE_ERROR),
-        (LimitExceeded("exceeds max bytes 10 (object is 20 bytes)"), vm.FailureReason.TOO_LARGE),
-        (LimitExceeded("exceeds max duration 4h (video is 5h)"), vm.FailureReason.TOO_LONG),
-        (LimitExceeded("exceeds max frames per video 10 (at 00:00:10)"), vm.FailureReason.TOO_MANY_FRAMES),
-        (LimitExceeded("frame 9000x9000 exceeds max pixels per frame 100"), vm.FailureReason.TOO_MANY_PIXELS),
-        (LimitExceeded("exceeds max decode time 10m (stuck at 00:01; abandoned)"), vm.FailureReason.DECODE_TIMEOUT),
-        (LimitExceeded("over some new bound"), vm.FailureReason.OVER_LIMIT),
-        (TransientError("HEAD: 503"), vm.FailureReason.TRANSIENT_EXHAUSTED),
-        (RuntimeError("boom"), vm.FailureReason.INTERNAL_ERROR),
+        (NotAVideo("no video stream"), FailureReason.NOT_A_VIDEO),
+        (CorruptVideo("moov atom not found"), FailureReason.DECODE_ERROR),
+        (LimitExceeded("exceeds max bytes 10 (object is 20 bytes)"), FailureReason.TOO_LARGE),
+        (LimitExceeded("exceeds max duration 4h (video is 5h)"), FailureReason.TOO_LONG),
+        (LimitExceeded("exceeds max frames per video 10 (at 00:00:10)"), FailureReason.TOO_MANY_FRAMES),
+        (LimitExceeded("frame 9000x9000 exceeds max pixels per frame 100"), FailureReason.TOO_MANY_PIXELS),
+        (LimitExceeded("exceeds max decode time 10m (stuck at 00:01; abandoned)"), FailureReason.DECODE_TIMEOUT),
+        (LimitExceeded("over some new bound"), FailureReason.OVER_LIMIT),
+        (TransientError("HEAD: 503"), FailureReason.TRANSIENT_EXHAUSTED),
+        (RuntimeError("boom"), FailureReason.INTERNAL_ERROR),
     ],
 )
-def test_failures_fall_in_a_small_closed_set_of_reasons(error: Exception, reason: vm.FailureReason) -> None:
-    assert vm.failure_reason(error) is reason
+def test_failures_fall_in_a_small_closed_set_of_reasons(error: Exception, reason: FailureReason) -> None:
+    assert failure_reason(error) is reason
 
 
 def test_the_consumer_counts_outcomes_failures_and_dead_letters() -> None:
@@ -179,7 +180,7 @@ def test_metrics_show_the_replicas_recordings_and_never_scan_the_catalog() -> No
     recorded = vm.MemoryBackend()
     metrics = vm.Metrics(recorded)
     metrics.job("indexed", 2.0)
-    metrics.failed(vm.FailureReason.DECODE_ERROR, "permanent")
+    metrics.failed(FailureReason.DECODE_ERROR, "permanent")
     metrics.encoder_batch("frames", 16)
 
     async def families() -> list[Any]:

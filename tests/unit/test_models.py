@@ -14,11 +14,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from storage.catalog import VIDEOS, VIDEOS_SCHEMA, ModelIndex, VideoRecord, VideoStatus
+from storage.catalog import VIDEOS, VIDEOS_SCHEMA, VideoRecord, VideoStatus
 from storage.config import S3Settings
 from storage.errors import TransientError
 from storage.ids import fingerprint
-from storage.models import LEGACY_FRAMES, Backfill, ModelState, ModelTable, table_name
+from storage.models import LEGACY_FRAMES, Backfill, ModelIndex, ModelState, ModelTable, table_name
 from storage.sampling import Sampling
 from storage.tables import IndexStore
 

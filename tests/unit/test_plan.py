@@ -7,9 +7,9 @@ import pytest
 
 from pipeline.index.plan import IndexPlan, Step, claims, count_crashes, fingerprints, plan_index, plan_removal
 from pipeline.index.videostate import Attempt
-from storage.catalog import ModelIndex, VideoRecord, VideoStatus
+from storage.catalog import VideoRecord, VideoStatus
 from storage.ids import fingerprint
-from storage.models import ModelTable
+from storage.models import ModelIndex, ModelTable
 from storage.sampling import Sampling
 
 ACTIVE = ModelTable("model-a", 8, "frames-a")

@@ -13,9 +13,9 @@ from numpy.typing import NDArray
 
 from pipeline.query.search import SearchResponse, SearchService
 from pipeline.settings import Settings
-from storage.catalog import ModelIndex, VideoRecord, VideoStatus
+from storage.catalog import VideoRecord, VideoStatus
 from storage.frames import FRAMES, FrameRow, VideoFrames
-from storage.models import ModelTable, table_name
+from storage.models import ModelIndex, ModelTable, table_name
 from storage.sampling import Sampling
 from storage.tables import IndexStore
 
