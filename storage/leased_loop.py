@@ -57,6 +57,8 @@ class LeasedLoop:
         self._holder = holder or new_holder()
         self._clock = clock
         self._leader = False
+        #: When (epoch seconds) a tick of ``run`` last ended without raising; None before the first.
+        self.last_ok: float | None = None
 
     @property
     def holder(self) -> str:
@@ -92,6 +94,7 @@ class LeasedLoop:
         while not stop.is_set():
             try:
                 tick()
+                self.last_ok = time.time()
             except Exception as exc:  # a store blip must not end the loop
                 why = f"{type(exc).__name__}: {exc}"
                 # One line a round (a store down fails every round); the traceback for debugging.

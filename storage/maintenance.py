@@ -255,6 +255,11 @@ class IndexMaintainer:
             if full:
                 self._next_full = time.monotonic() + self._settings.optimize_interval_s
 
+    @property
+    def last_ok(self) -> float | None:
+        """When (epoch seconds) a round of this service last ended without an error; None before."""
+        return self._loop.last_ok
+
     def start(self) -> tuple[threading.Thread, threading.Event]:
         """Rounds on a daemon thread from now on, every ``min(compact_interval_s, optimize_interval_s)``;
         a failed round is logged and the next one tries again. Set the returned event to stop it."""

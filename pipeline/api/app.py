@@ -8,6 +8,7 @@ import asyncio
 import base64
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Any, Protocol
@@ -306,9 +307,15 @@ def create_app(
 
     @app.get("/v1/status")
     async def status() -> dict[str, Any]:
-        """What the app knows of itself: the scheduled check's last round and the videos by status."""
+        """What the app knows of itself: the scheduled check's last round, each background service's
+        liveness (alive, last success in epoch seconds) and the videos by status."""
         counts = await asyncio.to_thread(store.catalog.counts)
-        return {"check": await check_state() if check_state is not None else None, "videos": counts}
+        check = dict(await check_state()) if check_state is not None else None
+        services = dict(check.pop("services", None) or {}) if check is not None else {}
+        # The router's work is holding its broker connection: ok as of this answer while connected.
+        connected = bool((await stats()).get("connected"))
+        services["router"] = {"alive": connected, "last_ok": time.time() if connected else None}
+        return {"check": check, "services": services, "videos": counts}
 
     app.include_router(web_router(settings, links or S3Links(settings.s3), store))
     if admin is not None:

@@ -6,6 +6,7 @@ everything else the CLI does talks to a deployed app through its API, MinIO and 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -40,10 +41,16 @@ def status(ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json", h
     with errors():
         settings = settings_of(ctx)
         components = stack.status(settings)
-    check = _check_state(settings) if any(c.name == "app" and c.running for c in components) else None
+    answer = _app_status(settings) if any(c.name == "app" and c.running for c in components) else None
+    check = answer.get("check") if answer else None
+    services: dict[str, Any] = (answer or {}).get("services") or {}
     if as_json:
         print_json(
-            [*(c.to_dict() for c in components), {"name": "check", "detail": _describe_check(check), "state": check}]
+            [
+                *(c.to_dict() for c in components),
+                {"name": "check", "detail": _describe_check(check), "state": check},
+                *({"name": name, "state": state} for name, state in services.items()),
+            ]
         )
         return
     rows = [
@@ -51,9 +58,17 @@ def status(ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json", h
     ]
     table(
         [Column("COMPONENT"), Column("STATE"), Column("DETAIL", fold=True)],
-        [*rows, ("check", _check_verdict(check), _describe_check(check))],
+        [*rows, ("check", _check_verdict(check), _describe_check(check)), *map(_service_row, services.items())],
         empty="no components",
     )
+
+
+def _service_row(item: tuple[str, dict[str, Any]]) -> tuple[str, str, str]:
+    """A background service of the app: alive or stopped, and how long ago it last succeeded."""
+    name, state = item
+    last_ok = state.get("last_ok")
+    ago = f"last success {max(0.0, time.time() - float(last_ok)):.0f}s ago" if last_ok else "no success yet"
+    return name, "running" if state.get("alive") else "stopped", ago
 
 
 def _check_verdict(state: dict[str, Any] | None) -> str:
@@ -65,13 +80,13 @@ def _check_verdict(state: dict[str, Any] | None) -> str:
     return "drift" if last["inconsistencies"] else "ok"
 
 
-def _check_state(settings: Settings) -> dict[str, Any] | None:
-    """The scheduled check's last round, from the running app (None when it can't be asked)."""
+def _app_status(settings: Settings) -> dict[str, Any] | None:
+    """The running app's ``/v1/status`` (None when it can't be asked)."""
     try:
-        state: dict[str, Any] | None = ApiClient(settings).request("GET", "/v1/status").get("check")
+        answer: dict[str, Any] = ApiClient(settings).request("GET", "/v1/status")
     except CliError:
         return None
-    return state
+    return answer
 
 
 def _describe_check(state: dict[str, Any] | None) -> str:

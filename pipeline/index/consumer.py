@@ -109,6 +109,7 @@ class IndexTaskHandler:
         """
         if (problem := self._writers_health()) is not None:
             raise RuntimeError(problem)
+        self._metrics.service_ok("frame-writer")
 
     def drain(self, timeout_s: float) -> int:
         """Wait up to ``timeout_s`` for the tasks running now to end (a replica being scaled down has

@@ -118,6 +118,11 @@ class BackfillCoordinator:
         self.last: BackfillRound | None = None
         self.last_error: str | None = None
 
+    @property
+    def last_ok(self) -> float | None:
+        """When (epoch seconds) a round of this service last ended without an error; None before."""
+        return self._loop.last_ok
+
     def start(self) -> tuple[threading.Thread, threading.Event]:
         """Rounds on a daemon thread every ``interval_s`` (the first after one interval) while this
         worker holds the ``backfill`` lease, until the returned event is set; a round that fails is

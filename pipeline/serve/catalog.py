@@ -5,6 +5,7 @@ from __future__ import annotations
 from ray import serve
 
 from pipeline.index.catalog_writes import SharedCatalogWriter
+from pipeline.metrics import Metrics, RayBackend
 from pipeline.serve.logs import route_logs_to_replica
 from pipeline.settings import Settings
 from storage.catalog import VideoRecord
@@ -34,6 +35,8 @@ class CatalogWriter:
     def __init__(self, settings: Settings) -> None:
         route_logs_to_replica()
         self._writer = SharedCatalogWriter(settings)
+        self._metrics = Metrics(RayBackend())
+        self._commits_seen = 0
 
     async def write(self, record: VideoRecord, expected_rev: int) -> VideoRecord | None:
         """Raises:
@@ -44,8 +47,14 @@ class CatalogWriter:
     def check_health(self) -> None:
         """Raises:
         RuntimeError: the writer thread died or stopped moving: Serve replaces this replica.
+
+        Healthy: records its liveness and the commits since the last check for ``/metrics``.
         """
         self._writer.check_health()
+        commits = self._writer.stats()["commits"]
+        self._metrics.catalog_commits(commits - self._commits_seen)
+        self._commits_seen = commits
+        self._metrics.service_ok("catalog-writer")
 
     def stats(self) -> dict[str, int]:
         return self._writer.stats()

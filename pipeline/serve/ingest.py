@@ -19,15 +19,20 @@ class EventRouterDeployment:
         from pipeline.index.intake import EventIntake
 
         route_logs_to_replica()
-        self._intake = EventIntake.from_settings(settings, Metrics(RayBackend()), model_dim)
+        self._metrics = Metrics(RayBackend())
+        self._intake = EventIntake.from_settings(settings, self._metrics, model_dim)
         self._intake.start()
 
     def stats(self) -> dict[str, int]:
         return self._intake.stats()
 
     def check_health(self) -> None:
+        """Raises RuntimeError when the router thread stopped (Serve replaces the replica); while it
+        runs connected to the broker, records the router's liveness for ``/metrics``."""
         if not self._intake.alive:
             raise RuntimeError("event router thread stopped")
+        if self._intake.stats().get("connected"):
+            self._metrics.service_ok("router")
 
     def __del__(self) -> None:
         intake = getattr(self, "_intake", None)  # absent when __init__ failed

@@ -26,8 +26,9 @@ class Upkeep:
         self._services.start()
 
     def check_state(self) -> dict[str, Any]:
-        """The scheduled check's last round (``vidx status``, ``/metrics``)."""
-        return self._services.check_state()
+        """The scheduled check's last round, and each service's liveness under ``services``
+        (``vidx status``, ``/v1/status``, ``/metrics``)."""
+        return {**self._services.check_state(), "services": self._services.services_state()}
 
     def running(self) -> dict[str, bool]:
         """Each service's name and whether its thread is alive."""
@@ -36,6 +37,7 @@ class Upkeep:
     def check_health(self) -> None:
         """Serve replaces the replica when a service's thread has ended (their loops survive failing
         rounds, so only a bug ends one)."""
+        self._services.services_state()  # records each service's last success for /metrics
         stopped = [name for name, alive in self._services.running().items() if not alive]
         if stopped:
             raise RuntimeError(f"upkeep services stopped: {', '.join(stopped)}")

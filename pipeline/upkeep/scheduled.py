@@ -181,6 +181,11 @@ class ScheduledCheck:
             resubmitted=self._stamp,
         )
 
+    @property
+    def last_ok(self) -> float | None:
+        """When (epoch seconds) a round of this service last ended without an error; None before."""
+        return self._loop.last_ok
+
     def start(self) -> tuple[threading.Thread, threading.Event]:
         """Rounds on a daemon thread every ``interval_s`` (the first after one interval); a failed
         round is logged, kept as ``last_error`` and the next one tries again. Set the returned event

@@ -26,14 +26,22 @@ SCHEDULED_CHECK = "scheduled-check"
 class BackgroundService(Protocol):
     def start(self) -> tuple[threading.Thread, threading.Event]: ...
 
+    @property
+    def last_ok(self) -> float | None: ...
+
 
 class UpkeepServices:
     """Runs ``preflight`` and then starts each of ``services`` on its own thread; ``check`` answers
     ``check_state`` (also when it is not among the services: the scheduled check turned off)."""
 
     def __init__(
-        self, preflight: Callable[[], object], services: Mapping[str, BackgroundService], check: ScheduledCheck
+        self,
+        preflight: Callable[[], object],
+        services: Mapping[str, BackgroundService],
+        check: ScheduledCheck,
+        metrics: Metrics | None = None,
     ) -> None:
+        self._metrics = metrics or Metrics()
         self._preflight = preflight
         self._services = dict(services)
         self._check = check
@@ -83,7 +91,7 @@ class UpkeepServices:
         }
         if c.interval_s > 0:
             services[SCHEDULED_CHECK] = check
-        return cls(ModelLifecycle(store, settings, dim_of).preflight, services, check)
+        return cls(ModelLifecycle(store, settings, dim_of).preflight, services, check, metrics)
 
     def start(self) -> None:
         """The preflight, then every service.
@@ -102,6 +110,18 @@ class UpkeepServices:
     def running(self) -> dict[str, bool]:
         """Each started service's name and whether its thread is alive."""
         return {name: thread.is_alive() for name, thread in self._threads.items()}
+
+    def services_state(self) -> dict[str, dict[str, Any]]:
+        """Each started service: whether its thread is alive and when its last round succeeded (epoch
+        seconds; None before the first). Recorded as ``vidx_service_ok_timestamp_seconds`` too."""
+        state = {}
+        for name, service in self._services.items():
+            thread = self._threads.get(name)
+            last_ok = service.last_ok
+            state[name] = {"alive": thread is not None and thread.is_alive(), "last_ok": last_ok}
+            if last_ok is not None:
+                self._metrics.service_ok(name, last_ok)
+        return state
 
     def check_state(self) -> dict[str, Any]:
         """The scheduled check's last round (``vidx status``, ``/metrics``)."""

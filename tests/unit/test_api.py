@@ -652,12 +652,17 @@ def test_status_and_metrics_show_the_scheduled_checks_last_round() -> None:
         },
     }
 
+    services = {"maintenance": {"alive": True, "last_ok": 1_700_000_000.0}}
+
     async def check_state() -> dict[str, Any]:
-        return state
+        return {**state, "services": services}
 
     app = create_app(settings, search, store, jobs, router_stats, None, check_state)  # type: ignore[arg-type]
     http = TestClient(app, raise_server_exceptions=False)
-    assert http.get("/v1/status").json() == {"check": state, "videos": store.catalog.counts()}
+    answer = http.get("/v1/status").json()
+    router = answer["services"].pop("router")
+    assert router["alive"] is True and router["last_ok"] > 1_700_000_000  # connected, as of the answer
+    assert answer == {"check": state, "services": services, "videos": store.catalog.counts()}
     metrics = http.get("/metrics").text
     assert 'vidx_check_last_inconsistencies{finding="missing"} 1.0' in metrics
     assert 'vidx_check_last_inconsistencies{finding="stuck"} 1.0' in metrics

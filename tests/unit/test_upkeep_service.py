@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -138,3 +138,47 @@ def test_threads_asking_at_once_for_a_tables_writer_share_one() -> None:
     assert sorted(tables.asked) == ["frames_a", "frames_b"]
     for table in ("frames_a", "frames_b"):
         writers(table).close()
+
+
+def test_each_service_reports_its_last_success_in_the_state_and_the_metrics() -> None:
+    """A service's rounds that succeed move its ``last_ok``; the state and the gauge
+    ``vidx_service_ok_timestamp_seconds{service=...}`` carry it; a failing service keeps its old one."""
+    import time
+
+    from pipeline.metrics import MemoryBackend, Metrics
+    from storage.leased_loop import LeasedLoop
+    from storage.leases import Leases
+
+    class Loop:
+        def __init__(self, name: str, fail: bool) -> None:
+            self.fail = fail
+            self.loop = LeasedLoop(name, cast(Leases, None), name, every_s=0.01, ttl_s=1, first_tick_now=True)
+
+        def tick(self) -> None:
+            if self.fail:
+                raise OSError("store down")
+
+        def start(self) -> tuple[threading.Thread, threading.Event]:
+            return self.loop.start(self.tick)
+
+        @property
+        def last_ok(self) -> float | None:
+            return self.loop.last_ok
+
+    good, bad = Loop("maintenance", fail=False), Loop("backfill", fail=True)
+    backend = MemoryBackend()
+    services = UpkeepServices(lambda: None, {"maintenance": good, "backfill": bad}, cast(Any, None), Metrics(backend))
+    before = time.time()
+    services.start()
+    try:
+        deadline = time.monotonic() + 10
+        while good.last_ok is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        state = services.services_state()
+    finally:
+        services.stop()
+    assert state["maintenance"]["alive"] and state["maintenance"]["last_ok"] >= before
+    assert state["backfill"] == {"alive": True, "last_ok": None}
+    exposition = backend.exposition()
+    assert 'ray_vidx_service_ok_timestamp_seconds{service="maintenance"}' in exposition
+    assert 'service="backfill"' not in exposition
