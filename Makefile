@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3.11
 ENGINE = eval "$$(infra/containers/engine.sh)"
 
-.PHONY: install system venv minio schemas images lint typecheck test test-unit bench demo down clean help
+.PHONY: install promtool system venv minio schemas images lint typecheck test test-unit bench demo down clean help
 
 help:
 	@echo "make demo   install everything, start the stack, index sample videos, search them"
@@ -14,7 +14,12 @@ help:
 	@echo "make bench  run every benchmark; writes bench/results/latest.json and docs/benchmarks.md"
 	@echo "make down   stop the local stack"
 
-install: system venv minio schemas
+install: promtool system venv minio schemas
+
+# Prometheus's rule checker for the alert rules' test: its build (minutes) starts first and runs on
+# in the background; the test waits for it (infra/local/install-promtool.sh).
+promtool:
+	@infra/local/install-promtool.sh --background
 
 system:
 	infra/local/install-system.sh
