@@ -78,11 +78,18 @@ VIDEOS_SCHEMA = pa.schema(
         #: Chosen by the writer of this revision (``pipeline.index.videostate``): a caller that lost
         #: the reply to its write reads the row back to tell "landed" from "not landed".
         pa.field("write_id", pa.string(), nullable=True),
+        #: Which attempt of ``task_id`` claimed the row (the task queue's retry count): a start of a later
+        #: attempt finds the earlier one ended by a retry, not by a death (null: not recorded).
+        pa.field("attempt", pa.int64(), nullable=True),
     ]
 )
 
 #: Columns added after the first catalogs were made, with the SQL that fills them in old rows.
-_ADDED_COLUMNS = {"indexes": "CAST(NULL AS STRING)", "write_id": "CAST(NULL AS STRING)"}
+_ADDED_COLUMNS = {
+    "indexes": "CAST(NULL AS STRING)",
+    "write_id": "CAST(NULL AS STRING)",
+    "attempt": "CAST(NULL AS BIGINT)",
+}
 
 
 def _indexes_json(indexes: Sequence[ModelIndex]) -> str:
@@ -121,6 +128,7 @@ class VideoRecord:
     updated_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     indexes: tuple[ModelIndex, ...] = ()
     write_id: str | None = None
+    attempt: int | None = None
 
     def index_in(self, table: str) -> ModelIndex | None:
         """What the catalog says frames table ``table`` holds for this video (None: nothing)."""
@@ -146,6 +154,7 @@ class VideoRecord:
             updated_at=row["updated_at"],
             indexes=_indexes_from(row),
             write_id=row.get("write_id"),
+            attempt=row.get("attempt"),
         )
 
     def to_row(self) -> dict[str, Any]:

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 
 class JobRunner(Protocol):
-    def run(self, job: IndexJob, task_id: str | None = None) -> JobResult: ...
+    def run(self, job: IndexJob, task_id: str | None = None, attempt: int = 0) -> JobResult: ...
 
     def record_failure(self, job: IndexJob, reason: str, version: str | None = None) -> None: ...
 
@@ -149,7 +149,7 @@ class IndexTaskHandler:
         if task.redelivered:
             log.info("task %s for %s redelivered: running it again", task.task_id, job.uri)
         try:
-            result = self._runner.run(job, task.task_id)
+            result = self._runner.run(job, task.task_id, task.retries)
         except PermanentError as exc:
             # Usually recorded already (decode, limits); not when the object store refused a HEAD.
             self._record_failure(job, exc.reason)

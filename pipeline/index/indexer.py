@@ -112,8 +112,9 @@ class Indexer:
     def holder(self) -> str:
         return self._holder
 
-    def run(self, job: IndexJob, task_id: str | None = None) -> JobResult:
-        """Bring the index of ``job``'s object in line with the object.
+    def run(self, job: IndexJob, task_id: str | None = None, attempt: int = 0) -> JobResult:
+        """Bring the index of ``job``'s object in line with the object. ``attempt``: the task queue's
+        retry count of this start of ``task_id`` (kept in the claim; see ``count_crashes``).
 
         Raises:
             PermanentError: the object can't be indexed (the catalog says why), or ``ConsumerKilled``.
@@ -121,12 +122,12 @@ class Indexer:
         """
         started = time.monotonic()
         clock = StageClock()
-        attempt = Attempt(task_id, self._holder) if task_id is not None else None
+        started_as = Attempt(task_id, self._holder, attempt) if task_id is not None else None
         dirty = _Dirty()
         try:
             for _ in range(MAX_CONVERGE_ROUNDS):
                 try:
-                    result = self._round(job, attempt, clock, dirty)
+                    result = self._round(job, started_as, clock, dirty)
                 except _Lost as lost:
                     log.info("%s: %s; looking again", job.uri, lost)
                     continue

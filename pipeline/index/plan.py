@@ -142,12 +142,15 @@ def plan_removal(seen: VideoRecord | None, rows: int, *, settle: bool) -> Step:
 
 def count_crashes(seen: VideoRecord | None, attempt: Attempt | None, holder: str, alive: Callable[[str], bool]) -> int:
     """Times this task's consumer died while holding the video, this start included: a claim of this
-    task left ``indexing`` by a process that no longer runs (``alive`` says) is one more. ``holder``
-    is this process."""
+    task left ``indexing`` by a process that no longer runs (``alive`` says) is one more, unless it was
+    an earlier attempt (that start ended in a retry, and its process may have been scaled down since).
+    ``holder`` is this process."""
     if attempt is None or seen is None or seen.task_id != attempt.task_id:
         return 0
     if seen.status is not VideoStatus.INDEXING or seen.holder is None:
         return seen.crashes
+    if seen.attempt is not None and seen.attempt < attempt.number:
+        return seen.crashes  # that start raised and the task queue retried it: not a death
     if seen.holder == holder:
         return seen.crashes  # this process is alive: a retry or a redelivery, not a crash
     return seen.crashes if alive(seen.holder) else seen.crashes + 1

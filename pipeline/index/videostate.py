@@ -29,6 +29,8 @@ class Attempt:
 
     task_id: str
     holder: str
+    #: The task queue's retry count of this start (0: the first); a redelivery repeats it.
+    number: int = 0
 
 
 #: Longest a transition waits for the outcome of its write (a grouped commit, see ``storage.catalog_writer``).
@@ -107,6 +109,7 @@ class VideoStates:
             error=None,
             task_id=attempt.task_id if attempt else None,
             holder=attempt.holder if attempt else None,
+            attempt=attempt.number if attempt else None,
             crashes=crashes,
         )
         return self._submit(claimed, seen.rev if seen else 0)

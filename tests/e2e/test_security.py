@@ -4,10 +4,12 @@ no credential in any log of the run or any error body."""
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import secrets
 import socket
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -61,6 +63,18 @@ class SecureApp:
             "rotated API key": self.rotated_key,
             "admin key": self.admin_key,
         }
+
+
+def _forms(secret: str, users: tuple[str, ...]) -> list[tuple[str, bytes]]:
+    """The ways a secret shows up in text besides as written: URL-quoted (in an AMQP URL), base64 (in
+    a token) and inside an HTTP Basic header (base64 of ``user:secret`` for each of ``users``)."""
+    basic = [base64.b64encode(f"{user}:{secret}".encode()) for user in users]
+    return [
+        ("as written", secret.encode()),
+        ("URL-quoted", urllib.parse.quote(secret, safe="").encode()),
+        ("base64", base64.b64encode(secret.encode()).rstrip(b"=")),
+        *((f"Basic, user {user!r}", b) for user, b in zip(users, basic, strict=True)),
+    ]
 
 
 class _Records(logging.Handler):
@@ -310,14 +324,15 @@ def test_zz_no_secret_in_any_log_or_error_body(
     # The logs read are the app's own: the consumer logged the job of the indexed video.
     assert any(VIDEO_KEY.encode() in t and b"indexed" in t for t in texts.values()), "no app log found"
     assert len(secure.bodies) > 50
-    leaks = [
-        f"{what} in {where}"
-        for where, text in texts.items()
-        for what, secret in secure.secrets.items()
-        if secret.encode() in text
-    ]
+    amqp_user = urllib.parse.urlsplit(secure.settings.amqp.url.get_secret_value()).username or ""
+    users = (amqp_user, "guest", "minioadmin", "")
+    forms = {
+        f"{what} ({form})": value for what, secret in secure.secrets.items() for form, value in _forms(secret, users)
+    }
+    leaks = [f"{what} in {where}" for where, text in texts.items() for what, value in forms.items() if value in text]
     assert not leaks, leaks
     summary.append(
         f"security: no secret in {total} bytes: {len(texts) - 3} Ray log files, {len(secure.records)} log "
-        f"records, this test's output, {len(secure.bodies)} response bodies ({len(secure.secrets)} secrets)"
+        f"records, this test's output, {len(secure.bodies)} response bodies ({len(secure.secrets)} secrets, "
+        f"{len(forms)} forms: as written, URL-quoted, base64, in a Basic header)"
     )

@@ -69,7 +69,7 @@ class EncoderDown:
     def __init__(self, stack: Stack) -> None:
         self._stack = stack
 
-    def run(self, job: IndexJob, task_id: str | None = None) -> JobResult:
+    def run(self, job: IndexJob, task_id: str | None = None, attempt: int = 0) -> JobResult:
         raise TransientError("encoder call failed: ActorDiedError")
 
     def record_failure(self, job: IndexJob, reason: str, version: str | None = None) -> None:

@@ -23,7 +23,7 @@ class Runner:
         self.task_ids: list[str | None] = []
         self.record_error: Exception | None = None
 
-    def run(self, job: IndexJob, task_id: str | None = None) -> JobResult:
+    def run(self, job: IndexJob, task_id: str | None = None, attempt: int = 0) -> JobResult:
         self.runs += 1
         self.task_ids.append(task_id)
         if self.error is not None:
@@ -134,10 +134,10 @@ class HeldRunner(Runner):
         self.started = threading.Event()
         self.release = threading.Event()
 
-    def run(self, job: IndexJob, task_id: str | None = None) -> JobResult:
+    def run(self, job: IndexJob, task_id: str | None = None, attempt: int = 0) -> JobResult:
         self.started.set()
         assert self.release.wait(30)
-        return super().run(job, task_id)
+        return super().run(job, task_id, attempt)
 
 
 def test_drain_waits_for_the_running_task_while_it_runs_on_another_thread() -> None:

@@ -422,3 +422,39 @@ class CountingEmbedder(MeanColour):
     def embed_images(self, images: Sequence[NDArray[np.uint8]]) -> NDArray[np.float32]:
         self.calls += 1
         return super().embed_images(images)
+
+
+def test_a_retry_after_its_last_attempts_process_was_scaled_down_is_not_counted_as_a_crash(tmp_path: Path) -> None:
+    """Attempt 0 of a task claims the video and leaves with a transient error (the claim stays, holder
+    and all); its replica is then scaled down. Attempt 1 runs in another process: the dead holder
+    ended its start by a retry, not by dying, so nothing is charged; a redelivery of attempt 1 after
+    its process really died is charged."""
+    settings = Settings.model_validate({"serve": {"max_crashes": 1}})
+    store = IndexStore(settings.s3, uri=str(tmp_path / "lance"))
+    objects = MemoryObjects()
+    objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=2, seed=1))
+    vid = job("a.mp4").video_id
+    alive = {"proc:first", "proc:second"}
+
+    def blip(step: str, _job: IndexJob) -> None:
+        if step == "fetch":
+            raise TransientError("object store answered 503")
+
+    first = Indexer(
+        settings, MeanColour(), store, objects, holder="proc:first", holder_alive=alive.__contains__, hooks=blip
+    )
+    with pytest.raises(TransientError):
+        first.run(job("a.mp4"), "t1", attempt=0)
+    left = store.catalog.get(vid)
+    assert left is not None and left.holder == "proc:first" and left.attempt == 0
+    alive.discard("proc:first")  # scaled down
+    second = Indexer(settings, MeanColour(), store, objects, holder="proc:second", holder_alive=alive.__contains__)
+    assert second.run(job("a.mp4"), "t1", attempt=1).outcome is Outcome.INDEXED
+    indexed = store.catalog.get(vid)
+    assert indexed is not None and indexed.crashes == 0
+    # A real death: attempt 1's claim (of new content) left by a dead process, the same attempt delivered again.
+    objects.put("a.mp4", write_video(tmp_path / "a2.mp4", seconds=3, seed=2))
+    store.catalog.write(indexed.evolve(status=VideoStatus.INDEXING, holder="proc:dead", attempt=1), indexed.rev)
+    third = Indexer(settings, MeanColour(), store, objects, holder="proc:third", holder_alive=alive.__contains__)
+    with pytest.raises(ConsumerKilled):
+        third.run(job("a.mp4"), "t1", attempt=1)
