@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import os
 import tomllib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -162,3 +163,30 @@ def test_a_broken_compose_file_is_rejected() -> None:
     document = load_yaml(COMPOSE.read_text())
     document["services"]["minio"]["depends_on"]["rabbitmq"]["condition"] = "service_happy"
     assert any("services.minio.depends_on" in e for e in compose_errors(document))
+
+
+def test_compose_publishes_on_loopback_only_and_holds_no_credentials() -> None:
+    document = load_yaml(COMPOSE.read_text())
+    ports = [p for service in document["services"].values() for p in service.get("ports", [])]
+    assert ports and all(str(p).startswith("127.0.0.1:") for p in ports), ports
+    text = COMPOSE.read_text()
+    assert "guest:guest" not in text and "minioadmin" not in text
+    env = {k: v for s in document["services"].values() for k, v in (s.get("environment") or {}).items()}
+    for name in ("MINIO_ROOT_PASSWORD", "RABBITMQ_DEFAULT_PASS"):
+        assert str(env[name]).startswith("${") and ":?" in str(env[name])  # refuses to start unset
+
+
+def test_the_credentials_script_generates_private_distinct_values_once(tmp_path: Path) -> None:
+    import stat
+    import subprocess
+
+    script = ROOT / "infra" / "compose-credentials.sh"
+    target = tmp_path / ".env"
+    out = subprocess.run([str(script), str(target)], capture_output=True, text=True, check=True)
+    values = dict(line.split("=", 1) for line in target.read_text().splitlines() if "=" in line)
+    assert set(values) == {"VIDX_MINIO_USER", "VIDX_MINIO_PASSWORD", "VIDX_AMQP_USER", "VIDX_AMQP_PASSWORD"}
+    assert len(set(values.values())) == 4 and all(len(values[k]) == 48 for k in values if k.endswith("PASSWORD"))
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert not any(v in out.stdout + out.stderr for v in values.values())  # never printed
+    subprocess.run([str(script), str(target)], capture_output=True, check=True)
+    assert dict(line.split("=", 1) for line in target.read_text().splitlines() if "=" in line) == values
