@@ -137,6 +137,10 @@ class ServeSettings(BaseModel):
     #: Celery result backend; empty means a file backend under ``state_dir``.
     backend_url: str = ""
     max_retries: int = Field(default=3, ge=0, le=20)
+    #: A failed attempt is retried after this many seconds, doubled each time (1: 1, 2, 4 s): with
+    #: ``max_retries`` it bounds how long an outage (a store, the CatalogWriter being replaced) a job
+    #: rides out before it is dead-lettered (each attempt also waits up to its own deadlines).
+    retry_backoff_s: int = Field(default=1, ge=1, le=60)
     #: Starts of one task whose consumer died mid-job (killed, out of memory) before the video is
     #: failed and dead-lettered: a video that kills its consumer every time ends here, not in a loop.
     max_crashes: int = Field(default=3, ge=1, le=20)

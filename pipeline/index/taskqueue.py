@@ -55,6 +55,7 @@ def task_processor_config(settings: Settings) -> TaskProcessorConfig:
             task_custom_config={
                 # Permanent errors (corrupt file, over a limit) fail at once; the rest retry with backoff.
                 "dont_autoretry_for": (PermanentError,),
+                "retry_backoff": settings.serve.retry_backoff_s,
                 # Outcomes live in the videos table; stored task results would only pile up.
                 "ignore_result": True,
             },

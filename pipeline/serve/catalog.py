@@ -17,8 +17,8 @@ SHUTDOWN_TIMEOUT_S = 45.0
 #: Serve asks the replica's ``check_health`` this often and replaces it when an answer takes longer
 #: than the timeout (a frozen or wedged replica; one whose writer thread died or stopped moving fails
 #: the check at once).
-HEALTH_CHECK_PERIOD_S = 5.0
-HEALTH_CHECK_TIMEOUT_S = 20.0
+HEALTH_CHECK_PERIOD_S = 2.0
+HEALTH_CHECK_TIMEOUT_S = 8.0
 
 
 @serve.deployment(

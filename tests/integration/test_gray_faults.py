@@ -5,7 +5,10 @@ indexed exactly once at its current version, every deleted one is gone, and ``vi
 
 The app runs with ``VIDX_WRITER__CATALOG_WRITE_TIMEOUT_S=3``, so a 10 s freeze of MinIO makes every
 waiting consumer give up on its catalog write while the commit is still in progress (the writer thread
-used to die when that commit landed, and no catalog write committed again until a restart).
+used to die when that commit landed, and no catalog write committed again until a restart), and with
+``VIDX_SERVE__RETRY_BACKOFF_S=10``, so a job's retries outlast the replacement of a frozen writer (with
+3 s deadlines and the default 1, 2, 4 s backoff a job gives up after ~20 s: its video is dead-lettered
+and its row left `indexing` for the scheduled check, after its grace).
 """
 
 from __future__ import annotations
@@ -27,13 +30,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
 
 #: How long MinIO stays frozen: past the app's catalog write deadline (3 s) several times over.
 FREEZE_S = 10.0
-#: Longest wait for Serve to replace a frozen CatalogWriter (its health check: every 5 s, 20 s to answer).
+#: Longest wait for Serve to replace a frozen CatalogWriter (its health check: every 2 s, 8 s to answer,
+#: three misses in a row).
 REPLACE_TIMEOUT_S = 90.0
 
 
 @pytest.fixture(scope="module")
 def host(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppHost]:
-    env = {"VIDX_WRITER__CATALOG_WRITE_TIMEOUT_S": "3"}
+    # Retries ride out ~70 s of outage (10, 20, 40 s): longer than Serve takes to replace a frozen writer.
+    env = {"VIDX_WRITER__CATALOG_WRITE_TIMEOUT_S": "3", "VIDX_SERVE__RETRY_BACKOFF_S": "10"}
     with start_app(services, unique_prefix(), tiny_model_dir, tmp_path_factory.mktemp("state"), env=env) as app:
         yield app
 
