@@ -210,12 +210,14 @@ class GroupedCommits(Generic[T, R]):
         try:
             result = self._write(group)
         except Exception as exc:  # the writer thread carries on whatever a commit raises
+            self._moved(committing=True)  # a commit ended: progress, even if the parts go again
             with self._cond:
                 self._counts = replace(self._counts, failed=self._counts.failed + 1)
             parts = self._hook(self._failed, group, exc, time.perf_counter() - started) or []
             for part in parts:
                 self._commit(part)
             return
+        self._moved(committing=True)
         weight = sum(self._policy.weight(item) for item in group)
         with self._cond:
             c = self._counts

@@ -171,7 +171,8 @@ def create_app(
         kind = rate_class(request.method, route_path(request.scope))
         limit = rates.get(kind) if kind is not None else None
         if limit is not None:
-            caller = caller_of(request.headers.get("authorization"), request.client.host if request.client else None)
+            host = request.client.host if request.client else None
+            caller = caller_of(request.headers.get("authorization"), host, keys.enabled)
             if (wait_s := limit.take(caller)) is not None:
                 response = error_response(
                     429, "rate_limited", f"too many {kind} requests from this key; retry after {wait_s} s"
@@ -309,7 +310,10 @@ def create_app(
     async def status() -> dict[str, Any]:
         """What the app knows of itself: the scheduled check's last round, each background service's
         liveness (alive, last success in epoch seconds) and the videos by status."""
-        counts = await asyncio.to_thread(store.catalog.counts)
+        try:
+            counts: dict[str, int] | None = await asyncio.to_thread(store.catalog.counts)
+        except TransientError:  # the catalog blips: the rest of the status matters more now
+            counts = None
         check = dict(await check_state()) if check_state is not None else None
         services = dict(check.pop("services", None) or {}) if check is not None else {}
         # The router's work is holding its broker connection: ok as of this answer while connected.

@@ -199,10 +199,14 @@ class Admission:
             self.in_flight[kind] -= 1
 
 
-def caller_of(authorization: str | None, client_host: str | None) -> str:
-    """Who is calling: a digest of the bearer key, else the client's address."""
-    if authorization:
-        return "key:" + hashlib.sha256(authorization.encode()).hexdigest()[:24]
+def caller_of(authorization: str | None, client_host: str | None, keys_enabled: bool) -> str:
+    """Who is calling: with keys, a digest of the bearer token (as ``BearerKeys`` reads it, so every
+    spelling of one key is one caller; only valid keys get this far); without keys, the client's
+    address (a made-up header would otherwise be a fresh caller each time)."""
+    if keys_enabled and authorization:
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return "key:" + hashlib.sha256(token.strip().encode()).hexdigest()[:24]
     return f"addr:{client_host or 'unknown'}"
 
 

@@ -7,6 +7,7 @@ import contextlib
 import io
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 import numpy as np
@@ -111,7 +112,7 @@ class SearchService:
     ) -> None:
         """``models`` says which model answers (by default the configured model's ``frames`` table)."""
         self._settings = settings
-        self._decodes = asyncio.Semaphore(settings.limits.image_decodes_in_flight)
+        self._decodes = ThreadPoolExecutor(settings.limits.image_decodes_in_flight, thread_name_prefix="image-decode")
         self._models = models
         self._metrics = metrics or Metrics()
         self._store = store
@@ -164,11 +165,16 @@ class SearchService:
     async def _search_image(self, data: bytes, k: int, base_url: str, started: float) -> SearchResponse:
         limits = self._settings.limits
         k = self.check_k(k)
-        async with self._decodes:
-            # Off the event loop (a 7000x7000 PNG takes about a second), a few at a time.
-            rgb = await asyncio.to_thread(
-                decode_query_image, data, limits.max_image_bytes, limits.max_image_pixels, limits.query_image_max_side
-            )
+        # Off the event loop (a 7000x7000 PNG takes about a second), on a pool of a few threads of its
+        # own: a decode whose request was cancelled still holds its thread, never another pool's.
+        rgb = await asyncio.get_running_loop().run_in_executor(
+            self._decodes,
+            decode_query_image,
+            data,
+            limits.max_image_bytes,
+            limits.max_image_pixels,
+            limits.query_image_max_side,
+        )
         model = await self._active()
         vector = await self._encoder.embed_image(rgb, model.model)
         return await self._respond(model, vector, k, base_url, started)

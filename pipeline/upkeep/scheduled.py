@@ -136,6 +136,10 @@ class ScheduledCheck:
         error = "; ".join(f"{k}: {v}" for k, v in report.errors.items()) or None
         with self._lock:
             self._state = CheckState(self._state.rounds + 1, report, error[:300] if error else None, leader=True)
+        checked = [b for b in report.buckets if b not in report.errors]
+        if "stuck rows" in report.errors or (report.buckets and not checked):
+            # Kept as the last round, but not a success: the service's last success stays where it was.
+            raise TransientError(f"the round checked too little: {error}")
         self._metrics.reconcile_round({k.value: n for k, n in report.counts.items()}, report.submitted)
         if report.inconsistencies:
             log.warning("scheduled check: %s", report.summary())

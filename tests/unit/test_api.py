@@ -878,6 +878,19 @@ def test_each_key_is_rate_limited_on_index_and_search_with_429_and_retry_after()
     assert image.status_code == 429 and image.headers["Retry-After"] == "4"  # one class for both searches
     assert http.get("/v1/search", params={"q": "x"}, headers=bearer("wrong-key-0123456789abcdef")).status_code == 401
     assert http.get("/healthz").status_code == 200  # never limited
+    # Another spelling of the same key is the same caller.
+    assert http.post("/v1/index", json=body, headers={"Authorization": f"bearer   {KEY}"}).status_code == 429
+
+
+def test_without_keys_callers_are_told_apart_by_address_not_by_a_made_up_header() -> None:
+    limits = LimitSettings(index_rate_per_s=0.5, index_burst=2)
+    http, _, _, _ = client(limits=limits)
+    body = {"uri": "s3://videos/a.mp4"}
+    codes = [
+        http.post("/v1/index", json=body, headers={"Authorization": f"Bearer made-up-{i}"}).status_code
+        for i in range(3)
+    ]
+    assert codes == [202, 202, 429]
 
 
 def test_a_token_bucket_refills_at_its_rate() -> None:

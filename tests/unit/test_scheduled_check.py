@@ -7,11 +7,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from pipeline.settings import Settings
 from pipeline.upkeep.check import Checker
 from pipeline.upkeep.scheduled import ScheduledCheck
 from storage.catalog import VideoRecord, VideoStatus
-from storage.errors import PermanentError
+from storage.errors import PermanentError, TransientError
 from storage.ids import s3_uri, video_id
 from storage.s3 import ObjectHead
 from storage.sampling import Sampling
@@ -167,6 +169,11 @@ def test_a_deleted_bucket_does_not_stop_stuck_row_repair_or_the_walk_of_the_othe
         assert BUCKET in report.buckets and report.listed == 2
     assert sorted(j.key for j in sink.jobs) == ["missing.mp4", "missing.mp4", "stuck.mp4"]
     assert check.state.last_error is not None and "gone" in check.state.last_error
+    # A round in which every bucket failed checked nothing: kept as the last round, but not a success.
+    only_gone = repairing(store, listing, ["gone"], Sink(), [2000.0])  # after the first one's lease
+    with pytest.raises(TransientError, match="checked too little"):
+        only_gone.run_once()
+    assert only_gone.state.last is not None and "gone" in only_gone.state.last.errors
 
 
 def test_a_resubmitted_stuck_row_is_not_resubmitted_again_until_it_changes_or_its_stamp_expires(
