@@ -158,23 +158,6 @@ class Checker:
                 resubmitted(record)
         return report
 
-    def _walk_bucket(
-        self,
-        report: CheckReport,
-        bucket: str,
-        prefix: str,
-        start_after: str | None,
-        now: datetime,
-        repair: bool,
-        budget: int | None,
-    ) -> str | None:
-        """``_bucket``, with a table read failing mid-stream (scans are generators) made transient."""
-        try:
-            return self._bucket(report, bucket, prefix, start_after, now, repair, budget)
-        except (RuntimeError, OSError) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-            raise TransientError(f"check: index table read failed: {first}") from exc
-
     def _run(
         self,
         buckets: list[str],
@@ -201,7 +184,11 @@ class Checker:
                 start_after = None
             report.buckets.append(bucket)
             try:
-                stopped = self._walk_bucket(report, bucket, prefix, start_after, now, repair, budget)
+                try:
+                    stopped = self._bucket(report, bucket, prefix, start_after, now, repair, budget)
+                except (RuntimeError, OSError) as exc:  # a table read failed mid-stream (scans are generators)
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+                    raise TransientError(f"check: index table read failed: {first}") from exc
             except (TransientError, PermanentError) as exc:
                 if not keep_going:
                     raise

@@ -24,7 +24,17 @@ from tests.unit.test_check import BUCKET, Listing, Sink, index
 WAIT_S = 10.0
 
 
-def scheduled(store: IndexStore, listing: Listing, now: list[float], interval_s: float = 1) -> ScheduledCheck:
+def scheduled(
+    store: IndexStore,
+    listing: Listing,
+    now: list[float],
+    interval_s: float = 1,
+    *,
+    buckets: list[str] | None = None,
+    sink: Sink | None = None,
+    objects_per_round: int = 2,
+) -> ScheduledCheck:
+    """A scheduled check over ``listing`` with no grace; with ``sink`` it repairs what it finds."""
     checker = Checker(
         model_id="tiny",
         sampling=Sampling(1.0),
@@ -32,18 +42,18 @@ def scheduled(store: IndexStore, listing: Listing, now: list[float], interval_s:
         catalog=store.catalog,
         frames=store.frames,
         lister=listing,
-        sink=None,
+        sink=sink,
         in_flight_grace_s=0,
         new_object_grace_s=0,
     )
     return ScheduledCheck(
         checker,
         store.leases,
-        [BUCKET],
+        buckets or [BUCKET],
         interval_s=interval_s,
-        objects_per_round=2,
+        objects_per_round=objects_per_round,
         lease_ttl_s=10,
-        repair=False,
+        repair=sink is not None,
         clock=lambda: now[0],
     )
 
@@ -131,27 +141,7 @@ def stuck_row(store: IndexStore, key: str) -> VideoRecord:
 
 
 def repairing(store: IndexStore, listing: Listing, buckets: list[str], sink: Sink, now: list[float]) -> ScheduledCheck:
-    checker = Checker(
-        model_id="tiny",
-        sampling=Sampling(1.0),
-        extensions=[".mp4"],
-        catalog=store.catalog,
-        frames=store.frames,
-        lister=listing,
-        sink=sink,
-        in_flight_grace_s=0,
-        new_object_grace_s=0,
-    )
-    return ScheduledCheck(
-        checker,
-        store.leases,
-        buckets,
-        interval_s=1,
-        objects_per_round=100,
-        lease_ttl_s=10,
-        repair=True,
-        clock=lambda: now[0],
-    )
+    return scheduled(store, listing, now, buckets=buckets, sink=sink, objects_per_round=100)
 
 
 def test_a_deleted_bucket_does_not_stop_stuck_row_repair_or_the_walk_of_the_others(tmp_path: Path) -> None:
