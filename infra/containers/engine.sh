@@ -19,6 +19,9 @@ fi
 if ! DOCKER_HOST="unix://$sock" docker version >/dev/null 2>&1; then
   command -v podman >/dev/null || { echo "podman is not installed: run 'make install'" >&2; exit 1; }
   rm -f "$sock"
+  # From /: the service outlives the checkout that started it, and conmon fails every container start
+  # ("Failed to get working directory") once the service's working directory is deleted.
+  cd /
   nohup podman system service --time=0 "unix://$sock" >"$state/podman.log" 2>&1 &
   for _ in $(seq 1 50); do
     DOCKER_HOST="unix://$sock" docker version >/dev/null 2>&1 && break
