@@ -51,7 +51,11 @@ def variants(host: AppHost, tmp_path_factory: pytest.TempPathFactory) -> list[Va
 def freeze_minio(services: Services, seconds: float) -> str:
     """SIGSTOP the MinIO server process for ``seconds``, then SIGCONT it: connections stay open and
     nothing answers (a stall, not a crash)."""
-    pid = int(services.minio.get_wrapped_container().attrs["State"]["Pid"])
+    container = services.minio.get_wrapped_container()
+    container.reload()  # the pid changes when the container is restarted (test_faults restarts it)
+    pid = int(container.attrs["State"]["Pid"])
+    if pid <= 0:  # never signal 0 or -1: that would stop this process group, or everything
+        raise RuntimeError(f"MinIO's container has no process ({pid})")
     os.kill(pid, signal.SIGSTOP)
     try:
         time.sleep(seconds)
