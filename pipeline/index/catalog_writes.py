@@ -39,11 +39,15 @@ class SharedCatalogWriter:
         TransientError: the commit failed or gave no outcome within ``catalog_write_timeout_s``.
         """
         pending = self._writer.submit(record, expected_rev)
+        outcome = asyncio.wrap_future(pending.future)
         try:
             # Shielded: the caller's deadline ends its wait, never the write (the writer thread hands
             # every taken write its outcome, landed or not; the caller tells which by reading back).
-            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(pending.future)), self._timeout_s)
+            return await asyncio.wait_for(asyncio.shield(outcome), self._timeout_s)
         except TimeoutError as exc:
+            # Nobody waits for the late outcome any more: take its error, if any, so it isn't logged
+            # as "never retrieved" (the caller already got a transient error and reads back).
+            outcome.add_done_callback(lambda f: f.cancelled() or f.exception())
             raise TransientError(f"no outcome of the catalog write of {record.video_id} in time") from exc
 
     def check_health(self) -> None:
