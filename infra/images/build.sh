@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the MinIO and RabbitMQ images the integration tests start through testcontainers.
+# Build the MinIO, RabbitMQ and Toxiproxy images the integration tests start through testcontainers.
 # Works with no image registry: the Debian base is made with debootstrap and imported, and is tagged
 # with the name the Dockerfiles expect, so the same Dockerfiles build on a laptop that can pull.
 # Idempotent: images already present are kept unless FORCE=1.
@@ -39,4 +39,12 @@ fi
 if [ "${FORCE:-0}" = 1 ] || ! have vidx/rabbitmq:test; then
   docker build -q -t vidx/rabbitmq:test "$here/rabbitmq" >/dev/null
 fi
-echo "images ready: vidx/minio:test vidx/rabbitmq:test"
+toxiproxy_bin=$("$root/infra/local/install-toxiproxy.sh")
+if [ "${FORCE:-0}" = 1 ] || ! have vidx/toxiproxy:test; then
+  ctx=$(mktemp -d)
+  cp "$here/toxiproxy/Dockerfile" "$ctx/"
+  cp "$toxiproxy_bin" "$ctx/toxiproxy-server"
+  docker build -q -t vidx/toxiproxy:test "$ctx" >/dev/null
+  rm -rf "$ctx"
+fi
+echo "images ready: vidx/minio:test vidx/rabbitmq:test vidx/toxiproxy:test"

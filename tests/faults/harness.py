@@ -249,6 +249,9 @@ class StreamPlan:
     #: Keys the stream writes to; fewer keys mean more overwrites and re-creations. Default ops // 3.
     keys: int | None = None
     delete_share: float = 0.3
+    #: Of the uploads to a key the stream has written, the share that puts the same content again
+    #: (an identical re-upload: a new event, nothing new to index).
+    reupload_share: float = 0.0
 
     @property
     def prefix(self) -> str:
@@ -258,6 +261,8 @@ class StreamPlan:
 @dataclass
 class StreamLog:
     uploads: int = 0
+    #: Of ``uploads``, those that put a key's current content again.
+    reuploads: int = 0
     deletes: int = 0
     failed_ops: int = 0
     touched: set[str] = field(default_factory=set)
@@ -345,8 +350,10 @@ def run_stream(
                 log.failed_ops += 1
         else:
             key = rng.choice(keys)
+            # (The draw only when re-uploads are asked for: older plans replay as they always did.)
+            same = plan.reupload_share > 0 and key in content and rng.random() < plan.reupload_share
             choices = [i for i in range(len(variants)) if i != content.get(key)]
-            v = rng.choice(choices)
+            v = content[key] if same else rng.choice(choices)
 
             def put(key: str = key, v: int = v) -> None:
                 client.fput_object(host.bucket, key, str(variants[v].path), content_type="video/mp4")
@@ -354,6 +361,7 @@ def run_stream(
             if _attempt("upload", put):
                 content[key] = v
                 log.uploads += 1
+                log.reuploads += same
                 if after_upload is not None:
                     after_upload(key)
             else:
@@ -664,7 +672,7 @@ def check(host: AppHost, plan: StreamPlan, log: StreamLog, tables: Tables) -> Su
     return Summary(log.uploads, log.deletes, indexed, lost, duplicated, tuple(problems))
 
 
-def _queues_idle(host: AppHost) -> bool:
+def queues_idle(host: AppHost) -> bool:
     names = [host.settings.amqp.events_queue, host.settings.serve.index_queue]
     return all(queue_counts(host.services, q) == (0, 0) for q in names)
 
@@ -679,11 +687,11 @@ def converge(host: AppHost, plan: StreamPlan, log: StreamLog, timeout_s: float) 
     next_note = started + PROGRESS_EVERY_S
     summary = check(host, plan, log, tables)
     while time.monotonic() < deadline:
-        idle = _queues_idle(host)
+        idle = queues_idle(host)
         if summary.ok and idle:
             time.sleep(SETTLE_S)
             summary = check(host, plan, log, tables)
-            if summary.ok and _queues_idle(host):
+            if summary.ok and queues_idle(host):
                 break
             continue
         if time.monotonic() >= next_note:

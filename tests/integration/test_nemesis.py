@@ -1,0 +1,52 @@
+"""The nemesis (tests/faults/nemesis.py) in CI size: ``NEMESIS_SCHEDULES`` seeded schedules of gray
+faults — latency with jitter, bandwidth limits, stalls and connection resets between the app and MinIO or
+RabbitMQ (Toxiproxy), SIGSTOP/SIGCONT of the CatalogWriter, a consumer or the router, SIGKILL of the
+CatalogWriter — each while uploads, overwrites, deletes and identical re-uploads stream in. Every schedule
+must end with nothing lost, duplicated or stuck, ``vidx check`` clean, and everything settled within the
+stated bound; the suite prints
+``nemesis: N schedules, faults {latency: a, ...}, 0 violations, settled ≤ S s after the last fault``.
+``python -m bench.nemesis`` runs the full size (≥ 200 schedules).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.faults.harness import AppHost, make_variants
+from tests.faults.nemesis import KINDS, Proxies, ScheduleRun, run_nemesis, start_nemesis_app
+from tests.harness import report_lines
+from tests.services import Services, unique_prefix
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+#: Schedules in CI: every fault kind fires at least ``NEMESIS_SCHEDULES // 6 + 1`` times.
+NEMESIS_SCHEDULES = 20
+#: The first schedule's seed (``python -m bench.nemesis`` starts at 0: these are among its schedules).
+FIRST_SEED = 0
+
+
+@pytest.fixture(scope="module")
+def nemesis_app(
+    services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[AppHost, Proxies]]:
+    with start_nemesis_app(services, unique_prefix(), tiny_model_dir, tmp_path_factory.mktemp("state")) as app:
+        yield app
+
+
+def test_nemesis_schedules_leave_nothing_lost_duplicated_or_stuck(
+    request: pytest.FixtureRequest, nemesis_app: tuple[AppHost, Proxies], tmp_path: Path
+) -> None:
+    host, proxies = nemesis_app
+    variants = make_variants(tmp_path, host.settings.sampling.every_s)
+    lines: list[str] = []
+
+    def progress(run: ScheduleRun) -> None:
+        lines.extend(run.lines())
+
+    report = run_nemesis(host, proxies, variants, range(FIRST_SEED, FIRST_SEED + NEMESIS_SCHEDULES), progress)
+    report_lines(request.config, [report.line(), f"  in {report.elapsed_s:.0f}s", *lines])
+    assert all(report.faults[kind] >= 2 for kind in KINDS), report.faults
+    assert report.violations == 0, [v for run in report.runs for v in run.violations]
