@@ -46,8 +46,10 @@ def main(argv: list[str] | None = None) -> int:
             variants = make_variants(root, host.settings.sampling.every_s)
             seeds = range(args.seed, args.seed + args.schedules)
             report = run_nemesis(host, proxies, variants, seeds, progress)
+    for line in report.violation_lines():
+        print(line, flush=True)
     print(report.line(), flush=True)
-    print(f"in {report.elapsed_s:.0f}s", flush=True)
+    print(f"in {report.elapsed_s:.0f}s (the queues drained {report.drain_s:.0f}s after the last schedule)", flush=True)
     if args.schedules >= 20:  # a replay of a few schedules doesn't replace the run's figures
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"line": report.line(), **report.as_json()}, indent=2) + "\n")

@@ -6,10 +6,27 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from events.jobs import IndexJob, JobOp, JobSink
 from events.router import EventRouter
 from pipeline.metrics import Metrics
 from pipeline.reindex.lifecycle import DimOf
 from pipeline.settings import Settings
+
+
+class DeleteMarkingSink:
+    """The router's sink: an upload's job goes straight to the task queue (its row says ``indexing``
+    once a consumer takes it); a delete's job goes through ``marking``, which marks the row ``queued``
+    off the routing path (``pipeline.index.queued_marks``). So from moments after a delete event is
+    routed until its job settled the row ``deleted``, the row is in flight: ``vidx check`` and the
+    scheduled check count it as such instead of reporting "indexed, object gone" for a delete whose
+    job waits in a backlog (and a repairing round doesn't resubmit it)."""
+
+    def __init__(self, direct: JobSink, marking: JobSink) -> None:
+        self._direct = direct
+        self._marking = marking
+
+    def submit(self, job: IndexJob) -> str:
+        return (self._marking if job.op is JobOp.DELETE else self._direct).submit(job)
 
 
 class EventIntake:
@@ -27,18 +44,24 @@ class EventIntake:
         index queue; ``dim_of(model_id)``: a model's vector size. The preflight is the one the Upkeep
         deployment runs too (``ModelLifecycle``'s compare-and-set writes make a second run a read):
         no event is taken before it passed."""
-        from pipeline.index.taskqueue import CeleryJobSink
+        from pipeline.index.taskqueue import CeleryJobSink, queueing_sink
         from pipeline.reindex.lifecycle import ModelLifecycle
+        from storage.catalog_writer import GroupedCatalogWriter
         from storage.tables import IndexStore
 
+        store = IndexStore(settings.s3)
+        w = settings.writer
+        marks = GroupedCatalogWriter(
+            store.catalog, min_interval_s=w.catalog_min_interval_s, max_writes=w.catalog_max_writes
+        )
         router = EventRouter(
             settings.amqp,
             settings.videos,
-            CeleryJobSink(settings),
+            DeleteMarkingSink(CeleryJobSink(settings), queueing_sink(settings, store, marks, deferred=True)),
             buckets=settings.s3.buckets,
             on_count=metrics.bucket_event,
         )
-        return cls(router, ModelLifecycle(IndexStore(settings.s3), settings, dim_of).preflight)
+        return cls(router, ModelLifecycle(store, settings, dim_of).preflight)
 
     def start(self) -> None:
         """The preflight, then the consumer loop.

@@ -736,10 +736,12 @@ class CheckRun:
         )
 
 
-def vidx_check(*, bucket: str | None = None, prefix: str = "", env: Mapping[str, str] | None = None) -> CheckRun:
+def vidx_check(
+    *, bucket: str | None = None, prefix: str = "", env: Mapping[str, str] | None = None, grace_s: float = 0
+) -> CheckRun:
     """Run the real CLI, ``vidx check --json --grace 0 [--bucket B] [--prefix P]``, in this process
     (typer's runner on ``pipeline.cli.main.app``), with the VIDX_* settings of ``os.environ`` (``start_app``
-    puts the app's there) or of ``env``. Grace 0: a video still queued or indexing is an
+    puts the app's there) or of ``env``. Grace 0 (unless ``grace_s``): a video still queued or indexing is an
     inconsistency (stuck), not in flight; a video failed at its object's version is not one.
 
     Raises:
@@ -750,7 +752,7 @@ def vidx_check(*, bucket: str | None = None, prefix: str = "", env: Mapping[str,
     from pipeline.cli.check import FOUND_EXIT
     from pipeline.cli.main import app
 
-    args = ["check", "--json", "--grace", "0", "--prefix", prefix]
+    args = ["check", "--json", "--grace", f"{grace_s:g}", "--prefix", prefix]
     if bucket is not None:
         args += ["--bucket", bucket]
     result = CliRunner().invoke(app, args, env=dict(env) if env is not None else None)

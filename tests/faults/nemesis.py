@@ -44,7 +44,7 @@ from tests.faults.harness import (
     start_app,
     vidx_check,
 )
-from tests.services import Services, container_ip, eventually
+from tests.services import Services, container_ip, eventually, queue_counts
 
 TOXIPROXY_IMAGE = "vidx/toxiproxy:test"
 API_PORT = 8474
@@ -60,13 +60,20 @@ PAUSE_TARGETS = ("CatalogWriter", "IndexConsumer", "EventRouter")
 KILL_TARGET = "CatalogWriter"
 
 #: Operations per schedule, and their pace.
-OPS = 12
-RATE_PER_S = 4.0
+OPS = 10
+RATE_PER_S = 2.5
 #: Every object settled (indexed at its version, or gone) within this many seconds of the last fault.
 SETTLE_BOUND_S = 180.0
 #: How long a settled state must hold (queues empty, the check clean) before the schedule counts as
 #: settled: the management API refreshes its queue figures every second in our image.
 CONFIRM_S = 2.0
+#: A slow settle notes what it still waits for this often.
+NOTE_EVERY_S = 10.0
+POLL_S = 1.0
+#: Longest wait for the queues to drain once every schedule ran.
+DRAIN_TIMEOUT_S = 300.0
+#: The stream's keys of every schedule start with this (``StreamPlan.prefix``).
+NEMESIS_PREFIX = "faults/nemesis-"
 
 
 # -- Toxiproxy ---------------------------------------------------------------------------------------
@@ -165,16 +172,16 @@ def _spec(rng: random.Random, kind: str, at_op: int) -> FaultSpec:
     if kind == "latency":  # 100 ms - 5 s on every chunk, with jitter
         latency = rng.randint(100, 5000)
         jitter = rng.randint(latency // 10, latency // 2)
-        return FaultSpec(kind, proxy, at_op, rng.uniform(2.0, 6.0), (("latency", latency), ("jitter", jitter)))
+        return FaultSpec(kind, proxy, at_op, rng.uniform(2.0, 5.0), (("latency", latency), ("jitter", jitter)))
     if kind == "bandwidth":  # KB/s
-        return FaultSpec(kind, proxy, at_op, rng.uniform(2.0, 6.0), (("rate", rng.choice((4, 16, 64))),))
+        return FaultSpec(kind, proxy, at_op, rng.uniform(2.0, 5.0), (("rate", rng.choice((4, 16, 64))),))
     if kind == "stall":  # nothing gets through; each connection closed after the stall
-        hold = rng.uniform(1.0, 5.0)
+        hold = rng.uniform(1.0, 4.0)
         return FaultSpec(kind, proxy, at_op, hold, (("timeout", int(hold * 1000)),))
     if kind == "reset":  # connections reset by peer, at once or a little later
         return FaultSpec(kind, proxy, at_op, rng.uniform(1.0, 3.0), (("timeout", rng.randint(0, 500)),))
     if kind == "pause":
-        return FaultSpec(kind, rng.choice(PAUSE_TARGETS), at_op, rng.uniform(1.0, 6.0))
+        return FaultSpec(kind, rng.choice(PAUSE_TARGETS), at_op, rng.uniform(1.0, 5.0))
     if kind == "kill":
         return FaultSpec(kind, KILL_TARGET, at_op, 0.0)
     raise ValueError(f"unknown fault kind {kind!r}")
@@ -182,10 +189,11 @@ def _spec(rng: random.Random, kind: str, at_op: int) -> FaultSpec:
 
 def schedule(seed: int) -> list[FaultSpec]:
     """The faults of schedule ``seed``: the kind ``seed`` picks in turn, then one drawn at random,
-    fired after ~15% and ~55% of the stream's operations."""
+    fired after the first and the fifth of the stream's operations (the second once the first has
+    ended)."""
     rng = random.Random(seed)
     kinds = [KINDS[seed % len(KINDS)], rng.choice(KINDS)]
-    return [_spec(rng, kind, at_op) for kind, at_op in zip(kinds, (2, 7), strict=True)]
+    return [_spec(rng, kind, at_op) for kind, at_op in zip(kinds, (1, 5), strict=True)]
 
 
 # -- firing ------------------------------------------------------------------------------------------
@@ -252,13 +260,13 @@ def pause(pid: int, seconds: float, what: str) -> str:
 class ScheduleRun:
     seed: int
     faults: list[FaultSpec]
+    plan: StreamPlan
     log: StreamLog
     summary: Summary
-    #: Seconds from the end of the last fault until the index matched the bucket with the queues empty
-    #: (None: not within ``SETTLE_BOUND_S``).
+    #: Seconds from the end of the last fault until every object of the schedule was settled (indexed
+    #: at its version, or gone with its row ``deleted``), still so ``CONFIRM_S`` later (None: not within
+    #: ``SETTLE_BOUND_S``).
     settled_s: float | None
-    check_found: list[str]
-    check_in_flight: int
     violations: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -269,61 +277,102 @@ class ScheduleRun:
             f"(re-uploads {self.log.reuploads}), deletes {s.deletes}, indexed {s.indexed}, lost {s.lost}, "
             f"duplicated {s.duplicated}, settled {settled} after the last fault"
         )
-        return [
-            head,
-            *(f"  {note}" for note in self.log.notes),
-            *(
-                f"  VIOLATION {v}  (replay: python -m bench.nemesis --seed {self.seed} --schedules 1)"
-                for v in self.violations
-            ),
-        ]
+        return [head, *(f"  {note}" for note in self.log.notes), *self.violation_lines()]
+
+    def violation_lines(self) -> list[str]:
+        replay = f"(replay: python -m bench.nemesis --seed {self.seed} --schedules 1)"
+        return [f"  VIOLATION schedule {self.seed}: {v}  {replay}" for v in self.violations]
 
 
 def settle(host: AppHost, plan: StreamPlan, log: StreamLog, since: float) -> tuple[Summary, float | None]:
-    """Wait (at most until ``since + SETTLE_BOUND_S``) until the queues are empty and the index matches
-    the bucket, still so ``CONFIRM_S`` later. Returns the last summary and when it first held (seconds
-    after ``since``), or None."""
+    """Wait (at most until ``since + SETTLE_BOUND_S``) until the index matches the bucket for the
+    schedule's keys, still so ``CONFIRM_S`` later. Returns the last summary and when it first held
+    (seconds after ``since``), or None. (Jobs with nothing left to do may still wait in the queue:
+    ``run_nemesis`` drains it at the end and checks every schedule again.)"""
     tables = Tables(host.settings)
     deadline = since + SETTLE_BOUND_S
+    next_note = time.monotonic() + NOTE_EVERY_S
     summary = check(host, plan, log, tables)
     while True:
-        if summary.ok and queues_idle(host):
+        if summary.ok:
             first = time.monotonic()
             time.sleep(CONFIRM_S)
             summary = check(host, plan, log, tables)
-            if summary.ok and queues_idle(host):
+            if summary.ok:
                 return summary, first - since
             continue
         if time.monotonic() >= deadline:
             return summary, None
-        time.sleep(0.5)
+        if time.monotonic() >= next_note:  # what a slow settle still waits for
+            next_note += NOTE_EVERY_S
+            counts = {q: queue_counts(host.services, q) for q in _queues(host)}
+            log.notes.append(
+                f"settling t={time.monotonic() - since:.0f}s: queues (ready, unacked) {counts}, "
+                f"e.g. {summary.problems[0]}"
+            )
+        time.sleep(POLL_S)
         summary = check(host, plan, log, tables)
+
+
+def _queues(host: AppHost) -> tuple[str, str]:
+    return host.settings.amqp.events_queue, host.settings.serve.index_queue
 
 
 def run_schedule(host: AppHost, proxies: Proxies, variants: list[Variant], seed: int) -> ScheduleRun:
     faults = schedule(seed)
-    plan = StreamPlan(f"nemesis-{seed}", OPS, seed=seed, rate_per_s=RATE_PER_S, keys=4, reupload_share=0.25)
+    plan = StreamPlan(f"nemesis-{seed}", OPS, seed=seed, rate_per_s=RATE_PER_S, keys=4, reupload_share=0.4)
     nemesis = Nemesis(host, proxies, seed)
     log = run_stream(host, plan, variants, [nemesis.fault(f) for f in faults])
     proxies.api.reset()  # nothing left behind if a fault's removal failed (that is an error of its own)
     summary, settled_s = settle(host, plan, log, nemesis.last_ended)
-    checked = vidx_check(prefix=plan.prefix)
-    run = ScheduleRun(seed, faults, log, summary, settled_s, checked.found, checked.in_flight)
+    run = ScheduleRun(seed, faults, plan, log, summary, settled_s)
     run.violations += [f"fault error: {e}" for e in log.errors]
     run.violations += [f"{n} operations of the stream never went through" for n in [log.failed_ops] if n]
     run.violations += [f"index vs bucket: {p}" for p in summary.problems]
     if settled_s is None:
         run.violations.append(f"not settled within {SETTLE_BOUND_S:g}s of the last fault")
-    run.violations += [f"vidx check: {f}" for f in checked.found]
-    if checked.in_flight:
-        run.violations.append(f"vidx check: {checked.in_flight} videos still queued/indexing")
     return run
+
+
+def final_check(host: AppHost, runs: list[ScheduleRun]) -> float:
+    """Once every schedule ran: wait (at most ``DRAIN_TIMEOUT_S``) for the queues to drain — jobs left
+    over from the faults, retries, redeliveries — then hold every schedule's keys against the bucket
+    again (a late job must not undo a settled video) and run ``vidx check`` over all of them once; a
+    finding goes to the schedule whose keys it names. Returns the seconds the drain took."""
+    started = time.monotonic()
+    drained = False
+    while time.monotonic() - started < DRAIN_TIMEOUT_S:
+        if queues_idle(host):
+            time.sleep(CONFIRM_S)
+            if drained := queues_idle(host):
+                break
+        time.sleep(POLL_S)
+    drain_s = time.monotonic() - started
+    tables = Tables(host.settings)
+    by_prefix = {run.plan.prefix: run for run in runs}
+    for run in runs:
+        if not drained:
+            counts = {q: queue_counts(host.services, q) for q in _queues(host)}
+            run.violations.append(f"queues not drained within {DRAIN_TIMEOUT_S:g}s: {counts}")
+        late = check(host, run.plan, run.log, tables)
+        run.violations += [f"after the queues drained: {p}" for p in late.problems]
+    checked = vidx_check(prefix=NEMESIS_PREFIX)
+    for item in checked.report["found"]:
+        uri = str(item["uri"] or "")
+        key = uri.removeprefix(f"s3://{host.bucket}/")
+        owner = next((r for p, r in by_prefix.items() if key.startswith(p)), runs[-1])
+        owner.violations.append(f"vidx check: {item['finding']} {uri or item['video_id']} ({item['detail']})")
+    if checked.in_flight and runs:
+        runs[-1].violations.append(f"vidx check: {checked.in_flight} videos still queued/indexing")
+    return drain_s
 
 
 @dataclass
 class NemesisReport:
     runs: list[ScheduleRun]
     elapsed_s: float
+    #: Seconds the queues took to drain after the last schedule (``final_check``).
+    drain_s: float = 0.0
 
     @property
     def faults(self) -> Counter[str]:
@@ -339,6 +388,9 @@ class NemesisReport:
     def settled_max_s(self) -> float | None:
         times = [run.settled_s for run in self.runs if run.settled_s is not None]
         return max(times) if times else None
+
+    def violation_lines(self) -> list[str]:
+        return [line for run in self.runs for line in run.violation_lines()]
 
     def line(self) -> str:
         faults = ", ".join(f"{kind}: {n}" for kind, n in self.faults.items())
@@ -359,6 +411,7 @@ class NemesisReport:
             "reuploads": sum(r.log.reuploads for r in self.runs),
             "deletes": sum(r.summary.deletes for r in self.runs),
             "elapsed_s": round(self.elapsed_s, 1),
+            "drain_s": round(self.drain_s, 1),
             "failing_seeds": [r.seed for r in self.runs if r.violations],
         }
 
@@ -377,7 +430,8 @@ def run_nemesis(
         runs.append(run)
         if progress is not None:
             progress(run)
-    return NemesisReport(runs, time.monotonic() - started)
+    drain_s = final_check(host, runs) if runs else 0.0
+    return NemesisReport(runs, time.monotonic() - started, drain_s)
 
 
 @contextlib.contextmanager

@@ -22,9 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.harness import AppHost, Fault, StreamPlan, Variant, make_variants, start_app
+from storage.ids import video_id
+from tests.faults.harness import AppHost, Fault, StreamPlan, Tables, Variant, make_variants, start_app, vidx_check
+from tests.harness import report_lines
 from tests.integration.test_faults import OPS, RATE_PER_S, scenario
-from tests.services import Services, unique_prefix
+from tests.services import Services, eventually, unique_prefix
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
 
@@ -108,3 +110,46 @@ def test_catalog_writer_killed_is_replaced_by_serve(
     plan = StreamPlan("catalog-writer-kill", OPS, seed=23, rate_per_s=RATE_PER_S)
     fault = Fault(6, "CatalogWriter SIGKILL", lambda: host.kill_replica("CatalogWriter"))
     scenario(request, host, variants, plan, [fault])
+
+
+#: Videos deleted at once by the bulk-delete test.
+BULK = 6
+
+
+def test_a_check_during_a_bulk_delete_counts_the_deletes_in_flight(
+    request: pytest.FixtureRequest, host: AppHost, variants: list[Variant]
+) -> None:
+    """Every consumer is paused (SIGSTOP) while six indexed videos are deleted at once, so their
+    delete jobs wait in the queue; once the router has routed the events, ``vidx check`` (with its
+    default grace) counts the six in flight and finds nothing. Before the router marked a delete's row
+    ``queued``, the same check reported each as "indexed, object gone" and exited 3."""
+    client, bucket = host.services.minio_client(), host.bucket
+    keys = [f"bulk-delete/v{i}.mp4" for i in range(BULK)]
+    for n, key in enumerate(keys):
+        client.fput_object(bucket, key, str(variants[n % len(variants)].path), content_type="video/mp4")
+    tables = Tables(host.settings)
+    ids = {video_id(bucket, key) for key in keys}
+
+    def statuses() -> set[str]:
+        return {status for vid, (_uri, status) in tables.statuses().items() if vid in ids}
+
+    eventually(lambda: statuses() == {"indexed"} and len(ids & set(tables.statuses())) == BULK, "indexed", 120)
+    consumers = host.replica_pids("IndexConsumer")
+    for pid in consumers:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        for key in keys:
+            client.remove_object(bucket, key)
+        # The router routed the events and the marks landed: every row says queued, none deleted yet.
+        eventually(lambda: statuses() == {"queued"}, "the deletes' rows marked queued", 60)
+        during = vidx_check(prefix="bulk-delete/", grace_s=600)
+    finally:
+        for pid in consumers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    eventually(lambda: statuses() == {"deleted"}, "the deletes to settle", 180)
+    after = vidx_check(prefix="bulk-delete/")
+    report_lines(request.config, [during.line("bulk-delete (during)"), after.line("bulk-delete (after)")])
+    assert during.exit_code == 0 and during.inconsistencies == 0, during.found
+    assert during.in_flight == BULK
+    assert after.inconsistencies == 0 and after.in_flight == 0, after.found

@@ -47,6 +47,7 @@ def test_nemesis_schedules_leave_nothing_lost_duplicated_or_stuck(
         lines.extend(run.lines())
 
     report = run_nemesis(host, proxies, variants, range(FIRST_SEED, FIRST_SEED + NEMESIS_SCHEDULES), progress)
-    report_lines(request.config, [report.line(), f"  in {report.elapsed_s:.0f}s", *lines])
+    summary = f"  in {report.elapsed_s:.0f}s (the queues drained {report.drain_s:.0f}s after the last schedule)"
+    report_lines(request.config, [report.line(), summary, *lines, *report.violation_lines()])
     assert all(report.faults[kind] >= 2 for kind in KINDS), report.faults
     assert report.violations == 0, [v for run in report.runs for v in run.violations]
