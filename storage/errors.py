@@ -30,6 +30,16 @@ class TransientError(VidxError):
     """Raised when an operation may succeed if retried later."""
 
 
+class WriteInDoubt(TransientError):
+    """A catalog write whose outcome is unknown: it failed or timed out, and the row read back did not
+    (yet) carry its ``write_id``; it may still land. Whoever writes the row next after such a write
+    must not take it for not landed: reading the row again shows ``write_id`` if it did."""
+
+    def __init__(self, message: str, write_id: str | None) -> None:
+        super().__init__(message)
+        self.write_id = write_id
+
+
 class EncoderUnavailable(TransientError):
     """Raised when the encoder deployment can't be reached."""
 

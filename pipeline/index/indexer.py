@@ -22,7 +22,7 @@ from pipeline.metrics import Metrics
 from pipeline.settings import Settings
 from storage.catalog import IN_FLIGHT, VideoRecord
 from storage.catalog_writer import CatalogWrites, PendingWrite
-from storage.errors import PermanentError, TransientError
+from storage.errors import PermanentError, TransientError, WriteInDoubt
 from storage.frames import FRAMES, FrameRow, VideoFrames
 from storage.models import ModelIndex, ModelTable
 from storage.s3 import ObjectHead
@@ -51,6 +51,18 @@ class _Dirty:
 
     rows_changed: bool = False
     tables: set[str] = field(default_factory=set)
+
+
+def _in_doubt(exc: BaseException) -> str | None:
+    """The ``write_id`` of the catalog write ``exc`` (or what it was raised from) left in doubt."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, WriteInDoubt):
+            return cur.write_id
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 class _Lost(Exception):
@@ -136,7 +148,7 @@ class Indexer:
                 raise TransientError(f"{job.uri} kept changing under the job ({MAX_CONVERGE_ROUNDS} rounds)")
         except Exception as exc:
             if dirty.rows_changed:
-                self._unsettle(job, frozenset(dirty.tables))
+                self._unsettle(job, frozenset(dirty.tables), _in_doubt(exc))
             self._metrics.stages(clock.seconds)
             log_job(job, task_id, clock, time.monotonic() - started, error=exc)
             raise
@@ -156,7 +168,7 @@ class Indexer:
                 return
         raise TransientError(f"could not record the failure of {job.uri}: the row kept changing")
 
-    def _unsettle(self, job: IndexJob, touched: frozenset[str]) -> None:
+    def _unsettle(self, job: IndexJob, touched: frozenset[str], in_doubt: str | None = None) -> None:
         """This job changed the video's rows and is leaving before it settled the row, which may now
         disagree with them: put it back in flight (best effort), so a retry, or the scheduled check
         past its grace, redoes the video (if even this write fails, the check's walk finds the
@@ -164,6 +176,11 @@ class Indexer:
         active model's entry)."""
         try:
             seen = self._states.read(job.video_id)
+            if seen is not None and in_doubt is not None and seen.write_id == in_doubt:
+                # The settle whose outcome was in doubt landed after all (a slow or frozen writer):
+                # the row says what this job did to the rows; unsettling it would undo a landed write.
+                log.info("%s: its settle landed late; the row stays as it wrote it", job.uri)
+                return
             self._states.unsettle(job, seen, touched)
         except TransientError as exc:
             log.warning("%s: could not mark the row unsettled (%s); the scheduled check will find it", job.uri, exc)

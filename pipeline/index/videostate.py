@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from events.jobs import IndexJob, JobSink
 from storage.catalog import IN_FLIGHT, Catalog, VideoRecord, VideoStatus
 from storage.catalog_writer import CatalogWrites, DirectWrites, PendingWrite
-from storage.errors import TransientError
+from storage.errors import TransientError, WriteInDoubt
 from storage.models import ModelIndex
 
 log = logging.getLogger(__name__)
@@ -206,7 +206,7 @@ class _ReadBack:
         except TransientError as exc:
             landed = self._states.landed(self._record.video_id, self._record.write_id)
             if landed is None:
-                raise
+                raise WriteInDoubt(str(exc), self._record.write_id) from exc
             log.info("%s: the reply to a catalog write was lost (%s) but the write landed", self._record.uri, exc)
             return landed
 

@@ -458,3 +458,55 @@ def test_a_retry_after_its_last_attempts_process_was_scaled_down_is_not_counted_
     third = Indexer(settings, MeanColour(), store, objects, holder="proc:third", holder_alive=alive.__contains__)
     with pytest.raises(ConsumerKilled):
         third.run(job("a.mp4"), "t1", attempt=1)
+
+
+class LandsTheRemovalLate:
+    """Catalog writes that land at once, except the ``deleted`` write: its caller gets a transient error,
+    the row read back doesn't have it yet, and it lands right after that read (a frozen writer that
+    resumes): whoever reads the row next sees it landed."""
+
+    def __init__(self, store: IndexStore) -> None:
+        from storage.catalog_writer import DirectWrites
+
+        self.direct = DirectWrites(store.catalog)
+        self.late: tuple[VideoRecord, int] | None = None
+        self.landed_late = 0
+        read = store.catalog.get
+
+        def get(video_id: str) -> VideoRecord | None:
+            row = read(video_id)
+            if self.late is not None:  # the read-back of the failed write: then it lands
+                record, rev = self.late
+                self.late = None
+                assert self.direct.submit(record, rev).result(0) is not None
+                self.landed_late += 1
+            return row
+
+        store.catalog.get = get  # type: ignore[method-assign]
+
+    def submit(self, record: VideoRecord, expected_rev: int) -> PendingWrite:
+        if record.status is not VideoStatus.DELETED or self.landed_late:
+            return self.direct.submit(record, expected_rev)
+        self.late = (record, expected_rev)
+        return _LostReply()
+
+
+def test_a_removal_that_lands_after_its_caller_gave_up_is_not_undone(tmp_path: Path) -> None:
+    """A delete job clears the rows and writes ``deleted``; the write's outcome is in doubt (the caller
+    timed out, the read-back didn't see it) and it lands just after. The job leaves with a transient
+    error: its clean-up must not put the row back to ``indexing`` over its own landed write (before
+    the fix it did, and the row said ``indexing`` with -1 frames until a retry or the scheduled check)."""
+    settings = Settings()
+    store = IndexStore(settings.s3, uri=str(tmp_path / "lance"))
+    objects = MemoryObjects()
+    objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=2, seed=1))
+    writes = LandsTheRemovalLate(store)
+    indexer = Indexer(settings, MeanColour(), store, objects, catalog_writes=writes)
+    assert indexer.run(job("a.mp4"), "t-1").outcome is Outcome.INDEXED
+    del objects.files["a.mp4"]
+    with pytest.raises(TransientError):
+        indexer.run(job("a.mp4", JobOp.DELETE), "t-2")
+    assert writes.landed_late == 1
+    record = store.catalog.get(job("a.mp4").video_id)
+    assert record is not None and record.status is VideoStatus.DELETED, record
+    assert store.frames.count(job("a.mp4").video_id) == 0
