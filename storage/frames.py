@@ -109,9 +109,11 @@ class FrameTable:
         self.replace_many([frames])
 
     @write_errors_are_transient
-    def replace_many(self, videos: Sequence[VideoFrames]) -> None:
+    def replace_many(self, videos: Sequence[VideoFrames], timeout: timedelta | None = None) -> None:
         """Replace the rows of several videos in one commit: each video's old rows are replaced by
-        its ``rows`` (none: removed), rows of videos not in ``videos`` are untouched.
+        its ``rows`` (none: removed), rows of videos not in ``videos`` are untouched. ``timeout``:
+        the merge is cancelled once it has run that long, its first attempt included (Lance's own
+        default bounds only its conflict retries), so it can't commit after that.
 
         Raises:
             ValueError: a video appears twice, two rows share a ``frame_id``, or the vectors differ in size.
@@ -136,7 +138,7 @@ class FrameTable:
             .when_matched_update_all()
             .when_not_matched_insert_all()
             .when_not_matched_by_source_delete(scope)
-            .execute(data)
+            .execute(data, timeout=timeout)
         )
 
     @write_errors_are_transient

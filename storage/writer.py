@@ -7,6 +7,13 @@ at most ``wait_s`` after the oldest arrived, and replaces all their rows in one 
 Commits are what cost on object storage (a manifest PUT and its conflict check each), so fewer,
 larger commits write more frames per second and leave fewer versions to compact.
 
+A commit can't land after its caller gave up: each call has a deadline (``commit_timeout_s`` after it
+arrived); the writer thread drops a call whose deadline passed before its group was taken, and runs
+each merge with Lance's timeout set to the group's earliest deadline, so the merge is cancelled rather
+than committed late. (A cancel can't reach a manifest PUT already sent: MinIO orders that conditional PUT
+before any later commit, which then replaces those rows.) So a retry, or another version's job, never
+has its rows replaced by an older, slower commit of the same video.
+
 Durability is unchanged: a call returns only after the commit holding its rows succeeded, so the
 task is acknowledged (acks late) only once its rows are in the table. If the process dies before
 the group is written, no job of the group has returned: the broker redelivers them all and the old
@@ -21,6 +28,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Protocol
 
 from storage.errors import PermanentError, TransientError
@@ -38,12 +46,18 @@ class FrameWriter(Protocol):
 
 
 class GroupStore(Protocol):
-    def replace_many(self, videos: Sequence[VideoFrames]) -> None: ...
+    def replace_many(self, videos: Sequence[VideoFrames], timeout: timedelta | None = None) -> None: ...
+
+
+#: The least time a merge is given: a group whose earliest deadline is nearer than this is not written.
+MIN_COMMIT_S = 0.05
 
 
 @dataclass(eq=False, slots=True)
 class _Pending:
     frames: VideoFrames
+    #: When the caller stops waiting (``time.monotonic``): after it, these rows must not land.
+    deadline: float
     arrived: float = field(default_factory=time.monotonic)
     done: threading.Event = field(default_factory=threading.Event)
     error: Exception | None = None
@@ -104,15 +118,15 @@ class GroupedFrameWriter:
             TransientError: the group's commit failed, no commit came within ``commit_timeout_s``
                 (the rows are then withdrawn if not yet being written), or the writer is closed.
         """
-        pending = _Pending(frames)
+        pending = _Pending(frames, deadline=time.monotonic() + self._commit_timeout_s)
         video_id = frames.video_id
         if not self._grouped.put(pending):
             raise TransientError("the frame writer is closed")
         if not pending.done.wait(self._commit_timeout_s):
             if self._grouped.withdraw(pending):
                 raise TransientError(f"no commit of {video_id}'s frames within {self._commit_timeout_s:g}s")
-            # Already being written: that commit may still land, so wait for its outcome (a commit is
-            # bounded by the store's timeouts) rather than let a retry race a late write of old rows.
+            # Already being written: its merge is cancelled at the deadline (see the module docstring);
+            # take its outcome, which comes moments later.
             if not pending.done.wait(CLOSE_TIMEOUT_S):
                 raise TransientError(f"the commit of {video_id}'s frames did not finish")
         if isinstance(pending.error, ValueError):
@@ -133,7 +147,17 @@ class GroupedFrameWriter:
 
     # -- the writer thread ------------------------------------------------------------------------
     def _write(self, group: list[_Pending]) -> None:
-        self._store.replace_many([p.frames for p in group])
+        # A group is taken once, so a caller that gave up meanwhile has its rows here still: those go.
+        now = time.monotonic()
+        late = [p for p in group if p.deadline - now < MIN_COMMIT_S]
+        for pending in late:
+            pending.error = TransientError(f"{pending.frames.video_id}'s caller stopped waiting before the commit")
+            pending.done.set()
+        live = [p for p in group if p not in late]
+        if not live:
+            return
+        timeout = timedelta(seconds=min(p.deadline for p in live) - now)
+        self._store.replace_many([p.frames for p in live], timeout=timeout)
 
     def _failed_commit(self, group: list[_Pending], error: Exception, took_s: float) -> list[list[_Pending]]:
         log.warning("grouped commit of %d videos failed: %s: %s", len(group), type(error).__name__, error)
@@ -150,5 +174,7 @@ class GroupedFrameWriter:
         rows = sum(len(p.frames.rows) for p in group)
         log.debug("commit of %d videos, %d rows in %.3fs", len(group), rows, took_s)
         for pending in group:
+            if pending.done.is_set():  # dropped before the commit (``_write``): its outcome stands
+                continue
             pending.error = error
             pending.done.set()

@@ -112,7 +112,7 @@ class FakeTables:
         self.asked.append(name)
         return self
 
-    def replace_many(self, videos: Sequence[Any]) -> None:
+    def replace_many(self, videos: Sequence[Any], timeout: Any = None) -> None:
         return None
 
 

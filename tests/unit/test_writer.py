@@ -11,6 +11,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 
 import lancedb
@@ -162,12 +163,12 @@ class RecordingStore:
         self.fail = fail
         self.groups: list[list[str]] = []
 
-    def replace_many(self, videos: Sequence[VideoFrames]) -> None:
+    def replace_many(self, videos: Sequence[VideoFrames], timeout: timedelta | None = None) -> None:
         self.groups.append([v.video_id for v in videos])
         if self.fail > 0:
             self.fail -= 1
             raise OSError("object store went away")
-        self.store.frames.replace_many(videos)
+        self.store.frames.replace_many(videos, timeout)
 
 
 def test_a_failed_group_is_committed_again_video_by_video(store: IndexStore) -> None:
@@ -252,7 +253,7 @@ class BlockingStore:
         self.release = threading.Event()
         self.groups: list[list[str]] = []
 
-    def replace_many(self, videos: Sequence[VideoFrames]) -> None:
+    def replace_many(self, videos: Sequence[VideoFrames], timeout: timedelta | None = None) -> None:
         self.groups.append([v.video_id for v in videos])
         self.release.wait(30)
         self.store.frames.replace_many(videos)
@@ -430,3 +431,50 @@ def test_a_consumer_killed_before_the_group_is_written_loses_nothing(
     finally:
         writer.close()
     assert versions_of(store, "a") == {"v2"} and frame_ids(store, "b") == ["b-000000", "b-000001"]
+
+
+class CancellableStore:
+    """A commit that takes ``takes_s`` and, like Lance's merge with a timeout, is cancelled (never
+    lands) when its timeout is shorter; ``landed`` holds the videos whose rows it committed, and when."""
+
+    def __init__(self, store: IndexStore, takes_s: float) -> None:
+        self.store = store
+        self.takes_s = takes_s
+        self.landed: list[tuple[str, float]] = []
+
+    def replace_many(self, videos: Sequence[VideoFrames], timeout: timedelta | None = None) -> None:
+        if timeout is not None and timeout.total_seconds() < self.takes_s:
+            time.sleep(max(0.0, timeout.total_seconds()))
+            raise RuntimeError("merge insert cancelled: timed out")
+        time.sleep(self.takes_s)
+        self.store.frames.replace_many(videos)
+        self.landed += [(v.video_id, time.monotonic()) for v in videos]
+
+
+def test_a_frame_commit_never_lands_after_its_caller_gave_up(
+    store: IndexStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit takes 1 s, the caller waits 0.3 s (and, once the commit is under way, 0.2 s more):
+    the merge runs under the caller's deadline and is cancelled, so the caller's error is the truth
+    and no rows appear later (before: the commit ran on and landed after the caller had given up,
+    so a retry or the next version's job could have its rows replaced by these)."""
+    monkeypatch.setattr("storage.writer.CLOSE_TIMEOUT_S", 0.2)
+    slow = CancellableStore(store, takes_s=1.0)
+    writer = GroupedFrameWriter(slow, max_videos=1, wait_s=0.0, commit_timeout_s=0.3)
+    try:
+        outcome = submit_all(writer, [frames("a", 2, seed=1)])
+        gave_up = time.monotonic()
+        assert isinstance(outcome["a"], TransientError)
+        time.sleep(1.2)  # past when the commit would have landed
+    finally:
+        writer.close()
+    assert [at for _vid, at in slow.landed if at > gave_up] == []
+    assert frame_ids(store, "a") == []
+
+
+def test_lance_cancels_a_merge_whose_timeout_passed_and_nothing_lands(store: IndexStore) -> None:
+    """The real table: a merge given a timeout too short to finish raises, and its rows are not there."""
+    store.frames.replace_many([frames("a", 2, seed=1)])
+    with pytest.raises(TransientError):
+        store.frames.replace_many([frames("a", 3, seed=2, version="v2")], timedelta(microseconds=1))
+    assert versions_of(store, "a") == {"v1"} and len(frame_ids(store, "a")) == 2
