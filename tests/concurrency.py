@@ -1,8 +1,9 @@
 """The concurrency checker: real ``Indexer`` jobs (real LanceDB on MinIO, real objects in a MinIO
 bucket) on threads over a few keys, with seeded random interleavings of upload, overwrite, delete,
 re-upload of identical bytes, redelivery (the same task twice at once), retry after a transient
-error and restart after a consumer died mid-job, and random pauses at every step boundary of every
-job. After every job has run to completion (at-least-once: an aborted job is run again), the
+error and restart after a consumer died mid-job, random pauses at every step boundary of every
+job, and faults inside catalog writes (a landed write whose reply is lost, a write that lands after
+its caller gave up). After every job has run to completion (at-least-once: an aborted job is run again), the
 invariant checker (``pipeline.upkeep.check``) must find nothing and every key must be indexed exactly at
 its current bytes, or gone.
 
@@ -16,6 +17,7 @@ import random
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,8 +32,8 @@ from pipeline.index.objects import ObjectSource, S3ObjectSource
 from pipeline.settings import Settings
 from pipeline.upkeep.check import Checker
 from pipeline.upkeep.sources import S3PageLister
-from storage.catalog import VideoStatus
-from storage.catalog_writer import GroupedCatalogWriter
+from storage.catalog import VideoRecord, VideoStatus
+from storage.catalog_writer import CatalogWrites, GroupedCatalogWriter, PendingWrite
 from storage.errors import TransientError
 from storage.ids import fingerprint, video_id
 from storage.tables import IndexStore
@@ -71,6 +73,53 @@ class Abort(Exception):
     """Injected at a step boundary: the job's consumer dies (or its attempt fails) right there."""
 
 
+#: Share of catalog writes that fail mid-write rather than at a step boundary (``FaultyWrites``).
+WRITE_FAULT_P = 0.08
+
+
+class FaultyWrites:
+    """The catalog writer as the jobs see it, with seeded faults inside a write rather than between
+    steps: a write that lands but whose reply is lost (the caller gets a transient error for a landed
+    write), and a write whose caller gives up at once while it lands a moment later (its outcome in
+    doubt when the caller reads back). ``reseed`` at each schedule's start: its faults replay."""
+
+    def __init__(self, inner: CatalogWrites) -> None:
+        self._inner = inner
+        self._rng = random.Random(0)
+        self._lock = threading.Lock()
+        self.counts: Counter[str] = Counter()
+
+    def reseed(self, seed: int) -> None:
+        with self._lock:
+            self._rng = random.Random(seed ^ 0xFA017)
+
+    def submit(self, record: VideoRecord, expected_rev: int) -> PendingWrite:
+        pending = self._inner.submit(record, expected_rev)
+        with self._lock:
+            roll = self._rng.random()
+        if roll < WRITE_FAULT_P / 2:
+            self.counts["reply lost"] += 1
+            return _ReplyLost(pending)
+        if roll < WRITE_FAULT_P:
+            self.counts["landed late"] += 1
+            return _GaveUp()
+        return pending
+
+
+class _ReplyLost:
+    def __init__(self, pending: PendingWrite) -> None:
+        self._pending = pending
+
+    def result(self, timeout_s: float) -> VideoRecord | None:
+        self._pending.result(timeout_s)  # landed (or lost to another writer): either way, no answer
+        raise TransientError("catalog write failed: the reply was lost (injected)")
+
+
+class _GaveUp:
+    def result(self, timeout_s: float) -> VideoRecord | None:
+        raise TransientError("catalog write failed: no answer in time (injected; the write lands later)")
+
+
 @dataclass
 class World:
     """The services one run of schedules shares: a bucket, an index database, two consumer processes."""
@@ -85,6 +134,8 @@ class World:
     objects: ObjectSource | None = None
     #: The cluster's one catalog writer (the CatalogWriter deployment's plain object).
     catalog_writer: GroupedCatalogWriter | None = None
+    #: What the jobs write through: ``catalog_writer`` with faults inside writes.
+    catalog_writes: FaultyWrites | None = None
 
     def close(self) -> None:
         for writer in self.writers:
@@ -112,6 +163,7 @@ def world(settings: Settings, minio: object, videos: dict[str, Path]) -> Iterato
         w.writers.append(GroupedFrameWriter(store.frames, max_videos=4, wait_s=0.01, commit_timeout_s=30))
     w.objects = S3ObjectSource(settings.s3, settings.limits)
     w.catalog_writer = GroupedCatalogWriter(IndexStore(settings.s3).catalog, min_interval_s=CATALOG_INTERVAL_S)
+    w.catalog_writes = FaultyWrites(w.catalog_writer)
     try:
         yield w
     finally:
@@ -133,6 +185,8 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
     import io
 
     rng = random.Random(seed)
+    if w.catalog_writes is not None:
+        w.catalog_writes.reseed(seed)
     prefix = f"sched-{seed}-{uuid.uuid4().hex[:6]}/"
     names = [f"{prefix}k{i}.mp4" for i in range(keys)]
     dead: set[str] = set()
@@ -166,7 +220,7 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
             w.stores[n],
             w.objects,
             writer=w.writers[n],
-            catalog_writes=w.catalog_writer,
+            catalog_writes=w.catalog_writes,
             holder=holder,
             holder_alive=lambda h: h not in dead,
             hooks=hooks,

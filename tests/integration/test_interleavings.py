@@ -65,12 +65,13 @@ def test_seeded_interleavings_leave_no_violation(shared: World, pytestconfig: py
             )
         assert time.monotonic() - started < RUN_BOUND_S, f"{seed - FIRST_SEED + 1} schedules took over {RUN_BOUND_S}s"
     took = time.monotonic() - started
+    faults = shared.catalog_writes.counts if shared.catalog_writes is not None else {}
     report_lines(
         pytestconfig,
         [
             f"interleavings: {SCHEDULES} schedules, {KEYS} keys, {len(failures)} violations "
             f"({jobs} jobs, {repaired} schedules healed by a repair pass after a dead letter, in {took:.1f}s, "
-            f"seeds {FIRST_SEED}..{FIRST_SEED + SCHEDULES - 1})"
+            f"seeds {FIRST_SEED}..{FIRST_SEED + SCHEDULES - 1}; faults inside catalog writes: {dict(faults)})"
         ],
     )
     assert not failures, "\n".join(failures)
