@@ -125,14 +125,15 @@ class FrameTable:
             raise ValueError("a video appears twice in one grouped write")
         scope = f"video_id IN ({', '.join(sql_quote(i) for i in ids)})"
         written = [v for v in videos if v.rows]
-        if not written:
+        if written:
+            data = _arrow_rows(written)
+            table = self.table(data.schema.field("vector").type.list_size)
+            assert table is not None  # created above: a dimension was given
+        else:  # removals only: the same merge with no source rows (a plain delete can't take a timeout)
             table = self.table()
-            if table is not None:
-                table.delete(scope)
-            return
-        data = _arrow_rows(written)
-        table = self.table(data.schema.field("vector").type.list_size)
-        assert table is not None  # created above: a dimension was given
+            if table is None:
+                return
+            data = table.schema.empty_table()
         (
             merge_on(table, "frame_id")
             .when_matched_update_all()

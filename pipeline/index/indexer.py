@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from events.jobs import IndexJob, JobOp, JobSource
 from pipeline.index.clock import StageClock
@@ -17,12 +17,12 @@ from pipeline.index.joblog import log_job
 from pipeline.index.objects import ObjectSource, S3ObjectSource
 from pipeline.index.plan import IndexPlan, Step, claims, count_crashes, plan_index, plan_removal
 from pipeline.index.result import ConsumerKilled, JobResult, Outcome
-from pipeline.index.videostate import Attempt, VideoStates
+from pipeline.index.videostate import Attempt, JobRows, VideoStates, settling
 from pipeline.metrics import Metrics
 from pipeline.settings import Settings
 from storage.catalog import IN_FLIGHT, VideoRecord
 from storage.catalog_writer import CatalogWrites, PendingWrite
-from storage.errors import PermanentError, TransientError, WriteInDoubt
+from storage.errors import PermanentError, TransientError
 from storage.frames import FRAMES, FrameRow, VideoFrames
 from storage.models import ModelIndex, ModelTable
 from storage.s3 import ObjectHead
@@ -42,26 +42,6 @@ STEPS = ("read", "head", "claim", "fetch", "recheck", "write", "written", "finis
 
 
 def _no_hook(step: str, job: IndexJob) -> None:
-    return None
-
-
-@dataclass(slots=True)
-class _Dirty:
-    """Whether this job changed the video's rows since it last settled the row, and in which tables."""
-
-    rows_changed: bool = False
-    tables: set[str] = field(default_factory=set)
-
-
-def _in_doubt(exc: BaseException) -> str | None:
-    """The ``write_id`` of the catalog write ``exc`` (or what it was raised from) left in doubt."""
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        if isinstance(cur, WriteInDoubt):
-            return cur.write_id
-        seen.add(id(cur))
-        cur = cur.__cause__ or cur.__context__
     return None
 
 
@@ -135,7 +115,7 @@ class Indexer:
         started = time.monotonic()
         clock = StageClock()
         started_as = Attempt(task_id, self._holder, attempt) if task_id is not None else None
-        dirty = _Dirty()
+        dirty = JobRows()
         try:
             for _ in range(MAX_CONVERGE_ROUNDS):
                 try:
@@ -148,7 +128,7 @@ class Indexer:
                 raise TransientError(f"{job.uri} kept changing under the job ({MAX_CONVERGE_ROUNDS} rounds)")
         except Exception as exc:
             if dirty.rows_changed:
-                self._unsettle(job, frozenset(dirty.tables), _in_doubt(exc))
+                self._unsettle(job, frozenset(dirty.tables), dirty.settle_in_doubt)
             self._metrics.stages(clock.seconds)
             log_job(job, task_id, clock, time.monotonic() - started, error=exc)
             raise
@@ -186,7 +166,7 @@ class Indexer:
             log.warning("%s: could not mark the row unsettled (%s); the scheduled check will find it", job.uri, exc)
 
     # -- one round: read, HEAD, plan, act ---------------------------------------------------------
-    def _round(self, job: IndexJob, attempt: Attempt | None, clock: StageClock, dirty: _Dirty) -> JobResult:
+    def _round(self, job: IndexJob, attempt: Attempt | None, clock: StageClock, dirty: JobRows) -> JobResult:
         self._hooks("read", job)
         with clock.stage("catalog"):
             seen = self._states.read(job.video_id)
@@ -199,7 +179,7 @@ class Indexer:
             log.info("delete event for %s but the object exists: indexing it", job.uri)
         return self._index(job, seen, head, attempt, clock, dirty)
 
-    def _remove(self, job: IndexJob, seen: VideoRecord | None, clock: StageClock, dirty: _Dirty) -> JobResult:
+    def _remove(self, job: IndexJob, seen: VideoRecord | None, clock: StageClock, dirty: JobRows) -> JobResult:
         with clock.stage("catalog"):
             live = self._models()
             rows = sum(self._store.frames_table(t.table).count(job.video_id) for t in live)
@@ -214,7 +194,7 @@ class Indexer:
         dirty.rows_changed = True  # from here on (the write may land even if the call fails)
         self._clear_rows(job, live, clock, dirty)
         self._hooks("removed", job)
-        with clock.stage("catalog"):
+        with clock.stage("catalog"), settling(dirty):
             if self._states.removed(job, self._states.read(job.video_id)) is None:
                 raise _Lost("the row changed while its rows were removed")
         self._hooks("settled", job)
@@ -228,7 +208,7 @@ class Indexer:
         dirty.rows_changed = False
         return JobResult(job.video_id, Outcome.DELETED)
 
-    def _clear_rows(self, job: IndexJob, tables: Sequence[ModelTable], clock: StageClock, dirty: _Dirty) -> None:
+    def _clear_rows(self, job: IndexJob, tables: Sequence[ModelTable], clock: StageClock, dirty: JobRows) -> None:
         """Remove the video's rows from each of ``tables``."""
         dirty.tables.update(t.table for t in tables)
         with clock.stage("write"):
@@ -242,7 +222,7 @@ class Indexer:
         head: ObjectHead,
         attempt: Attempt | None,
         clock: StageClock,
-        dirty: _Dirty,
+        dirty: JobRows,
     ) -> JobResult:
         sampling = self._settings.sampling.spec
         # A backfill job reads the lifecycle afresh: on a cache from before the backfill began it
@@ -267,7 +247,8 @@ class Indexer:
         self._hooks("write", job)
         written = self._write(job, head, plan, embedded, clock, dirty)
         self._hooks("written", job)
-        self._finish(job, plan, written, duration_s, clock)
+        with settling(dirty):
+            self._finish(job, plan, written, duration_s, clock)
         dirty.rows_changed = False
         self._hooks("settled", job)
         # The object may have changed between the check above and the commit, and the job for the
@@ -314,7 +295,7 @@ class Indexer:
             )
 
     def _embed(
-        self, job: IndexJob, head: ObjectHead, plan: IndexPlan, claim: PendingWrite, clock: StageClock, dirty: _Dirty
+        self, job: IndexJob, head: ObjectHead, plan: IndexPlan, claim: PendingWrite, clock: StageClock, dirty: JobRows
     ) -> tuple[dict[str, list[FrameRow]], float | None]:
         """Each needed table's rows (a failing optional one left out) and the duration. On a failure
         the claim's outcome is taken first: a permanent one is recorded, and a job that only had to
@@ -344,7 +325,7 @@ class Indexer:
         plan: IndexPlan,
         embedded: dict[str, list[FrameRow]],
         clock: StageClock,
-        dirty: _Dirty,
+        dirty: JobRows,
     ) -> tuple[ModelIndex, ...]:
         """Replace the video's rows in each embedded table; returns once the commit holding them
         succeeded (possibly shared with other jobs), with their entries."""

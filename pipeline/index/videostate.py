@@ -8,9 +8,11 @@ caller reads again and decides anew.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from events.jobs import IndexJob, JobSink
@@ -31,6 +33,27 @@ class Attempt:
     holder: str
     #: The task queue's retry count of this start (0: the first); a redelivery repeats it.
     number: int = 0
+
+
+@dataclass(slots=True)
+class JobRows:
+    """What one job did to its video's rows since it last settled the row: whether it changed them, in
+    which tables, and the ``write_id`` of its settle (``indexed``/``deleted``) if that write's outcome
+    is in doubt — a row carrying it means the settle landed and the rows are what the row says."""
+
+    rows_changed: bool = False
+    tables: set[str] = field(default_factory=set)
+    settle_in_doubt: str | None = None
+
+
+@contextlib.contextmanager
+def settling(rows: JobRows) -> Iterator[None]:
+    """Around a job's settle write: an outcome in doubt is remembered (``JobRows.settle_in_doubt``)."""
+    try:
+        yield
+    except WriteInDoubt as exc:
+        rows.settle_in_doubt = exc.write_id
+        raise
 
 
 #: Longest a transition waits for the outcome of its write (a grouped commit, see ``storage.catalog_writer``).
