@@ -19,7 +19,9 @@ class DeleteMarkingSink:
     off the routing path (``pipeline.index.queued_marks``). So from moments after a delete event is
     routed until its job settled the row ``deleted``, the row is in flight: ``vidx check`` and the
     scheduled check count it as such instead of reporting "indexed, object gone" for a delete whose
-    job waits in a backlog (and a repairing round doesn't resubmit it)."""
+    job waits in a backlog (and a repairing round doesn't resubmit it). A row that is absent or
+    ``deleted`` already is not marked, and while no catalog version is to hand (at start, or while
+    its lookups fail) the job goes unmarked: a mark never holds up routing."""
 
     def __init__(self, direct: JobSink, marking: JobSink) -> None:
         self._direct = direct
@@ -54,10 +56,11 @@ class EventIntake:
         marks = GroupedCatalogWriter(
             store.catalog, min_interval_s=w.catalog_min_interval_s, max_writes=w.catalog_max_writes
         )
+        marking = queueing_sink(settings, store, marks, deferred=True, read_first=False)
         router = EventRouter(
             settings.amqp,
             settings.videos,
-            DeleteMarkingSink(CeleryJobSink(settings), queueing_sink(settings, store, marks, deferred=True)),
+            DeleteMarkingSink(CeleryJobSink(settings), marking),
             buckets=settings.s3.buckets,
             on_count=metrics.bucket_event,
         )

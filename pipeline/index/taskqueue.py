@@ -67,7 +67,12 @@ def task_processor_config(settings: Settings) -> TaskProcessorConfig:
 
 
 def queueing_sink(
-    settings: Settings, store: IndexStore, writes: CatalogWrites | None = None, *, deferred: bool = False
+    settings: Settings,
+    store: IndexStore,
+    writes: CatalogWrites | None = None,
+    *,
+    deferred: bool = False,
+    read_first: bool = True,
 ) -> QueueingSink:
     """The sink the API, repairs and replays submit through: submits, then marks ``queued`` (through
     ``writes``: by default one commit per mark). ``deferred`` (the API): the submit reads nothing and
@@ -78,7 +83,7 @@ def queueing_sink(
         from pipeline.index.queued_marks import DeferredMarks, VersionClock
 
         marks = DeferredMarks(states, VersionClock(store.catalog, settings.serve.api_version_refresh_s)).start()
-    return QueueingSink(CeleryJobSink(settings), states, marks)
+    return QueueingSink(CeleryJobSink(settings), states, marks, read_first=read_first)
 
 
 class CeleryJobSink:

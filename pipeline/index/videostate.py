@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from events.jobs import IndexJob, JobSink
+from events.jobs import IndexJob, JobOp, JobSink
 from storage.catalog import IN_FLIGHT, Catalog, VideoRecord, VideoStatus
 from storage.catalog_writer import CatalogWrites, DirectWrites, PendingWrite
 from storage.errors import TransientError, WriteInDoubt
@@ -102,6 +102,8 @@ class VideoStates:
         """absent | indexed | failed | deleted -> queued, once a job of the video was submitted,
         compare-and-set on the row as read *before* that submit (see ``QueueingSink``). A row already
         queued or being indexed is left as it is (None)."""
+        if job.op is JobOp.DELETE and (seen is None or seen.status is VideoStatus.DELETED):
+            return None  # nothing to remove: no row to put in flight (nor one to create)
         if seen is None:
             return self._submit(VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.QUEUED), 0)
         if seen.status in IN_FLIGHT:
@@ -240,17 +242,24 @@ class QueueingSink:
     if nothing changed the row since; and the job it submitted always writes the row
     (``IndexJob.settle``), even when it finds nothing to do, so the mark can never outlive the job's
     own outcome: it lands before the job's write (which then loses, and the job settles the row
-    again) or not at all. A failed submit writes nothing. Bucket events don't go through here: the
-    router submits straight away and the row says ``indexing`` once a consumer takes the job.
+    again) or not at all. A failed submit writes nothing. Of bucket events only deletes go through
+    here (``pipeline.index.intake.DeleteMarkingSink``); an upload's job is submitted straight away and
+    its row says ``indexing`` once a consumer takes it.
 
     With ``deferred`` (the API), the submit reads nothing: it takes the catalog version the clock
     last saw and the mark is made on a thread from the row at that version
     (``pipeline.index.queued_marks``); without it the row is read before the submit."""
 
-    def __init__(self, sink: JobSink, states: VideoStates, deferred: DeferredQueueing | None = None) -> None:
+    def __init__(
+        self, sink: JobSink, states: VideoStates, deferred: DeferredQueueing | None = None, *, read_first: bool = True
+    ) -> None:
+        """``read_first=False``: with no catalog version to hand (``deferred`` has none yet, or its
+        lookups are failing) the job is submitted unmarked rather than after a read (the router: a mark
+        must never hold up routing)."""
         self._sink = sink
         self._states = states
         self._deferred = deferred
+        self._read_first = read_first
 
     def submit(self, job: IndexJob) -> str:
         """Raises:
@@ -261,6 +270,8 @@ class QueueingSink:
             task_id = self._sink.submit(settle)
             self._deferred.mark(job, version)
             return task_id
+        if not self._read_first:
+            return self._sink.submit(job)
         try:
             seen = self._states.read(job.video_id)
         except TransientError as exc:  # the job matters, the status is a courtesy

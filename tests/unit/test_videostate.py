@@ -248,3 +248,55 @@ def test_the_version_clock_stops_handing_out_a_version_it_could_not_refresh(stat
     clock.stop()  # no more lookups: the last one ages
     time.sleep(0.02 * (STALE_INTERVALS + 5))
     assert clock.version() is None  # the submit then reads the row itself
+
+
+DELETE = IndexJob(op=JobOp.DELETE, bucket="videos", key="a.mp4", source=JobSource.EVENT)
+
+
+def test_a_delete_marks_an_indexed_row_queued_but_not_an_absent_or_deleted_one(states: VideoStates) -> None:
+    QueueingSink(Sink(states), states).submit(DELETE)
+    assert states.read(DELETE.video_id) is None  # no row is created for a delete
+    done = VideoRecord(DELETE.video_id, DELETE.uri, VideoStatus.INDEXED, version="e1", frames=2, fingerprint="fp")
+    states.catalog.write(done, 0)
+    QueueingSink(Sink(states), states).submit(DELETE)
+    marked = states.read(DELETE.video_id)
+    assert marked is not None and marked.status is VideoStatus.QUEUED
+    gone = marked.evolve(status=VideoStatus.DELETED, frames=0, fingerprint=None)
+    states.catalog.write(gone, marked.rev)
+    QueueingSink(Sink(states), states).submit(DELETE)
+    back = states.read(DELETE.video_id)
+    assert back is not None and back.status is VideoStatus.DELETED and back.rev == marked.rev + 1
+
+
+class NoVersionYet:
+    def version(self) -> int | None:
+        return None
+
+    def mark(self, job: IndexJob, version: int) -> None:
+        raise AssertionError("no version: nothing to mark from")
+
+
+class ReadsNothing(Sink):
+    def submit(self, job: IndexJob) -> str:
+        self.seen_status.append("submitted")
+        return "task-3"
+
+
+def test_without_a_catalog_version_the_routers_sink_submits_unmarked_and_reads_nothing(states: VideoStates) -> None:
+    """The router's marks (``read_first=False``) never hold up routing with a catalog read."""
+    done = VideoRecord(DELETE.video_id, DELETE.uri, VideoStatus.INDEXED, version="e1", frames=2, fingerprint="fp")
+    states.catalog.write(done, 0)
+    reads: list[str] = []
+    read = states.read
+
+    def counting_read(video_id: str) -> VideoRecord | None:
+        reads.append(video_id)
+        return read(video_id)
+
+    states.read = counting_read  # type: ignore[method-assign]
+    sink = ReadsNothing(states)
+    assert QueueingSink(sink, states, NoVersionYet(), read_first=False).submit(DELETE) == "task-3"
+    assert reads == [] and sink.seen_status == ["submitted"]
+    states.read = read  # type: ignore[method-assign]
+    back = states.read(DELETE.video_id)
+    assert back is not None and back.status is VideoStatus.INDEXED  # unmarked

@@ -478,3 +478,13 @@ def test_lance_cancels_a_merge_whose_timeout_passed_and_nothing_lands(store: Ind
     with pytest.raises(TransientError):
         store.frames.replace_many([frames("a", 3, seed=2, version="v2")], timedelta(microseconds=1))
     assert versions_of(store, "a") == {"v1"} and len(frame_ids(store, "a")) == 2
+
+
+def test_lance_cancels_a_removal_whose_timeout_passed_and_the_rows_stay(store: IndexStore) -> None:
+    """A removal-only group runs as the same merge (no source rows) under the same deadline."""
+    store.frames.replace_many([frames("a", 2, seed=1), frames("b", 1, seed=2)])
+    with pytest.raises(TransientError):
+        store.frames.replace_many([removal("a")], timedelta(microseconds=1))
+    assert len(frame_ids(store, "a")) == 2
+    store.frames.replace_many([removal("a")], timedelta(seconds=30))
+    assert frame_ids(store, "a") == [] and len(frame_ids(store, "b")) == 1
