@@ -81,7 +81,8 @@ class FaultyWrites:
     """The catalog writer as the jobs see it, with seeded faults inside a write rather than between
     steps: a write that lands but whose reply is lost (the caller gets a transient error for a landed
     write), and a write whose caller gives up at once while it lands a moment later (its outcome in
-    doubt when the caller reads back). ``reseed`` at each schedule's start: its faults replay."""
+    doubt when the caller reads back; or it loses its compare-and-set). ``reseed`` at each schedule's
+    start: the draws replay, which writes they hit depends on the threads' timing, like the pauses."""
 
     def __init__(self, inner: CatalogWrites) -> None:
         self._inner = inner
@@ -97,11 +98,12 @@ class FaultyWrites:
         pending = self._inner.submit(record, expected_rev)
         with self._lock:
             roll = self._rng.random()
-        if roll < WRITE_FAULT_P / 2:
-            self.counts["reply lost"] += 1
+            fault = "reply lost" if roll < WRITE_FAULT_P / 2 else "gave up early" if roll < WRITE_FAULT_P else None
+            if fault is not None:
+                self.counts[fault] += 1
+        if fault == "reply lost":
             return _ReplyLost(pending)
-        if roll < WRITE_FAULT_P:
-            self.counts["landed late"] += 1
+        if fault == "gave up early":
             return _GaveUp()
         return pending
 

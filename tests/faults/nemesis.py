@@ -7,8 +7,10 @@ API): the app reaches MinIO and RabbitMQ only through it, while the stream and t
 directly, so a fault hits the app and never the judge. Process faults signal the app's Ray Serve
 replicas: SIGSTOP/SIGCONT (a replica paused by the OS) and SIGKILL.
 
-A schedule is a pure function of its seed (the faults, their parameters and the stream's operations),
-so a failing one replays: ``python -m bench.nemesis --seed S --schedules 1``. After its faults stop,
+A schedule is a pure function of its seed (the faults, their parameters and the stream's operations;
+not the threads' timing), so a failing one replays: ``python -m bench.nemesis --seed S --schedules 1``.
+Its two faults fire one after the other, the first while the stream runs, the second often after the
+stream's last operation, while its jobs are still running. After its faults stop,
 a schedule must show 0 lost, 0 duplicated, 0 queued/indexing, ``vidx check`` finding nothing, and every
 object settled within ``SETTLE_BOUND_S``; anything else is a violation.
 """
@@ -140,7 +142,8 @@ def start_toxiproxy(services: Services) -> Iterator[Proxies]:
             api.create(name, f"0.0.0.0:{port}", upstreams[name])
         s3 = f"http://{host}:{container.get_exposed_port(PROXY_PORTS['s3'])}"
         direct = urlsplit(services.amqp_url)
-        proxied = f"{direct.netloc.rpartition('@')[0]}@{host}:{container.get_exposed_port(PROXY_PORTS['amqp'])}"
+        userinfo, at, _ = direct.netloc.rpartition("@")
+        proxied = f"{userinfo}{at}{host}:{container.get_exposed_port(PROXY_PORTS['amqp'])}"
         amqp = urlunsplit(direct._replace(netloc=proxied))
         try:
             yield Proxies(api, s3, amqp)
@@ -289,7 +292,7 @@ def settle(host: AppHost, plan: StreamPlan, log: StreamLog, since: float) -> tup
     schedule's keys, still so ``CONFIRM_S`` later. Returns the last summary and when it first held
     (seconds after ``since``), or None. (Jobs with nothing left to do may still wait in the queue:
     ``run_nemesis`` drains it at the end and checks every schedule again.)"""
-    tables = Tables(host.settings)
+    tables = judge_tables(host)
     deadline = since + SETTLE_BOUND_S
     next_note = time.monotonic() + NOTE_EVERY_S
     summary = check(host, plan, log, tables)
@@ -312,6 +315,13 @@ def settle(host: AppHost, plan: StreamPlan, log: StreamLog, since: float) -> tup
             )
         time.sleep(POLL_S)
         summary = check(host, plan, log, tables)
+
+
+def judge_tables(host: AppHost) -> Tables:
+    """The index tables as the checker reads them: straight from MinIO, never through Toxiproxy."""
+    s = host.settings
+    direct = s.model_copy(update={"s3": s.s3.model_copy(update={"endpoint_url": host.services.s3_endpoint})})
+    return Tables(direct)
 
 
 def _queues(host: AppHost) -> tuple[str, str]:
@@ -348,7 +358,7 @@ def final_check(host: AppHost, runs: list[ScheduleRun]) -> float:
                 break
         time.sleep(POLL_S)
     drain_s = time.monotonic() - started
-    tables = Tables(host.settings)
+    tables = judge_tables(host)
     by_prefix = {run.plan.prefix: run for run in runs}
     for run in runs:
         if not drained:
@@ -356,7 +366,7 @@ def final_check(host: AppHost, runs: list[ScheduleRun]) -> float:
             run.violations.append(f"queues not drained within {DRAIN_TIMEOUT_S:g}s: {counts}")
         late = check(host, run.plan, run.log, tables)
         run.violations += [f"after the queues drained: {p}" for p in late.problems]
-    checked = vidx_check(prefix=NEMESIS_PREFIX)
+    checked = vidx_check(prefix=NEMESIS_PREFIX, env={"VIDX_S3__ENDPOINT_URL": host.services.s3_endpoint})
     for item in checked.report["found"]:
         uri = str(item["uri"] or "")
         key = uri.removeprefix(f"s3://{host.bucket}/")

@@ -114,7 +114,7 @@ def test_catalog_writer_killed_is_replaced_by_serve(
 
 #: Videos deleted at once by the bulk-delete test, and how long it gives their marks to land.
 BULK = 6
-MARKS_WAIT_S = 20.0
+MARKS_WAIT_S = 15.0
 
 
 def test_a_check_during_a_bulk_delete_counts_the_deletes_in_flight(
@@ -144,7 +144,7 @@ def test_a_check_during_a_bulk_delete_counts_the_deletes_in_flight(
         # The router routed the events; its marks land a commit or two later (bounded wait, no verdict:
         # the check below judges).
         events = host.settings.amqp.events_queue
-        eventually(lambda: queue_counts(host.services, events) == (0, 0), "the router to route the deletes", 60)
+        eventually(lambda: queue_counts(host.services, events) == (0, 0), "the router to route the deletes", 30)
         deadline = time.monotonic() + MARKS_WAIT_S
         while statuses() != {"queued"} and time.monotonic() < deadline:
             time.sleep(0.5)
