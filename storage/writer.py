@@ -8,7 +8,8 @@ Commits are what cost on object storage (a manifest PUT and its conflict check e
 larger commits write more frames per second and leave fewer versions to compact.
 
 A commit can't land after its caller gave up: each call has a deadline (``commit_timeout_s`` after it
-arrived); the writer thread drops a call whose deadline passed before its group was taken, and runs
+arrived); the writer thread drops a call with less time left than twice what the last commit took
+(its caller gives up before a commit could land; its error says so), and runs
 each merge with Lance's timeout set to the group's earliest deadline, so the merge is cancelled rather
 than committed late. (A cancel can't reach a manifest PUT already sent: MinIO orders that conditional PUT
 before any later commit, which then replaces those rows.) So a retry, or another version's job, never
@@ -49,7 +50,8 @@ class GroupStore(Protocol):
     def replace_many(self, videos: Sequence[VideoFrames], timeout: timedelta | None = None) -> None: ...
 
 
-#: The least time a merge is given: a group whose earliest deadline is nearer than this is not written.
+#: The least time a merge is given (and at least twice what the last commit took): a call with less left
+#: is not written.
 MIN_COMMIT_S = 0.05
 
 
@@ -88,6 +90,8 @@ class GroupedFrameWriter:
             raise ValueError("max_videos and max_rows must be >= 1, wait_s >= 0, commit_timeout_s > 0")
         self._store = store
         self._commit_timeout_s = commit_timeout_s
+        #: How long the last commit that landed took (written by the writer thread only).
+        self._last_commit_s = 0.0
         # The oldest waits at most wait_s for company, less once the queue fills a group.
         policy: GroupPolicy[_Pending] = GroupPolicy(
             key=lambda p: p.frames.video_id,
@@ -147,13 +151,21 @@ class GroupedFrameWriter:
 
     # -- the writer thread ------------------------------------------------------------------------
     def _write(self, group: list[_Pending]) -> None:
-        # A group is taken once, so a caller that gave up meanwhile has its rows here still: those go.
+        # A group is taken once, so a caller that gave up meanwhile has its rows here still: those go,
+        # and so do those with less time left than commits have been taking (their merge would be
+        # cancelled, and take the rest of the group with it).
         now = time.monotonic()
-        late = [p for p in group if p.deadline - now < MIN_COMMIT_S]
-        for pending in late:
-            pending.error = TransientError(f"{pending.frames.video_id}'s caller stopped waiting before the commit")
-            pending.done.set()
-        live = [p for p in group if p not in late]
+        need_s = max(MIN_COMMIT_S, 2 * self._last_commit_s)
+        live = []
+        for pending in group:
+            if pending.done.is_set():  # dropped by an earlier try of this group
+                continue
+            if pending.deadline - now < need_s:
+                video_id = pending.frames.video_id
+                pending.error = TransientError(f"{video_id}'s caller would stop waiting before the commit")
+                pending.done.set()
+            else:
+                live.append(pending)
         if not live:
             return
         timeout = timedelta(seconds=min(p.deadline for p in live) - now)
@@ -161,9 +173,10 @@ class GroupedFrameWriter:
 
     def _failed_commit(self, group: list[_Pending], error: Exception, took_s: float) -> list[list[_Pending]]:
         log.warning("grouped commit of %d videos failed: %s: %s", len(group), type(error).__name__, error)
-        if len(group) > 1:
+        waiting = [p for p in group if not p.done.is_set()]
+        if len(waiting) > 1:
             # One video's bad rows must not fail the others: each goes alone, with its own outcome.
-            return [[pending] for pending in group]
+            return [[pending] for pending in waiting]
         self._done(group, error, took_s)
         return []
 
@@ -171,6 +184,8 @@ class GroupedFrameWriter:
         self._done(group, None, took_s)
 
     def _done(self, group: list[_Pending], error: Exception | None, took_s: float) -> None:
+        if error is None:
+            self._last_commit_s = took_s
         rows = sum(len(p.frames.rows) for p in group)
         log.debug("commit of %d videos, %d rows in %.3fs", len(group), rows, took_s)
         for pending in group:

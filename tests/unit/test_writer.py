@@ -488,3 +488,41 @@ def test_lance_cancels_a_removal_whose_timeout_passed_and_the_rows_stay(store: I
     assert len(frame_ids(store, "a")) == 2
     store.frames.replace_many([removal("a")], timedelta(seconds=30))
     assert frame_ids(store, "a") == [] and len(frame_ids(store, "b")) == 1
+
+
+class RecordsTimeouts:
+    """A store that records each merge's videos and timeout, and fails a merge holding ``bad``."""
+
+    def __init__(self, bad: str | None = None) -> None:
+        self.bad = bad
+        self.merges: list[tuple[list[str], float | None]] = []
+
+    def replace_many(self, videos: Sequence[VideoFrames], timeout: timedelta | None = None) -> None:
+        self.merges.append(([v.video_id for v in videos], timeout.total_seconds() if timeout else None))
+        if self.bad is not None and any(v.video_id == self.bad for v in videos):
+            raise ValueError("repeated frame ids")
+
+
+def test_a_call_out_of_time_when_its_group_is_taken_is_dropped_and_the_rest_commit_under_their_deadline() -> None:
+    """Taken by the writer thread with its deadline (nearly) gone, a call is answered with an error and left
+    out of the merge; the others are merged with a timeout no later than their earliest deadline; when
+    that merge fails, the retries video by video leave the dropped call out."""
+    from storage.writer import _Pending
+
+    store = RecordsTimeouts(bad="b")
+    writer = GroupedFrameWriter(store, max_videos=4, wait_s=0.0, commit_timeout_s=60)
+    try:
+        now = time.monotonic()
+        late = _Pending(frames("late", 1, seed=1), deadline=now - 1)
+        a = _Pending(frames("a", 1, seed=2), deadline=now + 30)
+        b = _Pending(frames("b", 1, seed=3), deadline=now + 50)
+        group = [late, a, b]
+        with pytest.raises(ValueError):
+            writer._write(group)
+        assert late.done.is_set() and isinstance(late.error, TransientError)
+        [(videos, timeout)] = store.merges
+        assert videos == ["a", "b"] and timeout is not None and 29 < timeout <= 30
+        retries = writer._failed_commit(group, ValueError("repeated frame ids"), 0.1)
+        assert [[p.frames.video_id for p in part] for part in retries] == [["a"], ["b"]]
+    finally:
+        writer.close()
