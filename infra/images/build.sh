@@ -28,23 +28,20 @@ if [ "${FORCE:-0}" = 1 ] || ! have "$base"; then
   fi
 fi
 
-minio_bin=$("$root/infra/local/install-minio.sh")
-if [ "${FORCE:-0}" = 1 ] || ! have vidx/minio:test; then
-  ctx=$(mktemp -d)
-  cp "$here/minio/Dockerfile" "$ctx/"
-  cp "$minio_bin" "$ctx/minio"
-  docker build -q -t vidx/minio:test "$ctx" >/dev/null
-  rm -rf "$ctx"
-fi
+# An image whose Dockerfile copies in one binary built here: name, binary, its name in the image.
+binary_image() {
+  if [ "${FORCE:-0}" = 1 ] || ! have "vidx/$1:test"; then
+    ctx=$(mktemp -d)
+    cp "$here/$1/Dockerfile" "$ctx/"
+    cp "$2" "$ctx/$3"
+    docker build -q -t "vidx/$1:test" "$ctx" >/dev/null
+    rm -rf "$ctx"
+  fi
+}
+
+binary_image minio "$("$root/infra/local/install-minio.sh")" minio
 if [ "${FORCE:-0}" = 1 ] || ! have vidx/rabbitmq:test; then
   docker build -q -t vidx/rabbitmq:test "$here/rabbitmq" >/dev/null
 fi
-toxiproxy_bin=$("$root/infra/local/install-toxiproxy.sh")
-if [ "${FORCE:-0}" = 1 ] || ! have vidx/toxiproxy:test; then
-  ctx=$(mktemp -d)
-  cp "$here/toxiproxy/Dockerfile" "$ctx/"
-  cp "$toxiproxy_bin" "$ctx/toxiproxy-server"
-  docker build -q -t vidx/toxiproxy:test "$ctx" >/dev/null
-  rm -rf "$ctx"
-fi
+binary_image toxiproxy "$("$root/infra/local/install-toxiproxy.sh")" toxiproxy-server
 echo "images ready: vidx/minio:test vidx/rabbitmq:test vidx/toxiproxy:test"

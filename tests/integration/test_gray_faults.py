@@ -24,6 +24,7 @@ import pytest
 
 from storage.ids import video_id
 from tests.faults.harness import AppHost, Fault, StreamPlan, Tables, Variant, make_variants, start_app, vidx_check
+from tests.faults.nemesis import pause
 from tests.harness import report_lines
 from tests.integration.test_faults import OPS, RATE_PER_S, scenario
 from tests.services import Services, eventually, queue_counts, unique_prefix
@@ -55,15 +56,7 @@ def freeze_minio(services: Services, seconds: float) -> str:
     nothing answers (a stall, not a crash)."""
     container = services.minio.get_wrapped_container()
     container.reload()  # the pid changes when the container is restarted (test_faults restarts it)
-    pid = int(container.attrs["State"]["Pid"])
-    if pid <= 0:  # never signal 0 or -1: that would stop this process group, or everything
-        raise RuntimeError(f"MinIO's container has no process ({pid})")
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        time.sleep(seconds)
-    finally:
-        os.kill(pid, signal.SIGCONT)
-    return f"MinIO pid {pid} SIGSTOPped for {seconds:g}s"
+    return pause(int(container.attrs["State"]["Pid"]), seconds, "MinIO")
 
 
 def freeze_catalog_writer(host: AppHost) -> str:
