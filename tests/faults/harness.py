@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -31,7 +31,7 @@ import lancedb
 from infra.dev.samples import expected_sample_count, write_video
 from pipeline.settings import Settings
 from storage.catalog import VIDEOS
-from storage.db import storage_options
+from storage.db import sql_quote, storage_options
 from storage.frames import FRAMES
 from storage.ids import s3_uri, video_id
 from storage.models import MODELS
@@ -563,7 +563,8 @@ class KillEveryStart:
 
 # -- the check ---------------------------------------------------------------------------------------
 class Tables:
-    """Reads the index tables whole (the test tables hold a few thousand rows at most)."""
+    """Reads the index tables, whole or only the rows of some videos (the test tables hold a few
+    thousand rows at most; a long nemesis run many thousands, so its checks name their videos)."""
 
     def __init__(self, settings: Settings) -> None:
         self._db = lancedb.connect(
@@ -572,23 +573,29 @@ class Tables:
             read_consistency_interval=timedelta(0),
         )
 
-    def _rows(self, name: str, columns: list[str]) -> list[dict[str, Any]]:
+    def _rows(self, name: str, columns: list[str], only: Collection[str] | None = None) -> list[dict[str, Any]]:
         try:
             table = self._db.open_table(name)
         except (ValueError, FileNotFoundError):
             return []
-        rows: list[dict[str, Any]] = table.search().select(columns).limit(10_000_000).to_arrow().to_pylist()
+        query = table.search().select(columns)
+        if only is not None:
+            if not only:
+                return []
+            query = query.where(f"video_id IN ({', '.join(sql_quote(v) for v in sorted(only))})")
+        rows: list[dict[str, Any]] = query.limit(10_000_000).to_arrow().to_pylist()
         return rows
 
-    def videos(self) -> dict[str, dict[str, Any]]:
-        return {r["video_id"]: r for r in self._rows(VIDEOS, ["video_id", "uri", "status", "version", "frames"])}
+    def videos(self, only: Collection[str] | None = None) -> dict[str, dict[str, Any]]:
+        columns = ["video_id", "uri", "status", "version", "frames"]
+        return {r["video_id"]: r for r in self._rows(VIDEOS, columns, only)}
 
     def statuses(self) -> dict[str, tuple[str, str]]:
         return {vid: (r["uri"], r["status"]) for vid, r in self.videos().items()}
 
-    def frames(self) -> list[dict[str, Any]]:
+    def frames(self, only: Collection[str] | None = None) -> list[dict[str, Any]]:
         """The rows of the active model's frames table (the lifecycle row names it)."""
-        return self._rows(self.active_table(), ["frame_id", "video_id", "version"])
+        return self._rows(self.active_table(), ["frame_id", "video_id", "version"], only)
 
     def active_table(self) -> str:
         rows = self._rows(MODELS, ["state"])
@@ -630,9 +637,9 @@ def check(host: AppHost, plan: StreamPlan, log: StreamLog, tables: Tables) -> Su
         for o in client.list_objects(host.bucket, prefix=plan.prefix, recursive=True)
     }
     ids = {video_id(host.bucket, key): key for key in log.touched | set(bucket)}
-    videos = tables.videos()
+    videos = tables.videos(ids)
     frames: dict[str, list[dict[str, Any]]] = {}
-    for row in tables.frames():
+    for row in tables.frames(ids):
         if row["video_id"] in ids:
             frames.setdefault(row["video_id"], []).append(row)
     problems: list[str] = []
