@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,10 +70,12 @@ def take(channel: Any, queue: str, limit: int) -> list[Taken]:
 
 
 @contextlib.contextmanager
-def browse(params: pika.ConnectionParameters, queue: str, limit: int, what: str) -> Iterator[Browse]:
-    """Declare ``queue`` (durable), take up to ``limit`` of its messages without acknowledging them,
-    and on leaving hand back (nack, requeue) every one the caller did not ``ack``: the queue keeps
-    what it had, in its order. If the block raises, closing the connection hands them back.
+def browse(
+    params: pika.ConnectionParameters, queue: str, limit: int, what: str, arguments: Mapping[str, Any] | None = None
+) -> Iterator[Browse]:
+    """Declare ``queue`` (durable, with ``arguments``: its type), take up to ``limit`` of its messages
+    without acknowledging them, and on leaving hand back (nack, requeue) every one the caller did not
+    ``ack``: the queue keeps what it had, in its order. If the block raises, closing the connection hands them back.
 
     Raises:
         TransientError: the broker is unreachable or the queue unreadable.
@@ -81,7 +83,8 @@ def browse(params: pika.ConnectionParameters, queue: str, limit: int, what: str)
     connection = connect(params, what)
     try:
         channel = connection.channel()
-        waiting = int(channel.queue_declare(queue=queue, durable=True).method.message_count)
+        declared = channel.queue_declare(queue=queue, durable=True, arguments=dict(arguments or {}))
+        waiting = int(declared.method.message_count)
         session = Browse(channel, waiting, take(channel, queue, limit))
         yield session
         channel.basic_nack(delivery_tag=0, multiple=True, requeue=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr
 
@@ -25,6 +26,15 @@ class AmqpSettings(BaseModel):
     #: Events MinIO keeps in its queue_dir while the broker is unreachable.
     minio_queue_limit: int = Field(default=100_000, gt=0)
     prefetch: int = Field(default=32, ge=1, le=1000)
+    #: ``classic`` (one broker node) or ``quorum`` (a cluster: every queue vidx declares — events,
+    #: parked, index, failed, unprocessable — is replicated on a majority of the nodes and survives the
+    #: loss of a minority). Fixed at a queue's first declaration: switching means new queue names.
+    queue_type: Literal["classic", "quorum"] = "classic"
+    #: Quorum index queue only: deliveries of one task message (first delivery plus redeliveries after a
+    #: lost consumer, connection or broker node) before the broker dead-letters it to the failed queue.
+    #: A backstop far above ``serve.max_crashes``: the crash accounting decides first and records why;
+    #: this only catches a message that kills its consumer before that accounting runs.
+    delivery_limit: int = Field(default=50, ge=2, le=1000)
     reconnect_delay_s: float = Field(default=2.0, gt=0)
     #: Heartbeat the router asks for (0: none); its pika thread keeps answering while a submit runs.
     heartbeat_s: int = Field(default=30, ge=0)
@@ -43,6 +53,12 @@ class AmqpSettings(BaseModel):
     redelivery_memory: int = Field(default=1000, ge=1, le=1_000_000)
     #: On stop, longest wait for submits in progress to finish and be acknowledged.
     drain_timeout_s: float = Field(default=10.0, ge=0)
+
+    @property
+    def queue_arguments(self) -> dict[str, Any]:
+        """Arguments of every queue vidx declares, beyond ``durable`` (a redeclaration must repeat them:
+        RabbitMQ refuses a declaration whose queue type differs from the existing queue's)."""
+        return {"x-queue-type": "quorum"} if self.queue_type == "quorum" else {}
 
     @property
     def queue_arn(self) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 import enum
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,6 +37,8 @@ class FailureKind(enum.StrEnum):
     MALFORMED = "malformed"
     #: Its consumer died while indexing it ``serve.max_crashes`` times (killed, out of memory).
     CRASH_LOOP = "crash_loop"
+    #: The broker dead-lettered it: delivered ``amqp.delivery_limit`` times (a quorum queue's backstop).
+    DELIVERY_LIMIT = "delivery_limit"
 
 
 class DeadLetter(BaseModel):
@@ -92,6 +94,35 @@ def _from_celery(body: bytes, headers: dict[str, Any]) -> DeadLetter:
     )
 
 
+def _from_broker(body: bytes, headers: dict[str, Any]) -> DeadLetter:
+    """An index task the broker itself dead-lettered (``x-death``: a quorum queue's delivery limit):
+    the task message as it was published, args ``[job]``."""
+    payload = json.loads(body)
+    args = payload[0] if isinstance(payload, list) else payload.get("args", [])
+    death = headers["x-death"][0]
+    reason = _text(death.get("reason", ""))
+    died = death.get("time")  # pika reads an AMQP timestamp as a naive UTC datetime
+    job: IndexJob | None = None
+    raw: str | None = None
+    try:
+        job = IndexJob.model_validate(args[0])
+    except (IndexError, TypeError, ValidationError):
+        raw = json.dumps(args)[:2000]
+    return DeadLetter(
+        id=str(headers.get("id") or ""),
+        kind=FailureKind.DELIVERY_LIMIT if reason == "delivery_limit" else FailureKind.MALFORMED,
+        reason=f"dead-lettered by the broker ({reason}) from {_text(death.get('queue'))}",
+        attempts=headers.get("x-delivery-count") if isinstance(headers.get("x-delivery-count"), int) else None,
+        failed_at=died.replace(tzinfo=died.tzinfo or UTC) if isinstance(died, datetime) else None,
+        job=job,
+        raw_job=raw,
+    )
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
 def decode_dead_letter(body: bytes, headers: dict[str, Any] | None) -> DeadLetter:
     """Read one message of the dead-letter queue, whichever way it got there.
 
@@ -101,6 +132,8 @@ def decode_dead_letter(body: bytes, headers: dict[str, Any] | None) -> DeadLette
     headers = headers or {}
     if "task" in headers:
         try:
+            if headers.get("x-death"):
+                return _from_broker(body, headers)
             return _from_celery(body, headers)
         except (ValueError, IndexError, KeyError, TypeError) as exc:
             raise ValueError(f"unreadable task message: {type(exc).__name__}") from exc
@@ -116,8 +149,15 @@ class DeadLetterQueue(HeldQueue[DeadLetter]):
     what = "dead-letter queue"
     holds = "dead letters"
 
-    def __init__(self, amqp_url: str, queue: str, max_list: int = 10_000, timeout_s: float = 10.0) -> None:
-        super().__init__(amqp_url, queue, max_list, timeout_s)
+    def __init__(
+        self,
+        amqp_url: str,
+        queue: str,
+        max_list: int = 10_000,
+        timeout_s: float = 10.0,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(amqp_url, queue, max_list, timeout_s, arguments)
 
     def publish(self, letter: DeadLetter) -> None:
         """Store ``letter`` durably; returns once the broker confirmed it.
@@ -128,8 +168,8 @@ class DeadLetterQueue(HeldQueue[DeadLetter]):
         connection = connect(self.params, self.what)
         try:
             channel = connection.channel()
-            # Declared as Celery (i.e. Ray's adapter) declares it: durable, classic.
-            channel.queue_declare(queue=self.queue, durable=True)
+            # Declared as the task queue's adapter declares it: durable, of the configured queue type.
+            channel.queue_declare(queue=self.queue, durable=True, arguments=self.arguments)
             channel.confirm_delivery()
             channel.basic_publish(
                 exchange="",

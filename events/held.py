@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -45,12 +45,16 @@ class HeldQueue(abc.ABC, Generic[H]):
     what: ClassVar[str]
     holds: ClassVar[str]
 
-    def __init__(self, amqp_url: str, queue: str, max_list: int, timeout_s: float) -> None:
+    def __init__(
+        self, amqp_url: str, queue: str, max_list: int, timeout_s: float, arguments: Mapping[str, Any] | None = None
+    ) -> None:
         self._params = pika.URLParameters(amqp_url)
         self._params.socket_timeout = timeout_s
         self._params.blocked_connection_timeout = timeout_s
         self._queue = queue
         self._max_list = max_list
+        #: The queue's declaration arguments (its type): every declaration must repeat them.
+        self._arguments = dict(arguments or {})
 
     @property
     def queue(self) -> str:
@@ -59,6 +63,10 @@ class HeldQueue(abc.ABC, Generic[H]):
     @property
     def params(self) -> pika.ConnectionParameters:
         return self._params
+
+    @property
+    def arguments(self) -> dict[str, Any]:
+        return self._arguments
 
     @abc.abstractmethod
     def read(self, message: Taken) -> H:
@@ -78,7 +86,8 @@ class HeldQueue(abc.ABC, Generic[H]):
         Raises:
             TransientError: the broker is unreachable.
         """
-        with browse(self._params, self._queue, min(limit or self._max_list, self._max_list), self.what) as session:
+        limit = min(limit or self._max_list, self._max_list)
+        with browse(self._params, self._queue, limit, self.what, self._arguments) as session:
             items = [self.read(message) for message in session.taken]
         by_id: dict[str, H] = {}
         for item in items:
@@ -96,7 +105,7 @@ class HeldQueue(abc.ABC, Generic[H]):
         """
         wanted = set(ids) if ids is not None else None
         replayed: dict[str, H] = {}
-        with browse(self._params, self._queue, self._max_list, self.what) as session:
+        with browse(self._params, self._queue, self._max_list, self.what, self._arguments) as session:
             self.prepare_replay(session.channel)
             acked = 0
             for message in session.taken:

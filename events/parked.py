@@ -113,7 +113,7 @@ class ParkedQueue(HeldQueue[ParkedEvent]):
     holds = "parked events"
 
     def __init__(self, amqp: AmqpSettings, max_list: int = 10_000, timeout_s: float = 10.0) -> None:
-        super().__init__(amqp.url.get_secret_value(), amqp.parked_queue, max_list, timeout_s)
+        super().__init__(amqp.url.get_secret_value(), amqp.parked_queue, max_list, timeout_s, amqp.queue_arguments)
         self._amqp = amqp
 
     def read(self, message: Taken) -> ParkedEvent:

@@ -43,11 +43,11 @@ def minio_notify_env(amqp: AmqpSettings, broker_url: str, queue_dir: Path | str)
 
 def declare_event_topology(channel: Any, amqp: AmqpSettings) -> None:
     """Declare (idempotently) the durable exchange MinIO publishes to, the durable event queue bound
-    to it, and the parked queue for records that can't be decoded."""
+    to it, and the parked queue for records that can't be decoded (both of ``amqp.queue_type``)."""
     channel.exchange_declare(exchange=amqp.exchange, exchange_type="direct", durable=True)
-    channel.queue_declare(queue=amqp.events_queue, durable=True)
+    channel.queue_declare(queue=amqp.events_queue, durable=True, arguments=amqp.queue_arguments)
     channel.queue_bind(queue=amqp.events_queue, exchange=amqp.exchange, routing_key=amqp.routing_key)
-    channel.queue_declare(queue=amqp.parked_queue, durable=True)
+    channel.queue_declare(queue=amqp.parked_queue, durable=True, arguments=amqp.queue_arguments)
 
 
 def subscribe_bucket(client: Minio, bucket: str, queue_arn: str) -> bool:

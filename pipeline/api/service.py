@@ -8,12 +8,11 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from events.deadletters import DeadLetterQueue
 from events.parked import ParkedQueue
 from pipeline.api.admin import admin_router
 from pipeline.api.app import create_app
 from pipeline.api.node_metrics import NodeMetrics, QueueDepths, ray_node_endpoints
-from pipeline.index.taskqueue import queueing_sink
+from pipeline.index.taskqueue import dead_letter_queue, queueing_sink
 from pipeline.metrics import Metrics
 from pipeline.query.search import QueryEncoder, SearchService
 from pipeline.reindex.lifecycle import DimOf, LiveModels, ModelLifecycle
@@ -76,7 +75,7 @@ class ApiService:
         checker = build_checker(settings, store, self._bulk_sink)
         admin = admin_router(
             settings.s3.buckets,
-            DeadLetterQueue(settings.amqp.url.get_secret_value(), settings.serve.failed_queue),
+            dead_letter_queue(settings),
             ParkedQueue(settings.amqp),
             self._bulk_sink,
             lambda bucket, prefix, dry_run: checker.run([bucket], prefix=prefix, repair=not dry_run),

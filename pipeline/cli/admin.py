@@ -109,12 +109,14 @@ def held_app(spec: HeldCommands[Any]) -> typer.Typer:
 # -- the dead-letter queue and the parked queue ---------------------------------------------------------
 
 
-def dead_letter_queue(settings: Settings) -> DeadLetterQueue:
-    return DeadLetterQueue(settings.amqp.url.get_secret_value(), settings.serve.failed_queue)
+def _dead_letter_queue(settings: Settings) -> DeadLetterQueue:
+    from pipeline.index.taskqueue import dead_letter_queue  # imports Ray: only when a command needs it
+
+    return dead_letter_queue(settings)
 
 
 def _replay_dead_letters(settings: Settings, ids: list[str] | None) -> ReplayReport[DeadLetter]:
-    from pipeline.index.taskqueue import queueing_sink
+    from pipeline.index.taskqueue import dead_letter_queue, queueing_sink
     from storage.tables import IndexStore
 
     return dead_letter_queue(settings).replay(queueing_sink(settings, IndexStore(settings.s3)), ids)
@@ -132,7 +134,7 @@ DEAD_LETTERS: HeldCommands[DeadLetter] = HeldCommands(
     one="dead letter",
     ids="dead-letter ids",
     kind=DeadLetterQueue,
-    open=dead_letter_queue,
+    open=_dead_letter_queue,
     columns=(
         Column("ID"),
         Column("FAILED AT"),

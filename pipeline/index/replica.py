@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from events.deadletters import DeadLetterQueue
 from pipeline.embedding.encoders import HandleEmbedders, PoolEmbedders
 from pipeline.embedding.pool import ModelPool
 from pipeline.index.catalog_writes import HandleCatalogWrites
@@ -13,6 +12,7 @@ from pipeline.index.consumer import IndexTaskHandler
 from pipeline.index.extract import Embedders
 from pipeline.index.holders import holder_alive, process_holder
 from pipeline.index.indexer import Indexer
+from pipeline.index.taskqueue import dead_letter_queue
 from pipeline.index.writers import FrameWriters
 from pipeline.metrics import Metrics
 from pipeline.reindex.lifecycle import LiveModels
@@ -51,7 +51,7 @@ def consumer_handler(
         embedders=embedders,
         writer_for=writers,
     )
-    dead_letters = DeadLetterQueue(settings.amqp.url.get_secret_value(), settings.serve.failed_queue)
+    dead_letters = dead_letter_queue(settings)
     return IndexTaskHandler(
         indexer, dead_letters, settings.serve.max_retries, metrics, writers.health, buckets=settings.s3.buckets
     )

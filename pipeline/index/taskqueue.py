@@ -11,7 +11,9 @@ import amqp.exceptions
 import kombu.exceptions
 from ray.serve.schema import CeleryAdapterConfig, TaskProcessorConfig
 from ray.serve.task_consumer import instantiate_adapter_from_config
+from ray.serve.task_processor import CeleryTaskProcessorAdapter
 
+from events.deadletters import DeadLetterQueue
 from events.jobs import INDEX_TASK, IndexJob
 from pipeline.index.videostate import QueueingSink, VideoStates
 from pipeline.settings import Settings
@@ -21,6 +23,30 @@ from storage.tables import IndexStore
 
 log = logging.getLogger(__name__)
 
+#: The key of ``app_custom_config`` that carries each queue's declaration arguments to the adapter.
+QUEUE_ARGUMENTS = "vidx_queue_arguments"
+
+
+class QueueArgumentsAdapter(CeleryTaskProcessorAdapter):
+    """Ray's Celery adapter, declaring its queues (index, failed, unprocessable) with the arguments vidx
+    chose — the queue type, the index queue's delivery limit and dead-letter target — which Ray's own
+    adapter has no setting for. With quorum queues Celery itself turns off global QoS and uses
+    RabbitMQ's native delayed delivery for retries (``worker_detect_quorum_queues``)."""
+
+    def __init__(self, config: TaskProcessorConfig, *args: Any, **kwargs: Any) -> None:
+        config = config.model_copy(deep=True)
+        custom = config.adapter_config.app_custom_config or {}
+        self._queue_arguments: dict[str, dict[str, Any]] = custom.pop(QUEUE_ARGUMENTS, None) or {}
+        super().__init__(config, *args, **kwargs)
+
+    def initialize(self, *args: Any, **kwargs: Any) -> None:
+        super().initialize(*args, **kwargs)
+        queues = {name: dict(options) for name, options in self._app.conf.task_queues.items()}
+        for name, arguments in self._queue_arguments.items():
+            if arguments and name in queues:
+                queues[name]["queue_arguments"] = dict(arguments)
+        self._app.conf.update(task_queues=queues)
+
 
 def task_processor_config(settings: Settings) -> TaskProcessorConfig:
     """One definition of the queue, shared by producers (router, API) and the consumer."""
@@ -29,7 +55,7 @@ def task_processor_config(settings: Settings) -> TaskProcessorConfig:
         Path(urlparse(backend_url).path).mkdir(parents=True, exist_ok=True)
     return TaskProcessorConfig(
         queue_name=settings.serve.index_queue,
-        adapter="ray.serve.task_processor.CeleryTaskProcessorAdapter",
+        adapter=f"{__name__}.{QueueArgumentsAdapter.__name__}",
         adapter_config=CeleryAdapterConfig(
             broker_url=settings.amqp.url.get_secret_value(),
             backend_url=backend_url,
@@ -51,6 +77,7 @@ def task_processor_config(settings: Settings) -> TaskProcessorConfig:
                 },
                 # Notice a dead broker connection in seconds, not minutes (the default is 120 s).
                 "broker_heartbeat": 10,
+                QUEUE_ARGUMENTS: index_queue_arguments(settings),
             },
             task_custom_config={
                 # Permanent errors (corrupt file, over a limit) fail at once; the rest retry with backoff.
@@ -63,6 +90,29 @@ def task_processor_config(settings: Settings) -> TaskProcessorConfig:
         max_retries=settings.serve.max_retries,
         failed_task_queue_name=settings.serve.failed_queue,
         unprocessable_task_queue_name=settings.serve.unprocessable_queue,
+    )
+
+
+def index_queue_arguments(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Declaration arguments of the task queues, by name. Quorum: all three replicated; the index
+    queue dead-letters a task delivered ``amqp.delivery_limit`` times to the failed queue, where
+    ``vidx dlq`` lists it (reason ``delivery_limit`` in its ``x-death`` header) and can replay it."""
+    base = settings.amqp.queue_arguments
+    index = dict(base)
+    if settings.amqp.queue_type == "quorum":
+        index |= {
+            "x-delivery-limit": settings.amqp.delivery_limit,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": settings.serve.failed_queue,
+        }
+    serve = settings.serve
+    return {serve.index_queue: index, serve.failed_queue: dict(base), serve.unprocessable_queue: dict(base)}
+
+
+def dead_letter_queue(settings: Settings) -> DeadLetterQueue:
+    """The failed queue of the index tasks, declared as the task queue's adapter declares it."""
+    return DeadLetterQueue(
+        settings.amqp.url.get_secret_value(), settings.serve.failed_queue, arguments=settings.amqp.queue_arguments
     )
 
 

@@ -409,11 +409,10 @@ class SameVideoRace:
     def __init__(self, host: AppHost, every: int = 2) -> None:
         from ray import serve
 
-        from events.deadletters import DeadLetterQueue
         from pipeline.embedding.encoders import HandleEmbedders
         from pipeline.index.consumer import IndexTaskHandler
         from pipeline.index.indexer import Indexer
-        from pipeline.index.taskqueue import CeleryJobSink
+        from pipeline.index.taskqueue import CeleryJobSink, dead_letter_queue
         from pipeline.reindex.lifecycle import LiveModels
         from storage.tables import IndexStore
 
@@ -435,7 +434,7 @@ class SameVideoRace:
                 embedders=embedders,
             )
 
-        dead_letters = DeadLetterQueue(settings.amqp.url.get_secret_value(), settings.serve.failed_queue)
+        dead_letters = dead_letter_queue(settings)
         self._max_retries = settings.serve.max_retries
         self._handlers = [IndexTaskHandler(indexer(), dead_letters, self._max_retries) for _ in range(2)]
         self._sink = CeleryJobSink(settings)

@@ -4,6 +4,7 @@ a replay removes only what it resubmitted."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 
@@ -35,6 +36,22 @@ def test_a_task_with_an_unreadable_job_keeps_the_raw_text() -> None:
     body = json.dumps([["t8", "boom", "[<object at 0x1>]", "{}", ""], {}, {}]).encode()
     letter = decode_dead_letter(body, {"task": "index_video"})
     assert letter.kind is FailureKind.MALFORMED and letter.job is None and letter.raw_job == "[<object at 0x1>]"
+
+
+def test_a_task_the_broker_dead_lettered_at_its_delivery_limit_is_read_with_its_job_and_why() -> None:
+    # A quorum index queue's backstop: the task message as published, with the broker's x-death.
+    body = json.dumps([[JOB.model_dump(mode="json")], {}, {}]).encode()
+    died = datetime(2026, 12, 3, 12, 0, 0)  # as pika reads an AMQP timestamp: naive UTC
+    headers = {
+        "task": "index_video",
+        "id": "t9",
+        "x-delivery-count": 50,
+        "x-death": [{"reason": b"delivery_limit", "queue": b"vidx.index", "count": 1, "time": died}],
+    }
+    letter = decode_dead_letter(body, headers)
+    assert (letter.id, letter.kind, letter.job, letter.attempts) == ("t9", FailureKind.DELIVERY_LIMIT, JOB, 50)
+    assert letter.reason == "dead-lettered by the broker (delivery_limit) from vidx.index"
+    assert letter.failed_at == died.replace(tzinfo=UTC)
 
 
 @pytest.mark.parametrize("body", [b"not json", b'{"id": 3}', b"[]"])

@@ -40,6 +40,8 @@ class FakeBroker:
 
     queues: dict[str, list[tuple[dict[str, Any], bytes]]] = field(default_factory=dict)
     bindings: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: Each queue's declaration arguments: a redeclaration with others is refused, as RabbitMQ does.
+    arguments: dict[str, dict[str, Any]] = field(default_factory=dict)
     refuse_publish: bool = False
     connections: int = 0
 
@@ -72,8 +74,11 @@ class FakeChannel:
         self.next_tag = 1
         self.confirming = False
 
-    def queue_declare(self, queue: str, durable: bool = False) -> DeclareOk:
+    def queue_declare(self, queue: str, durable: bool = False, arguments: dict[str, Any] | None = None) -> DeclareOk:
         assert durable
+        declared = self.broker.arguments.setdefault(queue, dict(arguments or {}))
+        if declared != dict(arguments or {}):
+            raise pika.exceptions.ChannelClosedByBroker(406, f"PRECONDITION_FAILED - inequivalent arg for {queue}")
         return DeclareOk(Declared(len(self.broker.queues.setdefault(queue, []))))
 
     def exchange_declare(self, exchange: str, exchange_type: str, durable: bool) -> None:
