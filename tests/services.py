@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import httpx
@@ -36,6 +36,8 @@ class Services:
     management_url: str
     rabbit: DockerContainer
     minio: DockerContainer
+    #: ``quorum`` on a RabbitMQ cluster (tests/ha.py): every queue vidx declares is a quorum queue.
+    queue_type: Literal["classic", "quorum"] = "classic"
 
     def minio_client(self) -> Minio:
         return Minio(self.s3_endpoint.removeprefix("http://"), ACCESS_KEY, SECRET_KEY, secure=False)
@@ -55,12 +57,17 @@ class Services:
             "VIDX_SERVE__INDEX_QUEUE": f"{prefix}.index",
             "VIDX_SERVE__FAILED_QUEUE": f"{prefix}.index.failed",
             "VIDX_SERVE__UNPROCESSABLE_QUEUE": f"{prefix}.index.unprocessable",
+            "VIDX_AMQP__QUEUE_TYPE": self.queue_type,
         }
 
     def prepare_buckets(self, prefix: str) -> None:
         """Declare this prefix's event queue (bound to MinIO's exchange), create the upload and index
         buckets and subscribe the upload bucket: the queue exists before the first upload."""
-        amqp = AmqpSettings(events_queue=f"{prefix}.bucket-events", parked_queue=f"{prefix}.bucket-events.parked")
+        amqp = AmqpSettings(
+            events_queue=f"{prefix}.bucket-events",
+            parked_queue=f"{prefix}.bucket-events.parked",
+            queue_type=self.queue_type,
+        )
         connection = pika.BlockingConnection(pika.URLParameters(self.amqp_url))
         declare_event_topology(connection.channel(), amqp)
         connection.close()

@@ -52,9 +52,7 @@ def test_the_event_queues_are_classic_by_default_and_quorum_when_configured() ->
         assert channel.declared == {amqp.events_queue: want, amqp.parked_queue: want}
 
 
-def test_quorum_task_queues_are_declared_by_celery_with_the_delivery_limit_dead_lettering_to_the_failed_queue() -> (
-    None
-):
+def test_quorum_task_queues_are_declared_by_celery_with_the_delivery_limit_dead_lettering_to_the_failed_queue() -> None:
     settings = quorum_settings()
     serve = settings.serve
     assert celery_queues(settings) == {

@@ -5,6 +5,13 @@
 # broker cleanly and ends this script with the broker's status. At most RABBITMQ_MAX_RESTARTS restarts.
 set -u
 max_restarts=${RABBITMQ_MAX_RESTARTS:-10}
+# The nodes of a cluster share one Erlang cookie (VIDX_ERLANG_COOKIE), written where the broker and its
+# CLI tools (rabbitmqctl, which runs as the rabbitmq user) read it; never echoed.
+if [ -n "${VIDX_ERLANG_COOKIE:-}" ]; then
+  cookie=/var/lib/rabbitmq/.erlang.cookie
+  (umask 077 && printf '%s' "$VIDX_ERLANG_COOKIE" >"$cookie")
+  chown rabbitmq:rabbitmq "$cookie" && chmod 400 "$cookie"
+fi
 restart_delay_s=${RABBITMQ_RESTART_DELAY_S:-1}
 restarts=0
 stopping=0
