@@ -127,6 +127,22 @@ def test_credentials_come_from_secrets_only(rayservice: dict[str, Any]) -> None:
     assert not {"api_keys", "api_key", "admin_key"} & set(args)
 
 
+def test_the_cluster_survives_the_loss_of_a_node(rayservice: dict[str, Any]) -> None:
+    """The HA settings: quorum queues on the RabbitMQ cluster, the GCS's state in Redis (its password
+    from a Secret) so the head can be replaced, and CPU workers on at least two Kubernetes nodes."""
+    args = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"][0]["args"]
+    assert args["amqp"]["queue_type"] == "quorum"
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    fault_tolerance = cluster["gcsFaultToleranceOptions"]
+    assert fault_tolerance["redisAddress"].endswith(".svc.cluster.local:6379")
+    assert set(fault_tolerance["redisPassword"]["valueFrom"]) == {"secretKeyRef"}
+    cpu = next(g for g in cluster["workerGroupSpecs"] if g["groupName"] == "cpu")
+    assert cpu["minReplicas"] >= 2 and cpu["replicas"] >= 2
+    (spread,) = cpu["template"]["spec"]["topologySpreadConstraints"]
+    assert (spread["topologyKey"], spread["maxSkew"]) == ("kubernetes.io/hostname", 1)
+    assert spread["labelSelector"]["matchLabels"].items() <= cpu["template"]["metadata"]["labels"].items()
+
+
 def test_gpu_workers_ask_for_gpus_and_cache_the_model(rayservice: dict[str, Any]) -> None:
     gpu = containers(rayservice)["gpu"]
     (container,) = gpu["containers"]
