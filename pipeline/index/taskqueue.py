@@ -30,8 +30,9 @@ QUEUE_ARGUMENTS = "vidx_queue_arguments"
 class QueueArgumentsAdapter(CeleryTaskProcessorAdapter):
     """Ray's Celery adapter, declaring its queues (index, failed, unprocessable) with the arguments vidx
     chose — the queue type, the index queue's delivery limit and dead-letter target — which Ray's own
-    adapter has no setting for. With quorum queues Celery itself turns off global QoS and uses
-    RabbitMQ's native delayed delivery for retries (``worker_detect_quorum_queues``)."""
+    adapter has no setting for. With quorum queues Celery itself switches to per-consumer QoS
+    (``worker_detect_quorum_queues``); a retry's countdown is still held by the consumer (Ray's adapter
+    binds direct exchanges, which Celery's native delayed delivery does not serve)."""
 
     def __init__(self, config: TaskProcessorConfig, *args: Any, **kwargs: Any) -> None:
         config = config.model_copy(deep=True)
