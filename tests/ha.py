@@ -40,38 +40,38 @@ CHECK_INTERVAL_MS = 1000
 CHECK_FALL = 2
 
 
-def haproxy_config(nodes: list[str]) -> str:
-    """TCP fronts for AMQP (5672) and the management API (15672) over ``nodes`` (names on the network).
-    Node addresses are resolved through the network's DNS at run time (a restarted node may come back
-    at another address); a node failing ``CHECK_FALL`` checks is marked down and its sessions are cut."""
-    servers = "\n".join(f"  server {n} {n}:{{port}}" for n in nodes)
+def haproxy_config(rabbit: list[str], minio: list[str] | None = None) -> str:
+    """TCP fronts for AMQP (5672) and the management API (15672) over the ``rabbit`` nodes, and for S3
+    (9000, checked with MinIO's liveness probe) over the ``minio`` nodes (names on the network). Node
+    addresses are resolved through the network's DNS at run time (a restarted node may come back at
+    another address); a node failing ``CHECK_FALL`` checks is marked down and its sessions are cut."""
     check = f"check inter {CHECK_INTERVAL_MS} fall {CHECK_FALL} rise 2"
-    return f"""global
-  maxconn 4096
-defaults
-  mode tcp
-  timeout connect 2s
-  # AMQP connections are long-lived: the brokers' and clients' heartbeats find dead peers, not this.
-  timeout client 3h
-  timeout server 3h
-  default-server {check} resolvers net init-addr last,libc,none on-marked-down shutdown-sessions
-resolvers net
-  parse-resolv-conf
-  hold valid 1s
-  hold obsolete 1s
-frontend amqp
-  bind :5672
-  default_backend amqp
-backend amqp
-  balance roundrobin
-{servers.format(port=5672)}
-frontend management
-  bind :15672
-  default_backend management
-backend management
-  balance roundrobin
-{servers.format(port=15672)}
-"""
+    lines = [
+        "global",
+        "  maxconn 4096",
+        "defaults",
+        "  mode tcp",
+        "  timeout connect 2s",
+        "  # AMQP connections are long-lived: the brokers' and clients' heartbeats find dead peers, not this.",
+        "  timeout client 3h",
+        "  timeout server 3h",
+        f"  default-server {check} resolvers net init-addr last,libc,none on-marked-down shutdown-sessions",
+        "resolvers net",
+        "  parse-resolv-conf",
+        "  hold valid 1s",
+        "  hold obsolete 1s",
+    ]
+    fronts: list[tuple[str, int, list[str], str | None]] = [
+        ("amqp", 5672, rabbit, None),
+        ("management", 15672, rabbit, None),
+    ]
+    if minio:
+        fronts.append(("s3", 9000, minio, "/minio/health/live"))
+    for name, port, nodes, http_check in fronts:
+        lines += [f"frontend {name}", f"  bind :{port}", f"  default_backend {name}", f"backend {name}"]
+        lines += ["  balance roundrobin", *([f"  option httpchk GET {http_check}"] if http_check else [])]
+        lines += [f"  server {n} {n}:{port}" for n in nodes]
+    return "\n".join(lines) + "\n"
 
 
 @dataclass
@@ -164,9 +164,73 @@ def _node(network: Network, name: str, cookie: str) -> DockerContainer:
     )
 
 
+@dataclass
+class MinioCluster:
+    """A distributed MinIO: one erasure set over ``nodes`` (EC:2 with 4), behind the proxy's S3 front."""
+
+    nodes: dict[str, DockerContainer]
+    #: The S3 endpoint as seen from this machine (through the proxy).
+    endpoint: str
+
+    def live(self, name: str) -> bool:
+        node = self.nodes[name]
+        try:
+            url = f"http://{node.get_container_host_ip()}:{node.get_exposed_port(9000)}/minio/health/live"
+            return httpx.get(url, timeout=2).status_code == 200
+        except Exception:  # stopped: no mapped port, refused
+            return False
+
+    def cluster_writable(self) -> bool:
+        """MinIO's cluster health probe through the proxy: 200 while the write quorum holds."""
+        try:
+            return httpx.get(f"{self.endpoint}/minio/health/cluster", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def kill_node(self, name: str) -> str:
+        """SIGKILL node ``name`` (MinIO is its container's first process: the container stops)."""
+        self.nodes[name].get_wrapped_container().kill(signal="SIGKILL")
+        return f"{name}: minio SIGKILLed"
+
+    def start_node(self, name: str, timeout_s: float = NODE_TIMEOUT_S) -> float:
+        """Start node ``name`` again (same name, same drive) and wait until it is live; returns seconds."""
+        started = time.monotonic()
+        self.nodes[name].get_wrapped_container().start()
+        while not self.live(name):
+            if time.monotonic() - started > timeout_s:
+                raise RuntimeError(f"MinIO node {name} not live {timeout_s:g}s after its start")
+            time.sleep(0.5)
+        return time.monotonic() - started
+
+
+@dataclass
+class HaServices:
+    services: Services
+    rabbit: RabbitCluster
+    #: None: one MinIO node, not behind the proxy (the CI test's topology).
+    minio: MinioCluster | None
+
+
+def _minio_node(network: Network, name: str, size: int, env: dict[str, str]) -> DockerContainer:
+    return (
+        DockerContainer(MINIO_IMAGE, hostname=name)
+        .with_name(f"{network.name}-{name}")
+        .with_network(network)
+        .with_network_aliases(name)
+        .with_command(["server", f"http://minio-{{0...{size - 1}}}:9000/data", "--address", ":9000"])
+        .with_exposed_ports(9000)
+        .with_env("MINIO_ROOT_USER", ACCESS_KEY)
+        .with_env("MINIO_ROOT_PASSWORD", SECRET_KEY)
+        # Each node's drive is a folder of its container's own filesystem (no separate disk here).
+        .with_env("MINIO_CI_CD", "on")
+        .with_envs(**env)
+    )
+
+
 @contextmanager
-def start_rabbit_cluster(size: int = 3) -> Iterator[RabbitCluster]:
-    """``size`` RabbitMQ nodes joined into one cluster, and HAProxy in front of them."""
+def start_rabbit_cluster(size: int = 3, minio_names: list[str] | None = None) -> Iterator[RabbitCluster]:
+    """``size`` RabbitMQ nodes joined into one cluster, and HAProxy in front of them (and in front of
+    the MinIO nodes ``minio_names``, which the caller starts on the same network)."""
     network = Network().create()
     names = [f"rmq-{i}" for i in range(size)]
     cookie = secrets.token_hex(20)
@@ -190,8 +254,8 @@ def start_rabbit_cluster(size: int = 3) -> Iterator[RabbitCluster]:
             .with_name(f"{network.name}-haproxy")
             .with_network(network)
             .with_network_aliases("haproxy")
-            .with_env("HAPROXY_CONFIG", haproxy_config(names))
-            .with_exposed_ports(5672, 15672)
+            .with_env("HAPROXY_CONFIG", haproxy_config(names, minio_names))
+            .with_exposed_ports(5672, 15672, 9000)
         )
         proxy.start()
         host = proxy.get_container_host_ip()
@@ -213,35 +277,50 @@ def start_rabbit_cluster(size: int = 3) -> Iterator[RabbitCluster]:
 
 
 @contextmanager
-def start_ha_services() -> Iterator[tuple[Services, RabbitCluster]]:
-    """The RabbitMQ cluster, and MinIO (one node) on its network publishing bucket events through the
-    proxy. The ``Services`` declare quorum queues and point the app at the proxy."""
-    with start_rabbit_cluster() as cluster:
+def start_ha_services(minio_nodes: int = 0) -> Iterator[HaServices]:
+    """The RabbitMQ cluster and MinIO on its network, publishing bucket events through the proxy:
+    ``minio_nodes`` ≥ 4 nodes distributed behind the proxy, or 0 for one node reached directly. The
+    ``Services`` declare quorum queues and point the app at the proxy."""
+    names = [f"minio-{i}" for i in range(minio_nodes)]
+    with start_rabbit_cluster(minio_names=names) as cluster:
         amqp = AmqpSettings(queue_type="quorum")
         connection = pika.BlockingConnection(pika.URLParameters(cluster.amqp_url))
         declare_event_topology(connection.channel(), amqp)  # the exchange exists before MinIO publishes
         connection.close()
         env = minio_notify_env(amqp, cluster.inner_amqp_url, "/queue")
-        minio = (
-            DockerContainer(MINIO_IMAGE)
-            .with_network(cluster.network)
-            .with_exposed_ports(9000)
-            .with_env("MINIO_ROOT_USER", ACCESS_KEY)
-            .with_env("MINIO_ROOT_PASSWORD", SECRET_KEY)
-            .with_envs(**env)
-        )
-        minio.start()
+        if names:
+            containers = {name: _minio_node(cluster.network, name, len(names), env) for name in names}
+        else:
+            containers = {
+                "minio": DockerContainer(MINIO_IMAGE)
+                .with_network(cluster.network)
+                .with_exposed_ports(9000)
+                .with_env("MINIO_ROOT_USER", ACCESS_KEY)
+                .with_env("MINIO_ROOT_PASSWORD", SECRET_KEY)
+                .with_envs(**env)
+            }
         try:
-            s3_endpoint = f"http://{minio.get_container_host_ip()}:{minio.get_exposed_port(9000)}"
-            _wait(
-                "MinIO",
-                lambda: httpx.get(f"{s3_endpoint}/minio/health/live", timeout=2).status_code == 200,
-                minio,
-            )
+            for container in containers.values():
+                container.start()
+            first = next(iter(containers.values()))
+            minio: MinioCluster | None = None
+            if names:
+                host = cluster.proxy.get_container_host_ip()
+                minio = MinioCluster(containers, f"http://{host}:{cluster.proxy.get_exposed_port(9000)}")
+                s3_endpoint = minio.endpoint
+                _wait("distributed MinIO through HAProxy", minio.cluster_writable, first)
+            else:
+                s3_endpoint = f"http://{first.get_container_host_ip()}:{first.get_exposed_port(9000)}"
+                _wait(
+                    "MinIO",
+                    lambda: httpx.get(f"{s3_endpoint}/minio/health/live", timeout=2).status_code == 200,
+                    first,
+                )
             rabbit = next(iter(cluster.nodes.values()))
-            yield (
-                Services(s3_endpoint, cluster.amqp_url, cluster.management_url, rabbit, minio, queue_type="quorum"),
-                cluster,
+            services = Services(
+                s3_endpoint, cluster.amqp_url, cluster.management_url, rabbit, first, queue_type="quorum"
             )
+            yield HaServices(services, cluster, minio)
         finally:
-            minio.stop()
+            for container in containers.values():
+                container.stop()

@@ -71,10 +71,10 @@ def kill_index_queue_leader(host: AppHost, cluster: RabbitCluster) -> str:
 @pytest.fixture(scope="module")
 def ha(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AppHost, RabbitCluster]]:
     with (
-        start_ha_services() as (services, cluster),
-        start_app(services, unique_prefix(), tiny_model_dir, tmp_path_factory.mktemp("state")) as host,
+        start_ha_services() as ha,
+        start_app(ha.services, unique_prefix(), tiny_model_dir, tmp_path_factory.mktemp("state")) as host,
     ):
-        yield host, cluster
+        yield host, ha.rabbit
 
 
 def test_a_stream_through_a_quorum_queue_leader_kill_loses_and_duplicates_nothing(
