@@ -153,13 +153,15 @@ def _ready(url: str) -> bool:
     return True
 
 
-def _node(network: Network, name: str, cookie: str) -> DockerContainer:
+def _node(network: Network, name: str, cookie: str, restart_delay_s: float) -> DockerContainer:
     return (
         DockerContainer(RABBITMQ_IMAGE, hostname=name)
         .with_name(f"{network.name}-{name}")
         .with_network(network)
         .with_network_aliases(name)
         .with_env("VIDX_ERLANG_COOKIE", cookie)
+        # How long a SIGKILLed broker stays down before the image's supervisor starts it again.
+        .with_env("RABBITMQ_RESTART_DELAY_S", f"{restart_delay_s:g}")
         .with_exposed_ports(5672)
     )
 
@@ -228,9 +230,12 @@ def _minio_node(network: Network, name: str, size: int, env: dict[str, str]) -> 
 
 
 @contextmanager
-def start_rabbit_cluster(size: int = 3, minio_names: list[str] | None = None) -> Iterator[RabbitCluster]:
+def start_rabbit_cluster(
+    size: int = 3, minio_names: list[str] | None = None, restart_delay_s: float = 1.0
+) -> Iterator[RabbitCluster]:
     """``size`` RabbitMQ nodes joined into one cluster, and HAProxy in front of them (and in front of
-    the MinIO nodes ``minio_names``, which the caller starts on the same network)."""
+    the MinIO nodes ``minio_names``, which the caller starts on the same network). A SIGKILLed node is
+    started again ``restart_delay_s`` later."""
     network = Network().create()
     names = [f"rmq-{i}" for i in range(size)]
     cookie = secrets.token_hex(20)
@@ -238,7 +243,7 @@ def start_rabbit_cluster(size: int = 3, minio_names: list[str] | None = None) ->
     proxy: DockerContainer | None = None
     try:
         for name in names:
-            nodes[name] = _node(network, name, cookie)
+            nodes[name] = _node(network, name, cookie, restart_delay_s)
             nodes[name].start()
         for name, node in nodes.items():
             url = f"amqp://guest:guest@{node.get_container_host_ip()}:{node.get_exposed_port(5672)}/%2F"
@@ -277,12 +282,12 @@ def start_rabbit_cluster(size: int = 3, minio_names: list[str] | None = None) ->
 
 
 @contextmanager
-def start_ha_services(minio_nodes: int = 0) -> Iterator[HaServices]:
+def start_ha_services(minio_nodes: int = 0, rabbit_restart_delay_s: float = 1.0) -> Iterator[HaServices]:
     """The RabbitMQ cluster and MinIO on its network, publishing bucket events through the proxy:
     ``minio_nodes`` ≥ 4 nodes distributed behind the proxy, or 0 for one node reached directly. The
     ``Services`` declare quorum queues and point the app at the proxy."""
     names = [f"minio-{i}" for i in range(minio_nodes)]
-    with start_rabbit_cluster(minio_names=names) as cluster:
+    with start_rabbit_cluster(minio_names=names, restart_delay_s=rabbit_restart_delay_s) as cluster:
         amqp = AmqpSettings(queue_type="quorum")
         connection = pika.BlockingConnection(pika.URLParameters(cluster.amqp_url))
         declare_event_topology(connection.channel(), amqp)  # the exchange exists before MinIO publishes

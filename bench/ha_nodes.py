@@ -1,0 +1,166 @@
+"""Node faults and the once-a-second watch of ``python -m bench.ha`` (bench/ha.py).
+
+Each fault takes a node away and brings it back later, and says when: a RabbitMQ node SIGKILLed (its
+container's supervisor starts it again after ``RABBIT_DOWN_S``), one partitioned (its container cut off
+the network for ``PARTITION_S``), a MinIO node SIGKILLed and started again after ``MINIO_DOWN_S``, a Ray
+worker node — every process of it, its replicas included — SIGKILLed and a new node started in its place
+after ``RAY_DOWN_S``. The watch samples completions (catalog rows reaching their final state), the
+queues' backlog and the live nodes of each cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: How long each kind of node stays away before it is brought back.
+RABBIT_DOWN_S = 15.0
+PARTITION_S = 30.0
+MINIO_DOWN_S = 20.0
+RAY_DOWN_S = 20.0
+#: Longest wait for a node to be back (running, live, registered).
+BACK_TIMEOUT_S = 180.0
+
+
+@dataclass
+class FaultRecord:
+    kind: str
+    target: str
+    #: Wall-clock seconds since the run's start: the node went away, was brought back, was serving.
+    at_s: float
+    restored_s: float = 0.0
+    back_s: float = 0.0
+    detail: str = ""
+    #: Seconds from the fault until completions ran again at half the rate before it (None: never did).
+    recovery_s: float | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "target": self.target,
+            "at_s": round(self.at_s, 1),
+            "down_s": round(self.restored_s - self.at_s, 1),
+            "back_after_s": round(self.back_s - self.at_s, 1),
+            "recovery_s": None if self.recovery_s is None else round(self.recovery_s, 1),
+            "detail": self.detail,
+        }
+
+
+class RayNodes:
+    """The Ray cluster of bench/cluster.py: which worker node to kill, killing it, starting another."""
+
+    def __init__(self, address: str, app_name: str, cpus_per_node: int) -> None:
+        self.address = address
+        self.app_name = app_name
+        self.cpus = cpus_per_node
+
+    def alive(self) -> int:
+        from bench.cluster import alive_nodes
+
+        return alive_nodes(self.address)
+
+    def busiest_worker(self) -> tuple[str, dict[str, int]]:
+        """The non-head node with an Encoder and the most IndexConsumers: its id and replica counts."""
+        from ray.util.state import list_actors, list_nodes
+
+        head = {n.node_id for n in list_nodes(address=self.address, raise_on_missing_output=False) if n.is_head_node}
+        by_node: dict[str, dict[str, int]] = {}
+        for actor in list_actors(
+            address=self.address, filters=[("state", "=", "ALIVE")], limit=10_000, raise_on_missing_output=False
+        ):
+            name = str(actor.class_name)
+            if actor.node_id in head or not name.startswith(f"ServeReplica:{self.app_name}:"):
+                continue
+            deployment = name.rsplit(":", 1)[1]
+            counts = by_node.setdefault(str(actor.node_id), {})
+            counts[deployment] = counts.get(deployment, 0) + 1
+        if not by_node:
+            raise RuntimeError("no replica runs on a worker node")
+        return max(by_node.items(), key=lambda kv: (kv[1].get("Encoder", 0) > 0, kv[1].get("IndexConsumer", 0)))
+
+    def kill(self, node_id: str) -> int:
+        """SIGKILL every process of node ``node_id`` at once: its raylet and agents (their command lines
+        name the node) and the workers the state API places there. Returns how many."""
+        from ray.util.state import list_workers
+
+        pids = {
+            int(w.pid)
+            for w in list_workers(
+                address=self.address, filters=[("node_id", "=", node_id)], limit=10_000, raise_on_missing_output=False
+            )
+            if w.pid
+        }
+        for proc in Path("/proc").iterdir():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:  # not a process, or gone
+                continue
+            if proc.name.isdigit() and (f"node_id={node_id}" in cmdline or f"node-id={node_id}" in cmdline):
+                pids.add(int(proc.name))
+        pids.discard(os.getpid())
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return len(pids)
+
+    def start_node(self) -> None:
+        from bench.cluster import _ray
+
+        _ray("start", f"--address={self.address}", f"--num-cpus={self.cpus}", "--disable-usage-stats")
+
+
+@dataclass
+class Watch(threading.Thread):
+    """Once a second until stopped (at most ``limit_s``): completions so far, backlog, live nodes."""
+
+    host: Any
+    ha: Any
+    ray_nodes: RayNodes
+    limit_s: float
+    started: float = field(default_factory=time.time)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        threading.Thread.__init__(self, name="ha-watch", daemon=True)
+        self.stop = threading.Event()
+        self._seen: set[tuple[str, str, str]] = set()
+
+    def run(self) -> None:
+        from tests.faults.harness import Tables
+
+        tables = Tables(self.host.settings)
+        while not self.stop.is_set() and time.time() - self.started < self.limit_s:
+            try:
+                self.samples.append(self.sample(tables))
+            except Exception as exc:  # a sample missed while a node is away is not worth the run
+                if len(self.errors) < 50:
+                    self.errors.append(f"t={time.time() - self.started:.0f}s {type(exc).__name__}: {exc}"[:300])
+            self.stop.wait(1.0 - (time.time() - self.started) % 1.0)
+
+    def sample(self, tables: Any) -> dict[str, Any]:
+        from tests.services import queue_counts
+
+        settings = self.host.settings
+        rows = tables.videos()
+        for vid, row in rows.items():
+            if row["status"] in ("indexed", "deleted", "failed"):
+                self._seen.add((vid, str(row["version"]), str(row["status"])))
+        index = queue_counts(self.host.services, settings.serve.index_queue)
+        events = queue_counts(self.host.services, settings.amqp.events_queue)
+        minio = self.ha.minio
+        return {
+            "t_s": round(time.time() - self.started, 2),
+            "completed": len(self._seen),
+            "backlog": sum(index),
+            "events_backlog": sum(events),
+            "rabbit_nodes": len(self.ha.rabbit.running_nodes()),
+            "minio_nodes": sum(minio.live(n) for n in minio.nodes) if minio is not None else 1,
+            "ray_nodes": self.ray_nodes.alive(),
+        }

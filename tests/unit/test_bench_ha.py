@@ -1,0 +1,51 @@
+"""The figures of ``python -m bench.ha`` (bench/ha.py) from its once-a-second samples: completions per
+second over a window, and how long after a fault they ran at half the pre-fault rate again."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from bench.ha import FAULT_AT, Faults, rate, recovery
+from bench.ha_nodes import FaultRecord
+
+
+def samples(per_second: list[int]) -> list[dict[str, Any]]:
+    """One sample a second; ``per_second[i]`` completions during second i."""
+    out, done = [{"t_s": 0.0, "completed": 0}], 0
+    for i, n in enumerate(per_second, start=1):
+        done += n
+        out.append({"t_s": float(i), "completed": done})
+    return out
+
+
+def test_rate_is_completions_per_second_inside_the_window() -> None:
+    s = samples([2] * 10 + [0] * 10)
+    assert rate(s, 0, 10) == pytest.approx(2.0)
+    assert rate(s, 10, 20) == 0.0
+    assert rate(s, 5, 15) == pytest.approx(1.0)
+    assert rate(s, 30, 40) == 0.0  # no samples: no rate
+
+
+def test_recovery_is_when_completions_run_at_half_the_rate_before_the_fault_again() -> None:
+    # 2/s for 40 s, nothing for 20 s after the fault at t=40, then 2/s again.
+    s = samples([2] * 40 + [0] * 20 + [2] * 30)
+    # At t=65 the last 10 s hold 5 s at 2/s: 1/s, half the rate before — 25 s after the fault.
+    assert recovery(s, FaultRecord("minio_kill", "minio-1", at_s=40.0)) == 25.0
+    assert recovery(samples([2] * 40 + [0] * 50), FaultRecord("x", "y", at_s=40.0)) is None
+    assert recovery(samples([0] * 90), FaultRecord("x", "y", at_s=40.0)) == 0.0  # idle before: nothing to recover
+
+
+def test_the_schedule_fires_each_kind_once_in_a_seeded_order() -> None:
+    def order(seed: int) -> list[str]:
+        faults = Faults(host=None, ha=None, ray=None, started=0.0, rng=random.Random(seed))  # type: ignore[arg-type]
+        return [f.name for f in faults.schedule(1000)]
+
+    kinds = {"kill_rabbit_leader", "kill_minio", "kill_ray_worker", "partition_rabbit"}
+    assert set(order(0)) == kinds and len(order(0)) == 4
+    assert order(0) == order(0)
+    assert len({tuple(order(seed)) for seed in range(10)}) > 1
+    faults = Faults(host=None, ha=None, ray=None, started=0.0, rng=random.Random(0))  # type: ignore[arg-type]
+    assert [f.at_op for f in faults.schedule(1000)] == [int(1000 * at) for at in FAULT_AT]
