@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RAYSERVICE = ROOT / "infra/kuberay/rayservice.yaml"
 K8S_SETTINGS = ROOT / "infra/kuberay/settings.yaml"
 COMPOSE = ROOT / "infra/compose.yaml"
+COMPOSE_HA = ROOT / "infra/compose-ha.yaml"
 SERVE_CONFIG = ROOT / "infra/serve/vidx.yaml"
 CRD_FILE = "config/crd/bases/ray.io_rayservices.yaml"
 COMPOSE_SCHEMA_FILE = "schema/compose-spec.json"

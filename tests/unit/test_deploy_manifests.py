@@ -19,6 +19,7 @@ from pipeline.cli.deploy import load_settings
 from pipeline.serve.config import embed, serve_config, validate_serve_config
 from tests.manifests import (
     COMPOSE,
+    COMPOSE_HA,
     K8S_SETTINGS,
     RAYSERVICE,
     ROOT,
@@ -192,6 +193,29 @@ def test_compose_publishes_on_loopback_only_and_holds_no_credentials() -> None:
         assert str(env[name]).startswith("${") and ":?" in str(env[name])  # refuses to start unset
 
 
+def test_the_ha_compose_file_matches_the_specification_and_the_tests_topology() -> None:
+    """compose-ha.yaml: valid Compose, loopback ports only, no literal credentials, quorum queues, and
+    the same HAProxy config as the topology the tests start (tests/ha.py)."""
+    from tests.ha import haproxy_config
+
+    text = COMPOSE_HA.read_text()
+    document = load_yaml(text)
+    assert compose_errors(document) == []
+    services = document["services"]
+    ports = [p for service in services.values() for p in service.get("ports", [])]
+    assert ports and all(str(p).startswith("127.0.0.1:") for p in ports), ports
+    assert "guest:guest" not in text and "minioadmin" not in text
+    rabbits = sorted(n for n in services if n.startswith("rmq-"))
+    minios = sorted(n for n in services if n.startswith("minio-"))
+    assert (len(rabbits), len(minios)) == (3, 4)
+    assert services["haproxy"]["environment"]["HAPROXY_CONFIG"] == haproxy_config(rabbits, minios)
+    assert services["vidx"]["environment"]["VIDX_AMQP__QUEUE_TYPE"] == "quorum"
+    assert services["vidx"]["environment"]["VIDX_S3__ENDPOINT_URL"] == "http://haproxy:9000"
+    assert {services[n]["environment"]["VIDX_ERLANG_COOKIE"] for n in rabbits} == {
+        "${VIDX_ERLANG_COOKIE:?add VIDX_ERLANG_COOKIE to infra/.env}"
+    }
+
+
 def test_the_credentials_script_generates_private_distinct_values_once(tmp_path: Path) -> None:
     import stat
     import subprocess
@@ -200,9 +224,19 @@ def test_the_credentials_script_generates_private_distinct_values_once(tmp_path:
     target = tmp_path / ".env"
     out = subprocess.run([str(script), str(target)], capture_output=True, text=True, check=True)
     values = dict(line.split("=", 1) for line in target.read_text().splitlines() if "=" in line)
-    assert set(values) == {"VIDX_MINIO_USER", "VIDX_MINIO_PASSWORD", "VIDX_AMQP_USER", "VIDX_AMQP_PASSWORD"}
-    assert len(set(values.values())) == 4 and all(len(values[k]) == 48 for k in values if k.endswith("PASSWORD"))
+    secrets = {"VIDX_MINIO_PASSWORD", "VIDX_AMQP_PASSWORD", "VIDX_ERLANG_COOKIE"}
+    assert set(values) == {"VIDX_MINIO_USER", "VIDX_AMQP_USER"} | secrets
+    assert len(set(values.values())) == 5 and all(len(values[k]) == 48 for k in secrets)
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
     assert not any(v in out.stdout + out.stderr for v in values.values())  # never printed
     subprocess.run([str(script), str(target)], capture_output=True, check=True)
     assert dict(line.split("=", 1) for line in target.read_text().splitlines() if "=" in line) == values
+    # A file written before the HA stack gets its cookie added, and keeps every other value.
+    target.write_text("".join(f"{k}={v}\n" for k, v in values.items() if k != "VIDX_ERLANG_COOKIE"))
+    out = subprocess.run([str(script), str(target)], capture_output=True, text=True, check=True)
+    again = dict(line.split("=", 1) for line in target.read_text().splitlines() if "=" in line)
+    assert again.keys() == values.keys() and len(again["VIDX_ERLANG_COOKIE"]) == 48
+    assert {k: again[k] for k in values if k != "VIDX_ERLANG_COOKIE"} == {
+        k: v for k, v in values.items() if k != "VIDX_ERLANG_COOKIE"
+    }
+    assert again["VIDX_ERLANG_COOKIE"] not in out.stdout + out.stderr
