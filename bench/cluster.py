@@ -32,7 +32,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _ray(*args: str) -> None:
+def ray_cli(*args: str) -> None:
     ray = Path(sys.executable).parent / "ray"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(":")}
     done = subprocess.run(
@@ -65,7 +65,7 @@ def local_cluster(nodes: int, cpus_per_node: int) -> Iterator[str]:
     os.environ.update(auth)
     os.environ.pop("RAY_AUTH_TOKEN", None)
     try:
-        _ray(
+        ray_cli(
             "start",
             "--head",
             f"--port={port}",
@@ -75,7 +75,7 @@ def local_cluster(nodes: int, cpus_per_node: int) -> Iterator[str]:
             "--disable-usage-stats",
         )
         for _ in range(nodes - 1):
-            _ray("start", f"--address={address}", f"--num-cpus={cpus_per_node}", "--disable-usage-stats")
+            ray_cli("start", f"--address={address}", f"--num-cpus={cpus_per_node}", "--disable-usage-stats")
         deadline = time.monotonic() + START_TIMEOUT_S
         while alive_nodes(address) < nodes:
             if time.monotonic() > deadline:
@@ -84,7 +84,7 @@ def local_cluster(nodes: int, cpus_per_node: int) -> Iterator[str]:
         yield address
     finally:
         try:
-            _ray("stop", "--force")
+            ray_cli("stop", "--force")
         finally:
             for k, v in saved.items():
                 if v is None:

@@ -117,6 +117,12 @@ class Faults:
     def _t(self) -> float:
         return time.time() - self.started
 
+    def _record(self, kind: str, target: str, detail: str = "") -> FaultRecord:
+        """A record of a fault starting now, kept even if the fault fails half way (its node is away)."""
+        record = FaultRecord(kind, target, self._t(), detail=detail)
+        self.records.append(record)
+        return record
+
     def _wait(self, what: str, ok: Callable[[], bool]) -> None:
         deadline = time.monotonic() + BACK_TIMEOUT_S
         while not ok():
@@ -127,48 +133,45 @@ class Faults:
     def kill_rabbit_leader(self) -> str:
         rabbit, queue = self.ha.rabbit, self.host.settings.serve.index_queue
         leader = rabbit.leader(queue)
-        record = FaultRecord("rabbitmq_kill", leader, self._t(), detail=f"leader of {queue}")
+        record = self._record("rabbitmq_kill", leader, f"leader of {queue}")
         rabbit.kill_node(leader)
         time.sleep(RABBIT_DOWN_S)  # the supervisor starts it again after RABBITMQ_RESTART_DELAY_S
         record.restored_s = self._t()
         rabbit.wait_running(timeout_s=BACK_TIMEOUT_S)
         record.back_s = self._t()
-        self.records.append(record)
         return f"{leader} SIGKILLed, running again {record.back_s - record.at_s:.1f}s later"
 
     def partition_rabbit(self) -> str:
         rabbit = self.ha.rabbit
         node = self.rng.choice(sorted(rabbit.nodes))
-        record = FaultRecord("rabbitmq_partition", node, self._t(), detail=f"{PARTITION_S:g}s off the network")
+        record = self._record("rabbitmq_partition", node, f"{PARTITION_S:g}s off the network")
         rabbit.partition(node, PARTITION_S)
         record.restored_s = self._t()
         rabbit.wait_running(timeout_s=BACK_TIMEOUT_S)
         record.back_s = self._t()
-        self.records.append(record)
         return f"{node} partitioned {PARTITION_S:g}s, running again {record.back_s - record.restored_s:.1f}s after"
 
     def kill_minio(self) -> str:
         minio = self.ha.minio
         node = self.rng.choice(sorted(minio.nodes))
-        record = FaultRecord("minio_kill", node, self._t())
+        record = self._record("minio_kill", node)
         minio.kill_node(node)
         time.sleep(MINIO_DOWN_S)
         record.restored_s = self._t()
         minio.start_node(node)
         record.back_s = self._t()
-        self.records.append(record)
         return f"{node} SIGKILLed, live again {record.back_s - record.at_s:.1f}s later"
 
     def kill_ray_worker(self) -> str:
         node_id, replicas = self.ray.busiest_worker()
-        record = FaultRecord("ray_node_kill", node_id[:12], self._t(), detail=f"replicas {replicas}")
+        record = self._record("ray_node_kill", node_id[:12], f"replicas {replicas}")
+        before = self.ray.alive_ids()
         killed = self.ray.kill(node_id)
         time.sleep(RAY_DOWN_S)
         record.restored_s = self._t()
         self.ray.start_node()
-        self._wait("a Ray node", lambda: self.ray.alive() >= RAY_NODES)
+        self._wait("a new Ray node", lambda: bool(self.ray.alive_ids() - before))
         record.back_s = self._t()
-        self.records.append(record)
         return f"Ray node {node_id[:12]} ({killed} processes, replicas {replicas}) SIGKILLed; a new node joined"
 
     def schedule(self, ops: int) -> list[Any]:
@@ -282,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         samples, records = watch.samples, faults.records
         for record in records:
             record.recovery_s = recovery(samples, record)
-        first, last = min(r.at_s for r in records), max(r.back_s for r in records)
+        first = min((r.at_s for r in records), default=0.0)
+        last = max((r.back_s or r.at_s for r in records), default=0.0)
         end = stream_end + converge_s
         result |= {
             "uploads": log.uploads,

@@ -15,7 +15,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +65,15 @@ class RayNodes:
 
         return alive_nodes(self.address)
 
+    def alive_ids(self) -> set[str]:
+        from ray.util.state import list_nodes
+
+        nodes = list_nodes(address=self.address, raise_on_missing_output=False)
+        return {str(n.node_id) for n in nodes if n.state == "ALIVE"}
+
     def busiest_worker(self) -> tuple[str, dict[str, int]]:
-        """The non-head node with an Encoder and the most IndexConsumers: its id and replica counts."""
+        """The non-head node with an Encoder (and the CatalogWriter, if a node has both) and the most
+        IndexConsumers: its id and replica counts."""
         from ray.util.state import list_actors, list_nodes
 
         head = {n.node_id for n in list_nodes(address=self.address, raise_on_missing_output=False) if n.is_head_node}
@@ -82,7 +89,10 @@ class RayNodes:
             counts[deployment] = counts.get(deployment, 0) + 1
         if not by_node:
             raise RuntimeError("no replica runs on a worker node")
-        return max(by_node.items(), key=lambda kv: (kv[1].get("Encoder", 0) > 0, kv[1].get("IndexConsumer", 0)))
+        return max(
+            by_node.items(),
+            key=lambda kv: (kv[1].get("Encoder", 0) > 0, "CatalogWriter" in kv[1], kv[1].get("IndexConsumer", 0)),
+        )
 
     def kill(self, node_id: str) -> int:
         """SIGKILL every process of node ``node_id`` at once: its raylet and agents (their command lines
@@ -92,7 +102,10 @@ class RayNodes:
         pids = {
             int(w.pid)
             for w in list_workers(
-                address=self.address, filters=[("node_id", "=", node_id)], limit=10_000, raise_on_missing_output=False
+                address=self.address,
+                filters=[("node_id", "=", node_id), ("is_alive", "=", "True")],
+                limit=10_000,
+                raise_on_missing_output=False,
             )
             if w.pid
         }
@@ -110,32 +123,34 @@ class RayNodes:
         return len(pids)
 
     def start_node(self) -> None:
-        from bench.cluster import _ray
+        from bench.cluster import ray_cli
 
-        _ray("start", f"--address={self.address}", f"--num-cpus={self.cpus}", "--disable-usage-stats")
+        ray_cli("start", f"--address={self.address}", f"--num-cpus={self.cpus}", "--disable-usage-stats")
 
 
-@dataclass
 class Watch(threading.Thread):
     """Once a second until stopped (at most ``limit_s``): completions so far, backlog, live nodes."""
 
-    host: Any
-    ha: Any
-    ray_nodes: RayNodes
-    limit_s: float
-    started: float = field(default_factory=time.time)
-    samples: list[dict[str, Any]] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        threading.Thread.__init__(self, name="ha-watch", daemon=True)
+    def __init__(self, host: Any, ha: Any, ray_nodes: RayNodes, limit_s: float) -> None:
+        super().__init__(name="ha-watch", daemon=True)
+        self.host = host
+        self.ha = ha
+        self.ray_nodes = ray_nodes
+        self.limit_s = limit_s
+        self.started = time.time()
+        self.samples: list[dict[str, Any]] = []
+        self.errors: list[str] = []
         self.stop = threading.Event()
         self._seen: set[tuple[str, str, str]] = set()
 
     def run(self) -> None:
         from tests.faults.harness import Tables
 
-        tables = Tables(self.host.settings)
+        try:
+            tables = Tables(self.host.settings)
+        except Exception as exc:  # nothing to sample with: say so, the run goes on unwatched
+            self.errors.append(f"no watch: {type(exc).__name__}: {exc}"[:300])
+            return
         while not self.stop.is_set() and time.time() - self.started < self.limit_s:
             try:
                 self.samples.append(self.sample(tables))

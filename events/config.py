@@ -7,6 +7,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr
 
+#: The delivery limit of the quorum queues that must never drop a message for being delivered often:
+#: the event queue (redelivered after each router reconnect) and the held queues (every listing hands
+#: its messages back, which counts as a delivery). Set explicitly because RabbitMQ 4 gives every quorum
+#: queue a default limit of 20; 3.x has none.
+UNLIMITED_DELIVERIES = 1_000_000
+
 
 class AmqpSettings(BaseModel):
     """RabbitMQ as MinIO's notification target and as the task queue's broker."""
@@ -28,7 +34,10 @@ class AmqpSettings(BaseModel):
     prefetch: int = Field(default=32, ge=1, le=1000)
     #: ``classic`` (one broker node) or ``quorum`` (a cluster: every queue vidx declares — events,
     #: parked, index, failed, unprocessable — is replicated on a majority of the nodes and survives the
-    #: loss of a minority). Fixed at a queue's first declaration: switching means new queue names.
+    #: loss of a minority). A queue's arguments (its type, delivery limit, dead-letter target) are fixed
+    #: at its first declaration and every later one must repeat them: changing this, ``delivery_limit``
+    #: or ``serve.failed_queue`` on a running broker means new queue names (or the queues drained and
+    #: deleted first); otherwise every declaration is refused.
     queue_type: Literal["classic", "quorum"] = "classic"
     #: Quorum index queue only: deliveries of one task message (first delivery plus redeliveries after a
     #: lost consumer, connection or broker node) before the broker dead-letters it to the failed queue.
@@ -58,7 +67,9 @@ class AmqpSettings(BaseModel):
     def queue_arguments(self) -> dict[str, Any]:
         """Arguments of every queue vidx declares, beyond ``durable`` (a redeclaration must repeat them:
         RabbitMQ refuses a declaration whose queue type differs from the existing queue's)."""
-        return {"x-queue-type": "quorum"} if self.queue_type == "quorum" else {}
+        if self.queue_type == "quorum":
+            return {"x-queue-type": "quorum", "x-delivery-limit": UNLIMITED_DELIVERIES}
+        return {}
 
     @property
     def queue_arn(self) -> str:

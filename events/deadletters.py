@@ -95,8 +95,10 @@ def _from_celery(body: bytes, headers: dict[str, Any]) -> DeadLetter:
 
 
 def _from_broker(body: bytes, headers: dict[str, Any]) -> DeadLetter:
-    """An index task the broker itself dead-lettered (``x-death``: a quorum queue's delivery limit):
-    the task message as it was published, args ``[job]``."""
+    """An index task the broker itself dead-lettered (``x-death``), as it was published, args ``[job]``.
+    At the quorum index queue's delivery limit: replayable, with its job. Rejected by a consumer instead
+    (Celery rejects a task it can't run — unknown or invalid — and Ray's adapter has already copied it
+    to the unprocessable queue): listed with its raw args, never replayed."""
     payload = json.loads(body)
     args = payload[0] if isinstance(payload, list) else payload.get("args", [])
     death = headers["x-death"][0]
@@ -105,13 +107,16 @@ def _from_broker(body: bytes, headers: dict[str, Any]) -> DeadLetter:
     job: IndexJob | None = None
     raw: str | None = None
     try:
+        if reason != "delivery_limit":
+            raise ValueError(reason)
         job = IndexJob.model_validate(args[0])
-    except (IndexError, TypeError, ValidationError):
+    except (ValueError, IndexError, TypeError):  # ValidationError is a ValueError
         raw = json.dumps(args)[:2000]
+    why = "" if reason == "delivery_limit" else "; also in the unprocessable queue, not replayed"
     return DeadLetter(
         id=str(headers.get("id") or ""),
         kind=FailureKind.DELIVERY_LIMIT if reason == "delivery_limit" else FailureKind.MALFORMED,
-        reason=f"dead-lettered by the broker ({reason}) from {_text(death.get('queue'))}",
+        reason=f"dead-lettered by the broker ({reason}) from {_text(death.get('queue'))}{why}",
         attempts=headers.get("x-delivery-count") if isinstance(headers.get("x-delivery-count"), int) else None,
         failed_at=died.replace(tzinfo=died.tzinfo or UTC) if isinstance(died, datetime) else None,
         job=job,

@@ -9,6 +9,7 @@ umask 077
 secret() { python3 -c "import secrets; print(secrets.token_hex($1))"; }
 if [ -e "$env_file" ]; then
   if ! grep -q '^VIDX_ERLANG_COOKIE=' "$env_file"; then
+    [ -z "$(tail -c1 "$env_file")" ] || echo >>"$env_file"  # a last line without its newline
     echo "VIDX_ERLANG_COOKIE=$(secret 24)" >>"$env_file"
     echo "$env_file exists: kept, Erlang cookie added" >&2
   else

@@ -15,6 +15,7 @@ network for a while (nothing reaches it, it reaches nothing) and connects it aga
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from collections.abc import Iterator
@@ -30,7 +31,7 @@ from testcontainers.core.network import Network
 
 from events.config import AmqpSettings
 from events.subscribe import declare_event_topology, minio_notify_env
-from tests.services import ACCESS_KEY, MINIO_IMAGE, RABBITMQ_IMAGE, SECRET_KEY, Services, _wait
+from tests.services import ACCESS_KEY, KILL_BEAM, MINIO_IMAGE, RABBITMQ_IMAGE, SECRET_KEY, Services, wait_up
 
 HAPROXY_IMAGE = "vidx/haproxy:test"
 #: Longest wait for a node to join, rejoin or be seen running by the cluster again.
@@ -108,11 +109,22 @@ class RabbitCluster:
         """The container name of the node leading quorum queue ``queue``."""
         return str(self.queue(queue)["leader"]).split("@", 1)[1]
 
-    def list_queues(self) -> str:
-        """``rabbitmqctl list_queues name type`` as one node prints it."""
+    def queue_types(self) -> dict[str, str]:
+        """Queue name -> type, as ``rabbitmqctl list_queues name type`` prints them on a live node."""
         node = next(c for n, c in self.nodes.items() if n not in self.partitioned)
-        result = node.exec(["rabbitmqctl", "list_queues", "-q", "name", "type"])
-        return str(result.output.decode())
+        result = node.exec(["rabbitmqctl", "list_queues", "-q", "--formatter", "json", "name", "type"])
+        if result.exit_code != 0:
+            raise RuntimeError(f"rabbitmqctl list_queues failed: {result.output[-300:]!r}")
+        return {str(q["name"]): str(q["type"]) for q in json.loads(result.output)}
+
+    def consumer_nodes(self, queue: str) -> list[str]:
+        """The nodes (container names) the consumers of ``queue`` are connected to."""
+        nodes = {
+            str(c["channel_details"]["node"]).split("@", 1)[1]
+            for c in self._api("/api/consumers/%2F")
+            if (c.get("queue") or {}).get("name") == queue and (c.get("channel_details") or {}).get("node")
+        }
+        return sorted(nodes)
 
     def wait_running(self, want: set[str] | None = None, timeout_s: float = NODE_TIMEOUT_S) -> float:
         """Wait until the cluster sees ``want`` (default: every node) running; returns the seconds."""
@@ -127,7 +139,7 @@ class RabbitCluster:
     def kill_node(self, name: str) -> str:
         """SIGKILL node ``name``'s Erlang VM (no shutdown of any kind). The image's supervisor starts it
         again in the same container; it rejoins the cluster. Does not wait for it: ``wait_running``."""
-        result = self.nodes[name].exec(["sh", "-c", "pid=$(pgrep -x beam.smp) && kill -9 $pid && echo $pid"])
+        result = self.nodes[name].exec(["sh", "-c", KILL_BEAM])
         if result.exit_code != 0:
             raise RuntimeError(f"could not SIGKILL {name}'s beam.smp: {result.output[-300:]!r}")
         return f"{name}: beam.smp {result.output.decode().strip()} SIGKILLed"
@@ -135,9 +147,9 @@ class RabbitCluster:
     def partition(self, name: str, seconds: float) -> str:
         """Cut node ``name`` off the network for ``seconds`` (disconnect its container: no peer, no client,
         not the proxy reaches it), then connect it again under its name. Blocks for ``seconds``."""
-        network = self.network._network
-        assert network is not None, "the network was created"
-        container = self.nodes[name].get_wrapped_container()
+        node = self.nodes[name]
+        network = node.get_docker_client().client.networks.get(self.network.name)
+        container = node.get_wrapped_container()
         network.disconnect(container, force=True)
         self.partitioned.add(name)
         try:
@@ -146,6 +158,25 @@ class RabbitCluster:
             network.connect(container, aliases=[name])
             self.partitioned.discard(name)
         return f"{name}: partitioned {seconds:g}s"
+
+
+def stop_all(containers: list[DockerContainer | None], network: Network | None = None) -> None:
+    """Stop and remove each container, then the network, each on its own: one failure doesn't leave
+    the others behind (nothing reaps them here). Raises the first failure once all were tried."""
+    errors: list[Exception] = []
+    for container in containers:
+        if container is not None:
+            try:
+                container.stop()
+            except Exception as exc:
+                errors.append(exc)
+    if network is not None:
+        try:
+            network.remove()
+        except Exception as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
 def _ready(url: str) -> bool:
@@ -247,7 +278,7 @@ def start_rabbit_cluster(
             nodes[name].start()
         for name, node in nodes.items():
             url = f"amqp://guest:guest@{node.get_container_host_ip()}:{node.get_exposed_port(5672)}/%2F"
-            _wait(f"RabbitMQ node {name}", lambda url=url: _ready(url), node)
+            wait_up(f"RabbitMQ node {name}", lambda url=url: _ready(url), node)
         first = f"rabbit@{names[0]}"
         for name in names[1:]:
             for step in (["stop_app"], ["join_cluster", first], ["start_app"]):
@@ -272,13 +303,10 @@ def start_rabbit_cluster(
             management_url=f"http://{host}:{proxy.get_exposed_port(15672)}",
             inner_amqp_url="amqp://guest:guest@haproxy:5672",
         )
-        _wait("the cluster through HAProxy", lambda: cluster.running_nodes() == set(names), proxy)
+        wait_up("the cluster through HAProxy", lambda: cluster.running_nodes() == set(names), proxy)
         yield cluster
     finally:
-        for container in [proxy, *nodes.values()]:
-            if container is not None:
-                container.stop()
-        network.remove()
+        stop_all([proxy, *nodes.values()], network)
 
 
 @contextmanager
@@ -290,8 +318,10 @@ def start_ha_services(minio_nodes: int = 0, rabbit_restart_delay_s: float = 1.0)
     with start_rabbit_cluster(minio_names=names, restart_delay_s=rabbit_restart_delay_s) as cluster:
         amqp = AmqpSettings(queue_type="quorum")
         connection = pika.BlockingConnection(pika.URLParameters(cluster.amqp_url))
-        declare_event_topology(connection.channel(), amqp)  # the exchange exists before MinIO publishes
-        connection.close()
+        try:
+            declare_event_topology(connection.channel(), amqp)  # the exchange exists before MinIO publishes
+        finally:
+            connection.close()
         env = minio_notify_env(amqp, cluster.inner_amqp_url, "/queue")
         if names:
             containers = {name: _minio_node(cluster.network, name, len(names), env) for name in names}
@@ -313,10 +343,10 @@ def start_ha_services(minio_nodes: int = 0, rabbit_restart_delay_s: float = 1.0)
                 host = cluster.proxy.get_container_host_ip()
                 minio = MinioCluster(containers, f"http://{host}:{cluster.proxy.get_exposed_port(9000)}")
                 s3_endpoint = minio.endpoint
-                _wait("distributed MinIO through HAProxy", minio.cluster_writable, first)
+                wait_up("distributed MinIO through HAProxy", minio.cluster_writable, first)
             else:
                 s3_endpoint = f"http://{first.get_container_host_ip()}:{first.get_exposed_port(9000)}"
-                _wait(
+                wait_up(
                     "MinIO",
                     lambda: httpx.get(f"{s3_endpoint}/minio/health/live", timeout=2).status_code == 200,
                     first,
@@ -327,5 +357,4 @@ def start_ha_services(minio_nodes: int = 0, rabbit_restart_delay_s: float = 1.0)
             )
             yield HaServices(services, cluster, minio)
         finally:
-            for container in containers.values():
-                container.stop()
+            stop_all(list(containers.values()))

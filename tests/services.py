@@ -88,7 +88,7 @@ def unique_prefix() -> str:
     return f"t{uuid.uuid4().hex[:8]}"
 
 
-def _wait(what: str, check: object, container: DockerContainer) -> None:
+def wait_up(what: str, check: object, container: DockerContainer) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     last: Exception | None = None
     while time.monotonic() < deadline:
@@ -137,7 +137,7 @@ def start_services(
         amqp_url = f"amqp://guest:guest@{host}:{rabbit.get_exposed_port(5672)}/%2F"
         management_url = f"http://{host}:{rabbit.get_exposed_port(15672)}"
         # The queue is declared and bound before MinIO can publish anything.
-        _wait("RabbitMQ", lambda: _amqp_ready(amqp_url), rabbit)
+        wait_up("RabbitMQ", lambda: _amqp_ready(amqp_url), rabbit)
         rabbit_ip = container_ip(rabbit)
         env = minio_notify_env(AmqpSettings(), f"amqp://guest:guest@{rabbit_ip}:5672", "/queue")
         if not queue_dir:
@@ -159,7 +159,7 @@ def start_services(
         minio.start()
         try:
             s3_endpoint = f"http://{minio.get_container_host_ip()}:{minio.get_exposed_port(9000)}"
-            _wait(
+            wait_up(
                 "MinIO",
                 lambda: httpx.get(f"{s3_endpoint}/minio/health/live", timeout=2).status_code == 200,
                 minio,
@@ -193,12 +193,12 @@ def restart_rabbitmq(services: Services, down_s: float = 2.0) -> float:
     result = services.rabbit.exec(["rabbitmqctl", "start_app"])
     if result.exit_code != 0:
         raise RuntimeError(f"rabbitmqctl start_app failed: {result.output[-500:]!r}")
-    _wait("RabbitMQ after restart", lambda: _amqp_ready(services.amqp_url), services.rabbit)
+    wait_up("RabbitMQ after restart", lambda: _amqp_ready(services.amqp_url), services.rabbit)
     return time.monotonic() - started
 
 
 #: Finds the broker's Erlang VM inside the container, SIGKILLs it and prints its pid.
-_KILL_BEAM = 'pid=$(pgrep -x beam.smp) && [ "$(echo "$pid" | wc -w)" = 1 ] && kill -9 "$pid" && echo "$pid"'
+KILL_BEAM = 'pid=$(pgrep -x beam.smp) && [ "$(echo "$pid" | wc -w)" = 1 ] && kill -9 "$pid" && echo "$pid"'
 
 
 def _beam_pid(services: Services) -> str:
@@ -217,7 +217,7 @@ def kill_rabbitmq(services: Services) -> float:
         RuntimeError: no single broker process to kill, or it did not come back in time.
     """
     started = time.monotonic()
-    result = services.rabbit.exec(["sh", "-c", _KILL_BEAM])
+    result = services.rabbit.exec(["sh", "-c", KILL_BEAM])
     if result.exit_code != 0:
         raise RuntimeError(f"could not SIGKILL beam.smp: {result.output[-500:]!r}")
     killed = result.output.decode().strip()
@@ -226,7 +226,7 @@ def kill_rabbitmq(services: Services) -> float:
         pid = _beam_pid(services)
         return bool(pid) and pid != killed and _amqp_ready(services.amqp_url)
 
-    _wait("RabbitMQ after SIGKILL", back, services.rabbit)
+    wait_up("RabbitMQ after SIGKILL", back, services.rabbit)
     return time.monotonic() - started
 
 
@@ -237,7 +237,7 @@ def restart_minio(services: Services, stop_timeout_s: int = 10) -> float:
     survives too. Returns the seconds it was away."""
     started = time.monotonic()
     services.minio.get_wrapped_container().restart(timeout=stop_timeout_s)
-    _wait(
+    wait_up(
         "MinIO after restart",
         lambda: httpx.get(f"{services.s3_endpoint}/minio/health/live", timeout=2).status_code == 200,
         services.minio,

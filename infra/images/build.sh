@@ -39,6 +39,7 @@ image() {
   sum=$(digest "$1" "${2:-}")
   if [ "${FORCE:-0}" = 1 ] || ! current "$sum" "vidx/$1:test"; then
     ctx=$(mktemp -d)
+    trap 'rm -rf "$ctx"' EXIT
     cp -r "$here/$1/." "$ctx/"
     [ -z "${2:-}" ] || cp "$2" "$ctx/$3"
     docker build -q --label "vidx.context=$sum" -t "vidx/$1:test" "$ctx" >/dev/null

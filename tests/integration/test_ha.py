@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -40,19 +41,44 @@ RATE_PER_S = 3.0
 CONVERGE_TIMEOUT_S = 240.0
 
 
-def kill_index_queue_leader(host: AppHost, cluster: RabbitCluster) -> str:
-    """SIGKILL the node leading the index queue while a consumer holds a task unacknowledged (waits at
-    most ``BUSY_TIMEOUT_S`` for one), then wait until a new leader is elected and the node rejoined."""
+#: Longest wait for the cluster to elect a new leader for the index queue.
+ELECTION_TIMEOUT_S = 60.0
+
+
+@dataclass
+class LeaderKill:
+    leader: str
+    new_leader: str
+    #: The index queue's (ready, unacknowledged) tasks when the leader was killed.
+    tasks: tuple[int, int]
+    #: The nodes the index queue's consumers were connected to.
+    consumer_nodes: list[str]
+    elected_s: float
+    rejoined_s: float
+
+    def line(self) -> str:
+        return (
+            f"{self.leader} SIGKILLed (leader of the index queue, tasks {self.tasks[0]} ready + {self.tasks[1]} "
+            f"unacked, consumers on {self.consumer_nodes}); new leader {self.new_leader or '-'} after "
+            f"{self.elected_s:.1f}s, {self.leader} running again after {self.rejoined_s:.1f}s"
+        )
+
+
+def kill_index_queue_leader(host: AppHost, cluster: RabbitCluster, kills: list[LeaderKill]) -> str:
+    """SIGKILL the node leading the index queue once a consumer holds a task unacknowledged (waits at
+    most ``BUSY_TIMEOUT_S`` for one), then wait (bounded) until a new leader is elected and the node
+    rejoined. Appends what happened to ``kills``."""
     queue = host.settings.serve.index_queue
     deadline = time.monotonic() + BUSY_TIMEOUT_S
     while queue_counts(host.services, queue)[1] == 0 and time.monotonic() < deadline:
         time.sleep(0.1)
     tasks = queue_counts(host.services, queue)
+    consumer_nodes = cluster.consumer_nodes(queue)
     leader = cluster.leader(queue)
-    killed = cluster.kill_node(leader)
+    cluster.kill_node(leader)
     started = time.monotonic()
     new_leader = ""
-    while time.monotonic() - started < 60:
+    while time.monotonic() - started < ELECTION_TIMEOUT_S:
         try:
             new_leader = cluster.leader(queue)
         except Exception:  # the management API answers from another node once the proxy notices
@@ -61,11 +87,9 @@ def kill_index_queue_leader(host: AppHost, cluster: RabbitCluster) -> str:
             break
         time.sleep(0.2)
     elected_s = time.monotonic() - started
-    rejoined_s = cluster.wait_running()
-    return (
-        f"{killed} (leader of {queue}, tasks {tasks[0]} ready + {tasks[1]} unacked); "
-        f"new leader {new_leader or '?'} after {elected_s:.1f}s, {leader} running again after {rejoined_s:.1f}s"
-    )
+    kill = LeaderKill(leader, new_leader, tasks, consumer_nodes, elected_s, cluster.wait_running())
+    kills.append(kill)
+    return kill.line()
 
 
 @pytest.fixture(scope="module")
@@ -83,16 +107,13 @@ def test_a_stream_through_a_quorum_queue_leader_kill_loses_and_duplicates_nothin
     host, cluster = ha
     variants = make_variants(tmp_path, host.settings.sampling.every_s)
     plan = StreamPlan("ha-leader-kill", OPS, seed=20, rate_per_s=RATE_PER_S)
-    fault = Fault(OPS // 3, "index queue leader SIGKILL", lambda: kill_index_queue_leader(host, cluster))
+    kills: list[LeaderKill] = []
+    fault = Fault(OPS // 3, "index queue leader SIGKILL", lambda: kill_index_queue_leader(host, cluster, kills))
     log = run_stream(host, plan, variants, [fault])
     summary, converge_s = converge(host, plan, log, CONVERGE_TIMEOUT_S)
     check = vidx_check(prefix=plan.prefix)
     prefix = host.settings.serve.index_queue.split(".", 1)[0]
-    types = {
-        name: kind
-        for name, kind in (line.split("\t") for line in cluster.list_queues().splitlines()[1:] if "\t" in line)
-        if name.startswith(f"{prefix}.")
-    }
+    types = {name: kind for name, kind in cluster.queue_types().items() if name.startswith(f"{prefix}.")}
     report_lines(
         request.config,
         [
@@ -106,6 +127,9 @@ def test_a_stream_through_a_quorum_queue_leader_kill_loses_and_duplicates_nothin
         ],
     )
     assert not log.errors, log.errors
+    (kill,) = kills
+    assert kill.tasks[1] > 0, "the leader was killed with no task in a consumer's hands"
+    assert kill.new_leader and kill.new_leader != kill.leader, kill.line()
     assert log.uploads >= 90
     assert summary.lost == 0 and summary.duplicated == 0, summary.problems
     assert log.failed_ops == 0

@@ -21,8 +21,8 @@ from tests.faults.nemesis import KINDS, Proxies, ScheduleRun, run_nemesis, start
 from tests.harness import report_lines
 from tests.services import Services, unique_prefix
 
-# The bound: 12 schedules take ~5 minutes here; a failing run takes longer (each schedule waits up to
-# SETTLE_BOUND_S) and is stopped here rather than let CI run past its hour.
+# The bound: a failing run takes longer than a passing one (each schedule waits up to SETTLE_BOUND_S) and
+# is stopped here rather than let CI run past its hour.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 #: Schedules in CI: each fault kind is the first fault of two of them (``seed % 6``), and the second

@@ -4,6 +4,7 @@ second over a window, and how long after a fault they ran at half the pre-fault 
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 import pytest
@@ -49,3 +50,33 @@ def test_the_schedule_fires_each_kind_once_in_a_seeded_order() -> None:
     assert len({tuple(order(seed)) for seed in range(10)}) > 1
     faults = Faults(host=None, ha=None, ray=None, started=0.0, rng=random.Random(0))  # type: ignore[arg-type]
     assert [f.at_op for f in faults.schedule(1000)] == [int(1000 * at) for at in FAULT_AT]
+
+
+def test_the_watch_samples_once_a_second_until_stopped_and_records_what_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.ha_nodes import Watch
+
+    class StubTables:
+        def __init__(self, settings: Any) -> None:
+            pass
+
+    monkeypatch.setattr("tests.faults.harness.Tables", StubTables)
+    calls: list[int] = []
+
+    def sample(self: Watch, tables: Any) -> dict[str, Any]:
+        calls.append(1)
+        if len(calls) == 2:
+            raise ConnectionError("a node is away")
+        return {"t_s": float(len(calls)), "completed": len(calls)}
+
+    monkeypatch.setattr(Watch, "sample", sample)
+    host = type("Host", (), {"settings": None})()
+    watch = Watch(host=host, ha=None, ray_nodes=None, limit_s=30)  # type: ignore[arg-type]
+    watch.start()
+    deadline = time.monotonic() + 10
+    while len(calls) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    watch.stop.set()
+    watch.join(5)
+    assert not watch.is_alive()
+    assert len(watch.samples) == len(calls) - 1 >= 2
+    assert watch.errors and "ConnectionError: a node is away" in watch.errors[0]

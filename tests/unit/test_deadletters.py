@@ -54,6 +54,16 @@ def test_a_task_the_broker_dead_lettered_at_its_delivery_limit_is_read_with_its_
     assert letter.failed_at == died.replace(tzinfo=UTC)
 
 
+def test_a_task_a_consumer_rejected_is_listed_but_never_replayed() -> None:
+    # Celery rejects an unknown or invalid task without requeueing it: the quorum index queue's
+    # dead-letter target gets it too, while Ray's adapter already copied it to the unprocessable queue.
+    body = json.dumps([[JOB.model_dump(mode="json")], {}, {}]).encode()
+    headers = {"task": "index_video", "id": "t10", "x-death": [{"reason": b"rejected", "queue": b"vidx.index"}]}
+    letter = decode_dead_letter(body, headers)
+    assert (letter.kind, letter.job) == (FailureKind.MALFORMED, None) and letter.raw_job
+    assert "(rejected)" in letter.reason and "not replayed" in letter.reason
+
+
 @pytest.mark.parametrize("body", [b"not json", b'{"id": 3}', b"[]"])
 def test_anything_else_is_an_error_naming_the_problem(body: bytes) -> None:
     with pytest.raises(ValueError):

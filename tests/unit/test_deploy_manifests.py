@@ -128,7 +128,9 @@ def test_credentials_come_from_secrets_only(rayservice: dict[str, Any]) -> None:
     assert not {"api_keys", "api_key", "admin_key"} & set(args)
 
 
-def test_the_cluster_survives_the_loss_of_a_node(rayservice: dict[str, Any]) -> None:
+def test_the_manifest_asks_for_quorum_queues_gcs_fault_tolerance_and_spread_cpu_workers(
+    rayservice: dict[str, Any],
+) -> None:
     """The HA settings: quorum queues on the RabbitMQ cluster, the GCS's state in Redis (its password
     from a Secret) so the head can be replaced, and CPU workers on at least two Kubernetes nodes."""
     args = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"][0]["args"]
@@ -212,7 +214,7 @@ def test_the_ha_compose_file_matches_the_specification_and_the_tests_topology() 
     assert services["vidx"]["environment"]["VIDX_AMQP__QUEUE_TYPE"] == "quorum"
     assert services["vidx"]["environment"]["VIDX_S3__ENDPOINT_URL"] == "http://haproxy:9000"
     assert {services[n]["environment"]["VIDX_ERLANG_COOKIE"] for n in rabbits} == {
-        "${VIDX_ERLANG_COOKIE:?add VIDX_ERLANG_COOKIE to infra/.env}"
+        "${VIDX_ERLANG_COOKIE:?run infra/compose-credentials.sh (it adds the cookie)}"
     }
 
 
@@ -231,8 +233,9 @@ def test_the_credentials_script_generates_private_distinct_values_once(tmp_path:
     assert not any(v in out.stdout + out.stderr for v in values.values())  # never printed
     subprocess.run([str(script), str(target)], capture_output=True, check=True)
     assert dict(line.split("=", 1) for line in target.read_text().splitlines() if "=" in line) == values
-    # A file written before the HA stack gets its cookie added, and keeps every other value.
-    target.write_text("".join(f"{k}={v}\n" for k, v in values.items() if k != "VIDX_ERLANG_COOKIE"))
+    # A file written before the HA stack (here without a newline at its end) gets its cookie added on a
+    # line of its own, and keeps every other value.
+    target.write_text("\n".join(f"{k}={v}" for k, v in values.items() if k != "VIDX_ERLANG_COOKIE"))
     out = subprocess.run([str(script), str(target)], capture_output=True, text=True, check=True)
     again = dict(line.split("=", 1) for line in target.read_text().splitlines() if "=" in line)
     assert again.keys() == values.keys() and len(again["VIDX_ERLANG_COOKIE"]) == 48

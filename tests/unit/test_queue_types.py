@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from events.config import AmqpSettings
+from events.config import UNLIMITED_DELIVERIES, AmqpSettings
 from events.parked import ParkedQueue
 from events.subscribe import declare_event_topology
 from pipeline.index.taskqueue import dead_letter_queue, task_processor_config
@@ -16,7 +16,7 @@ from pipeline.settings import Settings
 from storage.errors import TransientError
 from tests.unit.test_parked import FakeChannel, patch_broker
 
-QUORUM = {"x-queue-type": "quorum"}
+QUORUM = {"x-queue-type": "quorum", "x-delivery-limit": UNLIMITED_DELIVERIES}
 
 
 class RecordingChannel:
