@@ -32,7 +32,8 @@ class QueueArgumentsAdapter(CeleryTaskProcessorAdapter):
     chose — the queue type, the index queue's delivery limit and dead-letter target — which Ray's own
     adapter has no setting for. With quorum queues Celery itself switches to per-consumer QoS
     (``worker_detect_quorum_queues``); a retry's countdown is still held by the consumer (Ray's adapter
-    binds direct exchanges, which Celery's native delayed delivery does not serve)."""
+    binds direct exchanges, which Celery's native delayed delivery does not serve), and with a static
+    prefetch it occupies one of the replica's slots until it runs (docs/operations.md)."""
 
     def __init__(self, config: TaskProcessorConfig, *args: Any, **kwargs: Any) -> None:
         config = config.model_copy(deep=True)
