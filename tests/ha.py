@@ -31,7 +31,17 @@ from testcontainers.core.network import Network
 
 from events.config import AmqpSettings
 from events.subscribe import declare_event_topology, minio_notify_env
-from tests.services import ACCESS_KEY, KILL_BEAM, MINIO_IMAGE, RABBITMQ_IMAGE, SECRET_KEY, Services, wait_up
+from tests.services import (
+    ACCESS_KEY,
+    KILL_BEAM,
+    MINIO_IMAGE,
+    RABBITMQ_IMAGE,
+    SECRET_KEY,
+    Services,
+    minio_container,
+    wait_minio,
+    wait_up,
+)
 
 HAPROXY_IMAGE = "vidx/haproxy:test"
 #: Longest wait for a node to join, rejoin or be seen running by the cluster again.
@@ -326,14 +336,7 @@ def start_ha_services(minio_nodes: int = 0, rabbit_restart_delay_s: float = 1.0)
         if names:
             containers = {name: _minio_node(cluster.network, name, len(names), env) for name in names}
         else:
-            containers = {
-                "minio": DockerContainer(MINIO_IMAGE)
-                .with_network(cluster.network)
-                .with_exposed_ports(9000)
-                .with_env("MINIO_ROOT_USER", ACCESS_KEY)
-                .with_env("MINIO_ROOT_PASSWORD", SECRET_KEY)
-                .with_envs(**env)
-            }
+            containers = {"minio": minio_container(env).with_network(cluster.network)}
         try:
             for container in containers.values():
                 container.start()
@@ -345,12 +348,7 @@ def start_ha_services(minio_nodes: int = 0, rabbit_restart_delay_s: float = 1.0)
                 s3_endpoint = minio.endpoint
                 wait_up("distributed MinIO through HAProxy", minio.cluster_writable, first)
             else:
-                s3_endpoint = f"http://{first.get_container_host_ip()}:{first.get_exposed_port(9000)}"
-                wait_up(
-                    "MinIO",
-                    lambda: httpx.get(f"{s3_endpoint}/minio/health/live", timeout=2).status_code == 200,
-                    first,
-                )
+                s3_endpoint = wait_minio(first)
             rabbit = next(iter(cluster.nodes.values()))
             services = Services(
                 s3_endpoint, cluster.amqp_url, cluster.management_url, rabbit, first, queue_type="quorum"

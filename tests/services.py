@@ -102,6 +102,24 @@ def wait_up(what: str, check: object, container: DockerContainer) -> None:
     raise RuntimeError(f"{what} did not start within {START_TIMEOUT_S}s ({last!r}); logs:\n{err[-2000:]!r}")
 
 
+def minio_container(env: dict[str, str]) -> DockerContainer:
+    """One MinIO node (a single drive), with the test credentials and ``env`` (its event target)."""
+    return (
+        DockerContainer(MINIO_IMAGE)
+        .with_exposed_ports(9000)
+        .with_env("MINIO_ROOT_USER", ACCESS_KEY)
+        .with_env("MINIO_ROOT_PASSWORD", SECRET_KEY)
+        .with_envs(**env)
+    )
+
+
+def wait_minio(minio: DockerContainer) -> str:
+    """Wait until the started single MinIO node is live; returns its S3 endpoint."""
+    s3_endpoint = f"http://{minio.get_container_host_ip()}:{minio.get_exposed_port(9000)}"
+    wait_up("MinIO", lambda: httpx.get(f"{s3_endpoint}/minio/health/live", timeout=2).status_code == 200, minio)
+    return s3_endpoint
+
+
 def container_ip(container: DockerContainer) -> str:
     """The container's address on its network (podman's list API lacks what bridge_ip() reads)."""
     wrapped = container.get_wrapped_container()
@@ -149,21 +167,10 @@ def start_services(
             env |= {k: v for k, v in extra.items() if "_QUEUE_DIR_" not in k and "_QUEUE_LIMIT_" not in k}
         if sync_events:
             env["MINIO_API_SYNC_EVENTS"] = "on"
-        minio = (
-            DockerContainer(MINIO_IMAGE)
-            .with_exposed_ports(9000)
-            .with_env("MINIO_ROOT_USER", ACCESS_KEY)
-            .with_env("MINIO_ROOT_PASSWORD", SECRET_KEY)
-            .with_envs(**env)
-        )
+        minio = minio_container(env)
         minio.start()
         try:
-            s3_endpoint = f"http://{minio.get_container_host_ip()}:{minio.get_exposed_port(9000)}"
-            wait_up(
-                "MinIO",
-                lambda: httpx.get(f"{s3_endpoint}/minio/health/live", timeout=2).status_code == 200,
-                minio,
-            )
+            s3_endpoint = wait_minio(minio)
             yield Services(s3_endpoint, amqp_url, management_url, rabbit, minio)
         finally:
             minio.stop()
