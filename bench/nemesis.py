@@ -8,7 +8,7 @@ uploads, overwrites, deletes and identical re-uploads stream in. Prints one line
 and writes bench/results/nemesis.json. Exit status 1 when any schedule broke an invariant; each such
 schedule prints its seed, and ``--seed S --schedules 1`` replays it. Starts its own MinIO, RabbitMQ and
 Toxiproxy containers and its own Ray instance. Not part of ``make bench`` (about 20 s a schedule);
-``make test`` runs 12 schedules (tests/integration/test_nemesis.py).
+``make test`` runs 20 schedules (tests/integration/test_nemesis.py).
 """
 
 from __future__ import annotations
