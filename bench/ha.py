@@ -117,12 +117,6 @@ class Faults:
     def _t(self) -> float:
         return time.time() - self.started
 
-    def _record(self, kind: str, target: str, detail: str = "") -> FaultRecord:
-        """A record of a fault starting now, kept even if the fault fails half way (its node is away)."""
-        record = FaultRecord(kind, target, self._t(), detail=detail)
-        self.records.append(record)
-        return record
-
     def _wait(self, what: str, ok: Callable[[], bool]) -> None:
         deadline = time.monotonic() + BACK_TIMEOUT_S
         while not ok():
@@ -130,49 +124,71 @@ class Faults:
                 raise RuntimeError(f"{what} not back within {BACK_TIMEOUT_S:g}s")
             time.sleep(0.5)
 
+    def _away(
+        self,
+        record: FaultRecord,
+        take_away: Callable[[], object],
+        down_s: float,
+        bring_back: Callable[[], object],
+    ) -> FaultRecord:
+        """Take a node away, leave it away ``down_s``, bring it back (each step bounded by the callee),
+        noting when. The record is kept even if a step fails half way (the node may still be away)."""
+        self.records.append(record)
+        take_away()
+        time.sleep(down_s)
+        record.restored_s = self._t()
+        bring_back()
+        record.back_s = self._t()
+        return record
+
     def kill_rabbit_leader(self) -> str:
         rabbit, queue = self.ha.rabbit, self.host.settings.serve.index_queue
         leader = rabbit.leader(queue)
-        record = self._record("rabbitmq_kill", leader, f"leader of {queue}")
-        rabbit.kill_node(leader)
-        time.sleep(RABBIT_DOWN_S)  # the supervisor starts it again after RABBITMQ_RESTART_DELAY_S
-        record.restored_s = self._t()
-        rabbit.wait_running(timeout_s=BACK_TIMEOUT_S)
-        record.back_s = self._t()
+        record = self._away(
+            FaultRecord("rabbitmq_kill", leader, self._t(), detail=f"leader of {queue}"),
+            lambda: rabbit.kill_node(leader),
+            RABBIT_DOWN_S,  # the supervisor starts it again after RABBITMQ_RESTART_DELAY_S
+            lambda: rabbit.wait_running(timeout_s=BACK_TIMEOUT_S),
+        )
         return f"{leader} SIGKILLed, running again {record.back_s - record.at_s:.1f}s later"
 
     def partition_rabbit(self) -> str:
         rabbit = self.ha.rabbit
         node = self.rng.choice(sorted(rabbit.nodes))
-        record = self._record("rabbitmq_partition", node, f"{PARTITION_S:g}s off the network")
-        rabbit.partition(node, PARTITION_S)
-        record.restored_s = self._t()
-        rabbit.wait_running(timeout_s=BACK_TIMEOUT_S)
-        record.back_s = self._t()
+        record = self._away(
+            FaultRecord("rabbitmq_partition", node, self._t(), detail=f"{PARTITION_S:g}s off the network"),
+            lambda: rabbit.partition(node, PARTITION_S),  # blocks while the node is cut off
+            0.0,
+            lambda: rabbit.wait_running(timeout_s=BACK_TIMEOUT_S),
+        )
         return f"{node} partitioned {PARTITION_S:g}s, running again {record.back_s - record.restored_s:.1f}s after"
 
     def kill_minio(self) -> str:
         minio = self.ha.minio
         node = self.rng.choice(sorted(minio.nodes))
-        record = self._record("minio_kill", node)
-        minio.kill_node(node)
-        time.sleep(MINIO_DOWN_S)
-        record.restored_s = self._t()
-        minio.start_node(node)
-        record.back_s = self._t()
+        record = self._away(
+            FaultRecord("minio_kill", node, self._t()),
+            lambda: minio.kill_node(node),
+            MINIO_DOWN_S,
+            lambda: minio.start_node(node, timeout_s=BACK_TIMEOUT_S),
+        )
         return f"{node} SIGKILLed, live again {record.back_s - record.at_s:.1f}s later"
 
     def kill_ray_worker(self) -> str:
         node_id, replicas = self.ray.busiest_worker()
-        record = self._record("ray_node_kill", node_id[:12], f"replicas {replicas}")
         before = self.ray.alive_ids()
-        killed = self.ray.kill(node_id)
-        time.sleep(RAY_DOWN_S)
-        record.restored_s = self._t()
-        self.ray.start_node()
-        self._wait("a new Ray node", lambda: bool(self.ray.alive_ids() - before))
-        record.back_s = self._t()
-        return f"Ray node {node_id[:12]} ({killed} processes, replicas {replicas}) SIGKILLed; a new node joined"
+
+        def new_node() -> None:
+            self.ray.start_node()
+            self._wait("a new Ray node", lambda: bool(self.ray.alive_ids() - before))
+
+        self._away(
+            FaultRecord("ray_node_kill", node_id[:12], self._t(), detail=f"replicas {replicas}"),
+            lambda: self.ray.kill(node_id),
+            RAY_DOWN_S,
+            new_node,
+        )
+        return f"Ray node {node_id[:12]} (replicas {replicas}) SIGKILLed whole; a new node joined"
 
     def schedule(self, ops: int) -> list[Any]:
         from tests.faults.harness import Fault

@@ -60,11 +60,6 @@ class RayNodes:
         self.app_name = app_name
         self.cpus = cpus_per_node
 
-    def alive(self) -> int:
-        from bench.cluster import alive_nodes
-
-        return alive_nodes(self.address)
-
     def alive_ids(self) -> set[str]:
         from ray.util.state import list_nodes
 
@@ -177,5 +172,5 @@ class Watch(threading.Thread):
             "events_backlog": sum(events),
             "rabbit_nodes": len(self.ha.rabbit.running_nodes()),
             "minio_nodes": sum(minio.live(n) for n in minio.nodes) if minio is not None else 1,
-            "ray_nodes": self.ray_nodes.alive(),
+            "ray_nodes": len(self.ray_nodes.alive_ids()),
         }
