@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 import tempfile
@@ -34,6 +35,7 @@ from bench.ha_nodes import (
     PARTITION_S,
     RABBIT_DOWN_S,
     RAY_DOWN_S,
+    TARGET_WAIT_S,
     FaultRecord,
     RayNodes,
     Watch,
@@ -175,7 +177,11 @@ class Faults:
         return f"{node} SIGKILLed, live again {record.back_s - record.at_s:.1f}s later"
 
     def kill_ray_worker(self) -> str:
+        deadline = time.monotonic() + TARGET_WAIT_S
         node_id, replicas = self.ray.busiest_worker()
+        while not (replicas.get("Encoder") and replicas.get("IndexConsumer")) and time.monotonic() < deadline:
+            time.sleep(2.0)  # the consumers scale out with the flood's backlog
+            node_id, replicas = self.ray.busiest_worker()
         before = self.ray.alive_ids()
 
         def new_node() -> None:
@@ -198,40 +204,55 @@ class Faults:
         return [Fault(int(ops * at), kind.__name__, kind) for at, kind in zip(FAULT_AT, kinds, strict=True)]
 
 
-def rate(samples: list[dict[str, Any]], start: float, end: float) -> float:
-    """Completions per second between ``start`` and ``end`` (seconds of the run)."""
-    inside = [s for s in samples if start <= s["t_s"] <= end]
-    if len(inside) < 2 or inside[-1]["t_s"] <= inside[0]["t_s"]:
+def slow_ops(lines: list[str], shown: int = 8) -> list[str]:
+    """The stream's slow operations, the first ``shown`` of them and how many more."""
+    more = [f"... and {len(lines) - shown} more slow operations"] if len(lines) > shown else []
+    return [f"slow: {line}" for line in lines[:shown]] + more
+
+
+def rate(completions: list[float], start: float, end: float) -> float:
+    """Completions per second between ``start`` and ``end`` (seconds of the run): the final states whose
+    catalog rows say they were written in that span (exact, however sparse the watch's samples)."""
+    if end <= start:
         return 0.0
-    return float(inside[-1]["completed"] - inside[0]["completed"]) / (inside[-1]["t_s"] - inside[0]["t_s"])
+    return sum(1 for t in completions if start < t <= end) / (end - start)
 
 
-def recovery(samples: list[dict[str, Any]], record: FaultRecord) -> float | None:
-    """Seconds from the fault until completions ran at half the rate of the 30 s before it again."""
-    before = rate(samples, record.at_s - 30, record.at_s)
+def recovery(completions: list[float], record: FaultRecord) -> float | None:
+    """Seconds from the fault until completions ran at half the rate of the 30 s before it again
+    (over the ``RECOVERY_WINDOW_S`` before each second after the fault)."""
+    before = rate(completions, record.at_s - 30, record.at_s)
     if before <= 0:
         return 0.0
-    for s in samples:
-        late_enough = s["t_s"] >= record.at_s + RECOVERY_WINDOW_S
-        if late_enough and rate(samples, s["t_s"] - RECOVERY_WINDOW_S, s["t_s"]) >= before / 2:
-            return float(s["t_s"] - record.at_s)
+    last = max(completions, default=record.at_s)
+    t = record.at_s + RECOVERY_WINDOW_S
+    while t <= last + RECOVERY_WINDOW_S:
+        if rate(completions, t - RECOVERY_WINDOW_S, t) >= before / 2:
+            return float(t - record.at_s)
+        t += 1.0
     return None
 
 
-def plot(samples: list[dict[str, Any]], records: list[FaultRecord], path: Path) -> None:
+def plot(samples: list[dict[str, Any]], completions: list[float], records: list[FaultRecord], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     t = [s["t_s"] for s in samples]
-    per_s = [rate(samples, s["t_s"] - 5, s["t_s"]) for s in samples]
+    seconds = [float(x) for x in range(int(max(t + completions, default=0)) + 2)]
+    per_s = [rate(completions, x - 5, x) for x in seconds]
     fig, axes = plt.subplots(3, 1, figsize=(9, 7), dpi=110, sharex=True)
-    axes[0].plot(t, per_s, label="completed videos/s (5 s window)")
-    axes[1].step(t, [s["backlog"] for s in samples], where="post", label="index queue")
-    axes[1].step(t, [s["events_backlog"] for s in samples], where="post", label="bucket events")
+    axes[0].plot(seconds, per_s, label="completed videos/s (5 s window)")
+
+    def series(key: str) -> list[float]:
+        return [math.nan if s.get(key) is None else float(s[key]) for s in samples]
+
+    axes[1].step(t, series("backlog"), where="post", label="index queue")
+    axes[1].step(t, series("events_backlog"), where="post", label="bucket events")
     for key, label in (("rabbit_nodes", "RabbitMQ"), ("minio_nodes", "MinIO"), ("ray_nodes", "Ray")):
-        axes[2].step(t, [s[key] for s in samples], where="post", label=f"{label} nodes up")
+        axes[2].step(t, series(key), where="post", label=f"{label} nodes up")
+    axes[1].set_title("backlog and nodes as the management APIs answered within 2 s (gaps: no answer)", fontsize=8)
     for ax, ylabel in zip(axes, ("videos/s", "messages", "nodes"), strict=True):
         for r in records:
             ax.axvspan(r.at_s, r.back_s, alpha=0.12, color="red")
@@ -298,9 +319,9 @@ def main(argv: list[str] | None = None) -> int:
             failed = count_status(host, plan.prefix, "failed")
             watch.stop.set()
             watch.join(30)
-        samples, records = watch.samples, faults.records
+        samples, completions, records = watch.samples, sorted(watch.completions), faults.records
         for record in records:
-            record.recovery_s = recovery(samples, record)
+            record.recovery_s = recovery(completions, record)
         first = min((r.at_s for r in records), default=0.0)
         last = max((r.back_s or r.at_s for r in records), default=0.0)
         end = stream_end + converge_s
@@ -316,17 +337,18 @@ def main(argv: list[str] | None = None) -> int:
             "check_inconsistencies": check.inconsistencies,
             "node_kills": sum(1 for r in records if r.kind.endswith("_kill")),
             "partitions": sum(1 for r in records if r.kind.endswith("_partition")),
-            "throughput_before_videos_per_s": round(rate(samples, 0, first), 3),
-            "throughput_during_videos_per_s": round(rate(samples, first, last), 3),
-            "throughput_after_videos_per_s": round(rate(samples, last, end), 3),
+            "throughput_before_videos_per_s": round(rate(completions, 0, first), 3),
+            "throughput_during_videos_per_s": round(rate(completions, first, last), 3),
+            "throughput_after_videos_per_s": round(rate(completions, last, end), 3),
             "recovery_s": {r.kind: r.as_json()["recovery_s"] for r in records},
             "faults": [r.as_json() for r in records],
             "stream_s": round(log.stream_s, 1),
             "converged_after_stream_s": round(converge_s, 1),
-            "notes": log.notes + log.errors + watch.errors[:10],
+            "notes": log.notes + log.errors + watch.errors[:10] + slow_ops(log.slow_ops),
             "problems": list(summary.problems[:20]) + check.found[:20],
+            "timeline": {"completions_t_s": completions, "samples": samples},
         }
-        plot(samples, records, args.plot)
+        plot(samples, completions, records, args.plot)
     ok = not log.errors and summary.ok and not log.failed_ops and not failed and not check.inconsistencies
     ok = ok and not check.in_flight
     keys = ("uploads", "indexed", "failed", "lost", "duplicates", "stuck", "node_kills", "partitions")

@@ -26,6 +26,10 @@ MINIO_DOWN_S = 20.0
 RAY_DOWN_S = 20.0
 #: Longest wait for a node to be back (running, live, registered).
 BACK_TIMEOUT_S = 180.0
+#: Longest wait for a Ray worker node running both an Encoder and IndexConsumers (then the best there is).
+TARGET_WAIT_S = 90.0
+#: Longest wait of the watch for one answer (a queue's depth, the nodes a cluster sees running).
+PROBE_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -67,8 +71,8 @@ class RayNodes:
         return {str(n.node_id) for n in nodes if n.state == "ALIVE"}
 
     def busiest_worker(self) -> tuple[str, dict[str, int]]:
-        """The non-head node with an Encoder (and the CatalogWriter, if a node has both) and the most
-        IndexConsumers: its id and replica counts."""
+        """The non-head node running an Encoder and IndexConsumers (else an Encoder), the most
+        IndexConsumers, the CatalogWriter if it can: its id and replica counts."""
         from ray.util.state import list_actors, list_nodes
 
         head = {n.node_id for n in list_nodes(address=self.address, raise_on_missing_output=False) if n.is_head_node}
@@ -86,7 +90,12 @@ class RayNodes:
             raise RuntimeError("no replica runs on a worker node")
         return max(
             by_node.items(),
-            key=lambda kv: (kv[1].get("Encoder", 0) > 0, "CatalogWriter" in kv[1], kv[1].get("IndexConsumer", 0)),
+            key=lambda kv: (
+                kv[1].get("Encoder", 0) > 0 and kv[1].get("IndexConsumer", 0) > 0,
+                kv[1].get("Encoder", 0) > 0,
+                kv[1].get("IndexConsumer", 0),
+                "CatalogWriter" in kv[1],
+            ),
         )
 
     def kill(self, node_id: str) -> int:
@@ -124,7 +133,9 @@ class RayNodes:
 
 
 class Watch(threading.Thread):
-    """Once a second until stopped (at most ``limit_s``): completions so far, backlog, live nodes."""
+    """Once a second until stopped (at most ``limit_s``): the final states reached so far (each with
+    the time its catalog row was written), the queues' backlog and the live nodes of each cluster.
+    Each probe answers within ``PROBE_TIMEOUT_S`` or is left out of that second's sample (None)."""
 
     def __init__(self, host: Any, ha: Any, ray_nodes: RayNodes, limit_s: float) -> None:
         super().__init__(name="ha-watch", daemon=True)
@@ -134,6 +145,8 @@ class Watch(threading.Thread):
         self.limit_s = limit_s
         self.started = time.time()
         self.samples: list[dict[str, Any]] = []
+        #: Seconds of the run at which a video reached a final state (its row's ``updated_at``).
+        self.completions: list[float] = []
         self.errors: list[str] = []
         self.stop = threading.Event()
         self._seen: set[tuple[str, str, str]] = set()
@@ -154,23 +167,37 @@ class Watch(threading.Thread):
                     self.errors.append(f"t={time.time() - self.started:.0f}s {type(exc).__name__}: {exc}"[:300])
             self.stop.wait(1.0 - (time.time() - self.started) % 1.0)
 
-    def sample(self, tables: Any) -> dict[str, Any]:
-        from tests.services import queue_counts
+    def _probe(self, read: Any) -> Any:
+        try:
+            return read()
+        except Exception:  # an answer missing this second: a gap in the plot, not a zero
+            return None
 
+    def _backlog(self, queue: str) -> int | None:
+        from urllib.parse import quote
+
+        import httpx
+
+        url = f"{self.host.services.management_url}/api/queues/%2F/{quote(queue, safe='')}"
+        resp = httpx.get(url, auth=("guest", "guest"), timeout=PROBE_TIMEOUT_S)
+        resp.raise_for_status()
+        return int(resp.json().get("messages") or 0)
+
+    def sample(self, tables: Any) -> dict[str, Any]:
         settings = self.host.settings
-        rows = tables.videos()
-        for vid, row in rows.items():
-            if row["status"] in ("indexed", "deleted", "failed"):
-                self._seen.add((vid, str(row["version"]), str(row["status"])))
-        index = queue_counts(self.host.services, settings.serve.index_queue)
-        events = queue_counts(self.host.services, settings.amqp.events_queue)
-        minio = self.ha.minio
+        for vid, row in tables.videos().items():
+            key = (vid, str(row["version"]), str(row["status"]))
+            if row["status"] in ("indexed", "deleted", "failed") and key not in self._seen:
+                self._seen.add(key)
+                self.completions.append(round(row["updated_at"].timestamp() - self.started, 2))
+        minio, rabbit = self.ha.minio, self.ha.rabbit
+        running = rabbit.nodes_running(PROBE_TIMEOUT_S)
         return {
             "t_s": round(time.time() - self.started, 2),
             "completed": len(self._seen),
-            "backlog": sum(index),
-            "events_backlog": sum(events),
-            "rabbit_nodes": len(self.ha.rabbit.running_nodes()),
+            "backlog": self._probe(lambda: self._backlog(settings.serve.index_queue)),
+            "events_backlog": self._probe(lambda: self._backlog(settings.amqp.events_queue)),
+            "rabbit_nodes": None if running is None else len(running),
             "minio_nodes": sum(minio.live(n) for n in minio.nodes) if minio is not None else 1,
-            "ray_nodes": len(self.ray_nodes.alive_ids()),
+            "ray_nodes": self._probe(lambda: len(self.ray_nodes.alive_ids())),
         }

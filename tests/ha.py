@@ -97,17 +97,22 @@ class RabbitCluster:
     inner_amqp_url: str
     partitioned: set[str] = field(default_factory=set)
 
-    def _api(self, path: str) -> Any:
-        resp = httpx.get(f"{self.management_url}{path}", auth=("guest", "guest"), timeout=5)
+    def _api(self, path: str, timeout_s: float = 5.0) -> Any:
+        resp = httpx.get(f"{self.management_url}{path}", auth=("guest", "guest"), timeout=timeout_s)
         resp.raise_for_status()
         return resp.json()
 
+    def nodes_running(self, timeout_s: float = 5.0) -> set[str] | None:
+        """The nodes the cluster sees running (by container name); None if no answer within ``timeout_s``
+        (while a node is cut off, the management API waits on it until Erlang's net tick gives it up)."""
+        try:
+            return {str(n["name"]).split("@", 1)[1] for n in self._api("/api/nodes", timeout_s) if n.get("running")}
+        except (httpx.HTTPError, ValueError):
+            return None
+
     def running_nodes(self) -> set[str]:
         """The nodes the cluster sees running (by container name); empty if no node answers."""
-        try:
-            return {str(n["name"]).split("@", 1)[1] for n in self._api("/api/nodes") if n.get("running")}
-        except (httpx.HTTPError, ValueError):
-            return set()
+        return self.nodes_running() or set()
 
     def queue(self, name: str) -> dict[str, Any]:
         """The management API's view of queue ``name`` (``type``; for a quorum queue ``leader``,

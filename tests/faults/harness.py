@@ -44,6 +44,8 @@ REPLICA_BACK_TIMEOUT_S = 120.0
 BUSY_TIMEOUT_S = 30.0
 #: Attempts (one a second) at one upload or delete while the store may be restarting.
 OP_ATTEMPTS = 20
+#: An upload or delete slower than this is noted (StreamLog.slow_ops).
+SLOW_OP_S = 5.0
 #: Longest wait for fault threads and side jobs after the stream.
 JOIN_TIMEOUT_S = 180.0
 #: A side job's retries (``SameVideoRace``) wait this long, doubled each time, at most ``SIDE_RETRY_MAX_S``.
@@ -271,6 +273,8 @@ class StreamLog:
     notes: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     stream_s: float = 0.0
+    #: Operations that took over ``SLOW_OP_S`` (retries included): when, what, how long.
+    slow_ops: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -341,6 +345,7 @@ def run_stream(
         due = started + n / plan.rate_per_s
         time.sleep(max(0.0, due - time.monotonic()))
         live = sorted(content)
+        op_started = time.monotonic()
         if live and rng.random() < plan.delete_share:
             key = rng.choice(live)
             if _attempt("delete", lambda key=key: client.remove_object(host.bucket, key)):  # type: ignore[misc]
@@ -367,6 +372,9 @@ def run_stream(
             else:
                 log.failed_ops += 1
         log.touched.add(key)
+        took = time.monotonic() - op_started
+        if took > SLOW_OP_S:
+            log.slow_ops.append(f"op {n} at t={op_started - started:.1f}s on {key} took {took:.1f}s")
         done[0] = n + 1
     log.stream_s = time.monotonic() - started
     runner.join(JOIN_TIMEOUT_S)
@@ -586,7 +594,7 @@ class Tables:
         return rows
 
     def videos(self, only: Collection[str] | None = None) -> dict[str, dict[str, Any]]:
-        columns = ["video_id", "uri", "status", "version", "frames"]
+        columns = ["video_id", "uri", "status", "version", "frames", "updated_at"]
         return {r["video_id"]: r for r in self._rows(VIDEOS, columns, only)}
 
     def statuses(self) -> dict[str, tuple[str, str]]:

@@ -9,34 +9,37 @@ from typing import Any
 
 import pytest
 
-from bench.ha import FAULT_AT, Faults, rate, recovery
+from bench.ha import FAULT_AT, Faults, rate, recovery, slow_ops
 from bench.ha_nodes import FaultRecord
 
 
-def samples(per_second: list[int]) -> list[dict[str, Any]]:
-    """One sample a second; ``per_second[i]`` completions during second i."""
-    out, done = [{"t_s": 0.0, "completed": 0}], 0
-    for i, n in enumerate(per_second, start=1):
-        done += n
-        out.append({"t_s": float(i), "completed": done})
-    return out
+def completions(per_second: list[int]) -> list[float]:
+    """``per_second[i]`` completions during second i (at i + 0.5 s)."""
+    return [i + 0.5 for i, n in enumerate(per_second) for _ in range(n)]
 
 
 def test_rate_is_completions_per_second_inside_the_window() -> None:
-    s = samples([2] * 10 + [0] * 10)
-    assert rate(s, 0, 10) == pytest.approx(2.0)
-    assert rate(s, 10, 20) == 0.0
-    assert rate(s, 5, 15) == pytest.approx(1.0)
-    assert rate(s, 30, 40) == 0.0  # no samples: no rate
+    c = completions([2] * 10 + [0] * 10)
+    assert rate(c, 0, 10) == pytest.approx(2.0)
+    assert rate(c, 10, 20) == 0.0
+    assert rate(c, 5, 15) == pytest.approx(1.0)
+    assert rate(c, 30, 40) == 0.0
+    assert rate(c, 5, 5) == 0.0  # an empty span has no rate
 
 
 def test_recovery_is_when_completions_run_at_half_the_rate_before_the_fault_again() -> None:
     # 2/s for 40 s, nothing for 20 s after the fault at t=40, then 2/s again.
-    s = samples([2] * 40 + [0] * 20 + [2] * 30)
+    c = completions([2] * 40 + [0] * 20 + [2] * 30)
     # At t=65 the last 10 s hold 5 s at 2/s: 1/s, half the rate before — 25 s after the fault.
-    assert recovery(s, FaultRecord("minio_kill", "minio-1", at_s=40.0)) == 25.0
-    assert recovery(samples([2] * 40 + [0] * 50), FaultRecord("x", "y", at_s=40.0)) is None
-    assert recovery(samples([0] * 90), FaultRecord("x", "y", at_s=40.0)) == 0.0  # idle before: nothing to recover
+    assert recovery(c, FaultRecord("minio_kill", "minio-1", at_s=40.0)) == 25.0
+    assert recovery(completions([2] * 40 + [0] * 50), FaultRecord("x", "y", at_s=40.0)) is None
+    assert recovery(completions([0] * 90), FaultRecord("x", "y", at_s=40.0)) == 0.0  # idle before: nothing to recover
+
+
+def test_slow_operations_are_listed_up_to_a_few_and_counted_beyond() -> None:
+    assert slow_ops([]) == []
+    lines = slow_ops([f"op {i}" for i in range(11)], shown=8)
+    assert lines[0] == "slow: op 0" and len(lines) == 9 and lines[-1] == "... and 3 more slow operations"
 
 
 def test_the_schedule_fires_each_kind_once_in_a_seeded_order() -> None:
@@ -80,3 +83,37 @@ def test_the_watch_samples_once_a_second_until_stopped_and_records_what_failed(m
     assert not watch.is_alive()
     assert len(watch.samples) == len(calls) - 1 >= 2
     assert watch.errors and "ConnectionError: a node is away" in watch.errors[0]
+
+
+def test_the_watch_dates_each_final_state_by_its_catalog_row_and_leaves_gaps_for_probes_that_do_not_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from datetime import UTC, datetime
+
+    from bench.ha_nodes import Watch
+
+    watch = Watch(host=None, ha=None, ray_nodes=None, limit_s=30)  # type: ignore[arg-type]
+    at = datetime.fromtimestamp(watch.started + 12.5, UTC)
+    rows = {
+        "a": {"status": "indexed", "version": "v1", "updated_at": at},
+        "b": {"status": "indexing", "version": "v1", "updated_at": at},
+    }
+    tables = type("T", (), {"videos": lambda self: rows})()
+
+    class Rabbit:
+        def nodes_running(self, timeout_s: float) -> None:
+            return None  # a node cut off: the management API does not answer in time
+
+    ha = type("HA", (), {"minio": None, "rabbit": Rabbit()})()
+    from types import SimpleNamespace
+
+    settings = SimpleNamespace(serve=SimpleNamespace(index_queue="i"), amqp=SimpleNamespace(events_queue="e"))
+    watch.host = type("Host", (), {"settings": settings})()
+    watch.ha = ha
+    monkeypatch.setattr(Watch, "_backlog", lambda self, queue: (_ for _ in ()).throw(TimeoutError(queue)))
+    sample = watch.sample(tables)
+    assert watch.completions == [12.5]
+    watch.sample(tables)  # seen once, counted once
+    assert watch.completions == [12.5]
+    assert sample["completed"] == 1
+    assert sample["backlog"] is None and sample["events_backlog"] is None and sample["rabbit_nodes"] is None
