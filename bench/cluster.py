@@ -26,6 +26,11 @@ from bench.common import ROOT
 START_TIMEOUT_S = 180.0
 
 
+#: One token for every cluster this process starts: Ray reads the token once per process and keeps it,
+#: so a second cluster with a token of its own would refuse this process (bench.ha starts three).
+_PROCESS_TOKEN = secrets.token_hex(32)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -53,13 +58,14 @@ def alive_nodes(address: str) -> int:
 def local_cluster(nodes: int, cpus_per_node: int) -> Iterator[str]:
     """Start ``nodes`` Ray nodes of ``cpus_per_node`` logical CPUs each; yields the head's address.
     The nodes and this process share a token of their own (Ray's token authentication, as the local
-    stack does: ``infra/dev/stack/ray.py``), set in ``os.environ`` while the cluster runs."""
+    stack does: ``infra/dev/stack/ray.py``; the same for every cluster of this process), set in
+    ``os.environ`` while the cluster runs."""
     port, dashboard = _free_port(), _free_port()
     address = f"127.0.0.1:{port}"
     tmp = Path(tempfile.mkdtemp(prefix="vidx-cluster-"))
     token = tmp / "ray-auth-token"
     token.touch(mode=0o600)
-    token.write_text(secrets.token_hex(32))
+    token.write_text(_PROCESS_TOKEN)
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
     saved = {k: os.environ.get(k) for k in [*auth, "RAY_AUTH_TOKEN"]}
     os.environ.update(auth)

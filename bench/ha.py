@@ -348,7 +348,6 @@ def main(argv: list[str] | None = None) -> int:
             "problems": list(summary.problems[:20]) + check.found[:20],
             "timeline": {"completions_t_s": completions, "samples": samples},
         }
-        plot(samples, completions, records, args.plot)
     ok = not log.errors and summary.ok and not log.failed_ops and not failed and not check.inconsistencies
     ok = ok and not check.in_flight
     keys = ("uploads", "indexed", "failed", "lost", "duplicates", "stuck", "node_kills", "partitions")
@@ -362,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {line}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    plot(samples, completions, records, args.plot)  # after the figures are safe
     print(f"wrote {args.out} and {args.plot}", flush=True)
     return 0 if ok else 1
 
