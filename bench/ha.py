@@ -33,8 +33,10 @@ from bench.ha_nodes import (
     BACK_TIMEOUT_S,
     MINIO_DOWN_S,
     PARTITION_S,
+    PROBE_TIMEOUT_S,
     RABBIT_DOWN_S,
     RAY_DOWN_S,
+    TARGET_POLL_S,
     TARGET_WAIT_S,
     FaultRecord,
     RayNodes,
@@ -176,12 +178,23 @@ class Faults:
         )
         return f"{node} SIGKILLed, live again {record.back_s - record.at_s:.1f}s later"
 
-    def kill_ray_worker(self) -> str:
+    def _target(self) -> tuple[str, dict[str, int]]:
+        """The Ray worker node to kill: one running an Encoder and consumers, waited for at most
+        ``TARGET_WAIT_S`` (the consumers scale out with the flood's backlog), else the best one then."""
         deadline = time.monotonic() + TARGET_WAIT_S
-        node_id, replicas = self.ray.busiest_worker()
-        while not (replicas.get("Encoder") and replicas.get("IndexConsumer")) and time.monotonic() < deadline:
-            time.sleep(2.0)  # the consumers scale out with the flood's backlog
-            node_id, replicas = self.ray.busiest_worker()
+        while True:
+            try:
+                node_id, replicas = self.ray.busiest_worker()
+            except RuntimeError:  # no replica on a worker node yet
+                if time.monotonic() > deadline:
+                    raise
+            else:
+                if (replicas.get("Encoder") and replicas.get("IndexConsumer")) or time.monotonic() > deadline:
+                    return node_id, replicas
+            time.sleep(TARGET_POLL_S)
+
+    def kill_ray_worker(self) -> str:
+        node_id, replicas = self._target()
         before = self.ray.alive_ids()
 
         def new_node() -> None:
@@ -211,8 +224,8 @@ def slow_ops(lines: list[str], shown: int = 8) -> list[str]:
 
 
 def rate(completions: list[float], start: float, end: float) -> float:
-    """Completions per second between ``start`` and ``end`` (seconds of the run): the final states whose
-    catalog rows say they were written in that span (exact, however sparse the watch's samples)."""
+    """Completions per second between ``start`` and ``end`` (seconds of the run): the final states the
+    watch saw whose catalog rows say they were written in that span."""
     if end <= start:
         return 0.0
     return sum(1 for t in completions if start < t <= end) / (end - start)
@@ -221,7 +234,8 @@ def rate(completions: list[float], start: float, end: float) -> float:
 def recovery(completions: list[float], record: FaultRecord) -> float | None:
     """Seconds from the fault until completions ran at half the rate of the 30 s before it again
     (over the ``RECOVERY_WINDOW_S`` before each second after the fault)."""
-    before = rate(completions, record.at_s - 30, record.at_s)
+    start = max(0.0, record.at_s - 30)
+    before = rate(completions, start, record.at_s)
     if before <= 0:
         return 0.0
     last = max(completions, default=record.at_s)
@@ -250,9 +264,16 @@ def plot(samples: list[dict[str, Any]], completions: list[float], records: list[
 
     axes[1].step(t, series("backlog"), where="post", label="index queue")
     axes[1].step(t, series("events_backlog"), where="post", label="bucket events")
-    for key, label in (("rabbit_nodes", "RabbitMQ"), ("minio_nodes", "MinIO"), ("ray_nodes", "Ray")):
-        axes[2].step(t, series(key), where="post", label=f"{label} nodes up")
-    axes[1].set_title("backlog and nodes as the management APIs answered within 2 s (gaps: no answer)", fontsize=8)
+    for key, label, style in (
+        ("rabbit_nodes", "RabbitMQ", "-"),
+        ("minio_nodes", "MinIO", "--"),
+        ("ray_nodes", "Ray", ":"),
+    ):
+        axes[2].step(t, series(key), style, where="post", label=f"{label} nodes up")
+    axes[1].set_title(
+        f"backlog and nodes as the management APIs answered within {PROBE_TIMEOUT_S:g} s (gaps: no answer)",
+        fontsize=8,
+    )
     for ax, ylabel in zip(axes, ("videos/s", "messages", "nodes"), strict=True):
         for r in records:
             ax.axvspan(r.at_s, r.back_s, alpha=0.12, color="red")

@@ -28,7 +28,9 @@ RAY_DOWN_S = 20.0
 BACK_TIMEOUT_S = 180.0
 #: Longest wait for a Ray worker node running both an Encoder and IndexConsumers (then the best there is).
 TARGET_WAIT_S = 90.0
-#: Longest wait of the watch for one answer (a queue's depth, the nodes a cluster sees running).
+#: How often the busiest worker is looked up again while waiting for one.
+TARGET_POLL_S = 2.0
+#: Longest wait of the watch for one answer of RabbitMQ's management API or of one MinIO node.
 PROBE_TIMEOUT_S = 2.0
 
 
@@ -133,9 +135,11 @@ class RayNodes:
 
 
 class Watch(threading.Thread):
-    """Once a second until stopped (at most ``limit_s``): the final states reached so far (each with
-    the time its catalog row was written), the queues' backlog and the live nodes of each cluster.
-    Each probe answers within ``PROBE_TIMEOUT_S`` or is left out of that second's sample (None)."""
+    """About once a second until stopped (at most ``limit_s``; a sample takes as long as its reads): the
+    final states reached so far, each dated by its catalog row's ``updated_at`` (a final state replaced
+    between two samples is not seen), the queues' backlog and the live nodes of each cluster. A probe
+    that fails or doesn't answer in time (``PROBE_TIMEOUT_S`` for RabbitMQ's management API and each
+    MinIO node) leaves None in its sample: a gap in the plot, not a zero."""
 
     def __init__(self, host: Any, ha: Any, ray_nodes: RayNodes, limit_s: float) -> None:
         super().__init__(name="ha-watch", daemon=True)
@@ -149,7 +153,9 @@ class Watch(threading.Thread):
         self.completions: list[float] = []
         self.errors: list[str] = []
         self.stop = threading.Event()
-        self._seen: set[tuple[str, str, str]] = set()
+        #: (video, row revision) of each final state counted: every catalog write raises the revision,
+        #: so a key overwritten back to earlier content, or deleted again, counts again.
+        self._seen: set[tuple[str, int]] = set()
 
     def run(self) -> None:
         from tests.faults.harness import Tables
@@ -181,19 +187,21 @@ class Watch(threading.Thread):
         url = f"{self.host.services.management_url}/api/queues/%2F/{quote(queue, safe='')}"
         resp = httpx.get(url, auth=("guest", "guest"), timeout=PROBE_TIMEOUT_S)
         resp.raise_for_status()
-        return int(resp.json().get("messages") or 0)
+        messages = resp.json().get("messages")
+        if not isinstance(messages, int):  # no figure yet (a new leader's first seconds): unknown, not 0
+            raise ValueError(f"no message count for {queue}")
+        return messages
 
     def sample(self, tables: Any) -> dict[str, Any]:
         settings = self.host.settings
         for vid, row in tables.videos().items():
-            key = (vid, str(row["version"]), str(row["status"]))
+            key = (vid, int(row["rev"] or 0))
             if row["status"] in ("indexed", "deleted", "failed") and key not in self._seen:
                 self._seen.add(key)
                 self.completions.append(round(row["updated_at"].timestamp() - self.started, 2))
         minio, rabbit = self.ha.minio, self.ha.rabbit
         running = rabbit.nodes_running(PROBE_TIMEOUT_S)
-        return {
-            "t_s": round(time.time() - self.started, 2),
+        sample = {
             "completed": len(self._seen),
             "backlog": self._probe(lambda: self._backlog(settings.serve.index_queue)),
             "events_backlog": self._probe(lambda: self._backlog(settings.amqp.events_queue)),
@@ -201,3 +209,5 @@ class Watch(threading.Thread):
             "minio_nodes": sum(minio.live(n) for n in minio.nodes) if minio is not None else 1,
             "ray_nodes": self._probe(lambda: len(self.ray_nodes.alive_ids())),
         }
+        # Dated once every probe answered: a node seen up was up at least until then.
+        return {"t_s": round(time.time() - self.started, 2), **sample}

@@ -594,7 +594,7 @@ class Tables:
         return rows
 
     def videos(self, only: Collection[str] | None = None) -> dict[str, dict[str, Any]]:
-        columns = ["video_id", "uri", "status", "version", "frames", "updated_at"]
+        columns = ["video_id", "uri", "status", "version", "frames", "rev", "updated_at"]
         return {r["video_id"]: r for r in self._rows(VIDEOS, columns, only)}
 
     def statuses(self) -> dict[str, tuple[str, str]]:

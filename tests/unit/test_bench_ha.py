@@ -1,5 +1,5 @@
-"""The figures of ``python -m bench.ha`` (bench/ha.py) from its once-a-second samples: completions per
-second over a window, and how long after a fault they ran at half the pre-fault rate again."""
+"""The figures of ``python -m bench.ha`` (bench/ha.py): completions per second over a window, how long
+after a fault they ran at half the pre-fault rate again, and what its watch records."""
 
 from __future__ import annotations
 
@@ -85,35 +85,47 @@ def test_the_watch_samples_once_a_second_until_stopped_and_records_what_failed(m
     assert watch.errors and "ConnectionError: a node is away" in watch.errors[0]
 
 
-def test_the_watch_dates_each_final_state_by_its_catalog_row_and_leaves_gaps_for_probes_that_do_not_answer(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_watch_counts_each_final_state_write_once_and_leaves_gaps_for_probes_that_do_not_answer() -> None:
+    import socket
     from datetime import UTC, datetime
+    from types import SimpleNamespace
 
     from bench.ha_nodes import Watch
 
-    watch = Watch(host=None, ha=None, ray_nodes=None, limit_s=30)  # type: ignore[arg-type]
-    at = datetime.fromtimestamp(watch.started + 12.5, UTC)
-    rows = {
-        "a": {"status": "indexed", "version": "v1", "updated_at": at},
-        "b": {"status": "indexing", "version": "v1", "updated_at": at},
-    }
-    tables = type("T", (), {"videos": lambda self: rows})()
+    with socket.socket() as closed:  # a port nothing listens on: the management API is away
+        closed.bind(("127.0.0.1", 0))
+        management_url = f"http://127.0.0.1:{closed.getsockname()[1]}"
 
     class Rabbit:
         def nodes_running(self, timeout_s: float) -> None:
             return None  # a node cut off: the management API does not answer in time
 
-    ha = type("HA", (), {"minio": None, "rabbit": Rabbit()})()
-    from types import SimpleNamespace
+    class RayAway:
+        def alive_ids(self) -> set[str]:
+            raise ConnectionError("the GCS does not answer")
 
     settings = SimpleNamespace(serve=SimpleNamespace(index_queue="i"), amqp=SimpleNamespace(events_queue="e"))
-    watch.host = type("Host", (), {"settings": settings})()
-    watch.ha = ha
-    monkeypatch.setattr(Watch, "_backlog", lambda self, queue: (_ for _ in ()).throw(TimeoutError(queue)))
+    host = SimpleNamespace(settings=settings, services=SimpleNamespace(management_url=management_url))
+    watch = Watch(host=host, ha=SimpleNamespace(minio=None, rabbit=Rabbit()), ray_nodes=RayAway(), limit_s=30)  # type: ignore[arg-type]
+    at = datetime.fromtimestamp(watch.started + 12.5, UTC)
+    rows = {
+        "a": {"status": "indexed", "version": "v1", "rev": 3, "updated_at": at},
+        "b": {"status": "indexing", "version": "v1", "rev": 1, "updated_at": at},
+    }
+    tables = SimpleNamespace(videos=lambda: rows)
     sample = watch.sample(tables)
     assert watch.completions == [12.5]
-    watch.sample(tables)  # seen once, counted once
+    watch.sample(tables)  # the same write seen again: counted once
     assert watch.completions == [12.5]
+    # Overwritten, then overwritten back to the same content and indexed again: a new write, counted.
+    rows["a"] = {
+        "status": "indexed",
+        "version": "v1",
+        "rev": 7,
+        "updated_at": datetime.fromtimestamp(watch.started + 20, UTC),
+    }
+    watch.sample(tables)
+    assert watch.completions == [12.5, 20.0]
     assert sample["completed"] == 1
-    assert sample["backlog"] is None and sample["events_backlog"] is None and sample["rabbit_nodes"] is None
+    assert sample["backlog"] is None and sample["events_backlog"] is None
+    assert sample["rabbit_nodes"] is None and sample["ray_nodes"] is None
