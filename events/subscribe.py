@@ -5,10 +5,13 @@ and the durable queue that must exist and be bound before the first upload.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from minio import Minio
+from minio.error import S3Error
 from minio.notificationconfig import NotificationConfig, QueueConfig
 
 from events.config import AmqpSettings
@@ -18,6 +21,9 @@ log = logging.getLogger(__name__)
 #: The notification rule vidx owns on each watched bucket; other rules are left alone.
 CONFIG_ID = "vidx-ingest"
 SUBSCRIBED_EVENTS = ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"]
+#: Longest wait for MinIO to know the AMQP target (each node of a distributed MinIO brings its own online).
+TARGET_WAIT_S = 60.0
+TARGET_POLL_S = 1.0
 
 
 def minio_notify_env(amqp: AmqpSettings, broker_url: str, queue_dir: Path | str) -> dict[str, str]:
@@ -50,11 +56,40 @@ def declare_event_topology(channel: Any, amqp: AmqpSettings) -> None:
     channel.queue_declare(queue=amqp.parked_queue, durable=True, arguments=amqp.queue_arguments)
 
 
-def subscribe_bucket(client: Minio, bucket: str, queue_arn: str) -> bool:
+def _target_not_online(exc: S3Error) -> bool:
+    """MinIO's answer while the AMQP target is not (yet) online on the node the request reached."""
+    return exc.code == "InvalidArgument" and "ARN" in (exc.message or "")
+
+
+def subscribe_bucket(
+    client: Minio,
+    bucket: str,
+    queue_arn: str,
+    target_wait_s: float = TARGET_WAIT_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
     """Make ``bucket`` send created/removed events to ``queue_arn``, keeping every other rule.
 
-    Returns whether the configuration changed. Idempotent.
+    Returns whether the configuration changed. Idempotent. A distributed MinIO just started may refuse
+    the rule while the target is not yet online on the node the request reaches: asked again once a
+    second, for at most ``target_wait_s``.
+
+    Raises:
+        S3Error: the rule refused for another reason, or the target still unknown after the wait.
     """
+    deadline = clock() + target_wait_s
+    while True:
+        try:
+            return _subscribe_once(client, bucket, queue_arn)
+        except S3Error as exc:
+            if not _target_not_online(exc) or clock() + TARGET_POLL_S > deadline:
+                raise
+            log.warning("bucket %s: MinIO does not know %s yet, asking again", bucket, queue_arn)
+            sleep(TARGET_POLL_S)
+
+
+def _subscribe_once(client: Minio, bucket: str, queue_arn: str) -> bool:
     current = client.get_bucket_notification(bucket)
     others = [q for q in current.queue_config_list if q.config_id != CONFIG_ID]
     ours = [q for q in current.queue_config_list if q.config_id == CONFIG_ID]

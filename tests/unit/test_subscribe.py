@@ -1,7 +1,10 @@
-"""events/subscribe.py: the bucket subscription keeps other rules and is idempotent."""
+"""events/subscribe.py: the bucket subscription keeps other rules, is idempotent, and waits (bounded) for
+a MinIO that does not know its target yet."""
 
 from __future__ import annotations
 
+import pytest
+from minio.error import S3Error
 from minio.notificationconfig import NotificationConfig, PrefixFilterRule, QueueConfig
 
 from events.config import AmqpSettings
@@ -56,3 +59,50 @@ def test_minio_target_is_durable_with_literal_on_flags() -> None:
     assert env[f"MINIO_NOTIFY_AMQP_DELIVERY_MODE_{target}"] == "2"
     assert env[f"MINIO_NOTIFY_AMQP_QUEUE_DIR_{target}"] == "/queue"
     assert env[f"MINIO_NOTIFY_AMQP_EXCHANGE_{target}"] == AmqpSettings().exchange
+
+
+def arn_refused() -> S3Error:
+    return S3Error(
+        None,  # type: ignore[arg-type]  # the HTTP response: not read
+        "InvalidArgument",
+        "A specified destination ARN does not exist or is not well-formed. Verify the destination ARN.",
+        "/videos",
+        "req",
+        "host",
+    )
+
+
+class NotYetOnline(FakeMinio):
+    """A fresh distributed MinIO: the first ``refusals`` rules reach a node whose target isn't online."""
+
+    def __init__(self, refusals: int) -> None:
+        super().__init__(NotificationConfig())
+        self.refusals = refusals
+
+    def set_bucket_notification(self, bucket: str, config: NotificationConfig) -> None:
+        if self.refusals:
+            self.refusals -= 1
+            raise arn_refused()
+        super().set_bucket_notification(bucket, config)
+
+
+def test_a_target_not_yet_online_on_a_fresh_minio_is_asked_again_until_it_is() -> None:
+    client, now, slept = NotYetOnline(refusals=3), [0.0], []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    assert subscribe_bucket(client, "videos", ARN, 60, lambda: now[0], sleep) is True  # type: ignore[arg-type]
+    assert client.sets == 1 and slept == [1.0, 1.0, 1.0]
+
+
+def test_a_target_still_unknown_after_the_wait_is_refused_with_minios_reason() -> None:
+    client, now = NotYetOnline(refusals=1000), [0.0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    with pytest.raises(S3Error, match="destination ARN does not exist"):
+        subscribe_bucket(client, "videos", ARN, 10, lambda: now[0], sleep)  # type: ignore[arg-type]
+    assert now[0] <= 10 and client.sets == 0
