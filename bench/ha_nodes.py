@@ -180,17 +180,12 @@ class Watch(threading.Thread):
             return None
 
     def _backlog(self, queue: str) -> int | None:
-        from urllib.parse import quote
+        """Ready + unacknowledged on ``queue``; None without an answer or a count (a new leader's first
+        seconds): unknown, not 0."""
+        from tests.services import queue_info
 
-        import httpx
-
-        url = f"{self.host.services.management_url}/api/queues/%2F/{quote(queue, safe='')}"
-        resp = httpx.get(url, auth=("guest", "guest"), timeout=PROBE_TIMEOUT_S)
-        resp.raise_for_status()
-        messages = resp.json().get("messages")
-        if not isinstance(messages, int):  # no figure yet (a new leader's first seconds): unknown, not 0
-            raise ValueError(f"no message count for {queue}")
-        return messages
+        messages = queue_info(self.host.services, queue, PROBE_TIMEOUT_S).get("messages")
+        return messages if isinstance(messages, int) else None
 
     def sample(self, tables: Any) -> dict[str, Any]:
         settings = self.host.settings
@@ -200,11 +195,11 @@ class Watch(threading.Thread):
                 self._seen.add(key)
                 self.completions.append(round(row["updated_at"].timestamp() - self.started, 2))
         minio, rabbit = self.ha.minio, self.ha.rabbit
-        running = rabbit.nodes_running(PROBE_TIMEOUT_S)
+        running = rabbit.running_nodes(PROBE_TIMEOUT_S)
         sample = {
             "completed": len(self._seen),
-            "backlog": self._probe(lambda: self._backlog(settings.serve.index_queue)),
-            "events_backlog": self._probe(lambda: self._backlog(settings.amqp.events_queue)),
+            "backlog": self._backlog(settings.serve.index_queue),
+            "events_backlog": self._backlog(settings.amqp.events_queue),
             "rabbit_nodes": None if running is None else len(running),
             "minio_nodes": sum(minio.live(n) for n in minio.nodes) if minio is not None else 1,
             "ray_nodes": self._probe(lambda: len(self.ray_nodes.alive_ids())),

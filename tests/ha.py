@@ -102,17 +102,13 @@ class RabbitCluster:
         resp.raise_for_status()
         return resp.json()
 
-    def nodes_running(self, timeout_s: float = 5.0) -> set[str] | None:
+    def running_nodes(self, timeout_s: float = 5.0) -> set[str] | None:
         """The nodes the cluster sees running (by container name); None if no answer within ``timeout_s``
         (while a node is cut off, the management API waits on it until Erlang's net tick gives it up)."""
         try:
             return {str(n["name"]).split("@", 1)[1] for n in self._api("/api/nodes", timeout_s) if n.get("running")}
         except (httpx.HTTPError, ValueError):
             return None
-
-    def running_nodes(self) -> set[str]:
-        """The nodes the cluster sees running (by container name); empty if no node answers."""
-        return self.nodes_running() or set()
 
     def queue(self, name: str) -> dict[str, Any]:
         """The management API's view of queue ``name`` (``type``; for a quorum queue ``leader``,
@@ -145,9 +141,10 @@ class RabbitCluster:
         """Wait until the cluster sees ``want`` (default: every node) running; returns the seconds."""
         want = set(self.nodes) if want is None else want
         started = time.monotonic()
-        while not want <= self.running_nodes():
+        while not want <= (self.running_nodes() or set()):
             if time.monotonic() - started > timeout_s:
-                raise RuntimeError(f"nodes {sorted(want - self.running_nodes())} not running after {timeout_s:g}s")
+                missing = sorted(want - (self.running_nodes() or set()))
+                raise RuntimeError(f"nodes {missing} not running after {timeout_s:g}s")
             time.sleep(0.5)
         return time.monotonic() - started
 

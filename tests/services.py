@@ -266,15 +266,16 @@ def queue_counts(services: Services, queue: str) -> tuple[int, int]:
 
 
 # -- the management API ------------------------------------------------------------------------------
-def _management(services: Services, method: str, path: str) -> httpx.Response:
-    return httpx.request(method, f"{services.management_url}{path}", auth=("guest", "guest"), timeout=5)
+def _management(services: Services, method: str, path: str, timeout_s: float = 5.0) -> httpx.Response:
+    return httpx.request(method, f"{services.management_url}{path}", auth=("guest", "guest"), timeout=timeout_s)
 
 
-def queue_info(services: Services, queue: str) -> dict[str, Any]:
+def queue_info(services: Services, queue: str, timeout_s: float = 5.0) -> dict[str, Any]:
     """The management API's view of ``queue`` (``messages_unacknowledged``, ``message_stats``...); {}
-    if it is unknown or the broker does not answer. Figures refresh every second (rabbitmq.conf)."""
+    if it is unknown or the broker does not answer within ``timeout_s``. Figures refresh every second
+    (rabbitmq.conf)."""
     try:
-        resp = _management(services, "GET", f"/api/queues/%2F/{quote(queue, safe='')}")
+        resp = _management(services, "GET", f"/api/queues/%2F/{quote(queue, safe='')}", timeout_s)
     except httpx.HTTPError:
         return {}
     body: dict[str, Any] = resp.json() if resp.status_code == 200 else {}

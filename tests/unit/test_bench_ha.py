@@ -97,7 +97,7 @@ def test_the_watch_counts_each_final_state_write_once_and_leaves_gaps_for_probes
         management_url = f"http://127.0.0.1:{closed.getsockname()[1]}"
 
     class Rabbit:
-        def nodes_running(self, timeout_s: float) -> None:
+        def running_nodes(self, timeout_s: float) -> None:
             return None  # a node cut off: the management API does not answer in time
 
     class RayAway:
