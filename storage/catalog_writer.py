@@ -3,8 +3,10 @@
 Every catalog commit is a manifest write (and its conflict check) on object storage; a video costs
 two transitions (claim, finish), so one commit per transition caps the whole cluster at a few videos
 per second. ``GroupedCatalogWriter`` commits whatever writes are waiting in one ``Catalog.write_many``
-(each still a compare-and-set of its own), at most one commit per ``min_interval_s``: alone, a write
-commits at once; under load the commit rate stays fixed and each commit carries more videos.
+(each still a compare-and-set of its own). The pace adapts to the load: while few writes arrive (at
+most ``light_writes`` within one ``min_interval_s``) each group commits at once, so a lone video's claim
+and finish wait for nothing but their own commits; under load commits are spaced ``min_interval_s``
+apart, so the commit rate stays fixed and each commit carries more videos.
 docs/design/state-machine.md says why the state machine's argument holds unchanged.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -103,20 +106,26 @@ class GroupedCatalogWriter:
         catalog: Catalog,
         *,
         min_interval_s: float = 1.0,
+        light_writes: int = 4,
         max_writes: int = 512,
         stall_after_s: float = STALL_AFTER_S,
     ) -> None:
-        if min_interval_s < 0 or max_writes < 1:
-            raise ValueError("min_interval_s must be >= 0 and max_writes >= 1")
+        if min_interval_s < 0 or max_writes < 1 or light_writes < 0:
+            raise ValueError("min_interval_s must be >= 0, light_writes >= 0 and max_writes >= 1")
         self._catalog = catalog
         self._min_interval_s = min_interval_s
+        self._light_writes = light_writes
+        # When recent writes arrived (appended by callers; read by the writer thread). Only the last
+        # light_writes + 1 matter: enough to tell whether more than light_writes came in one interval.
+        self._arrivals: deque[float] = deque(maxlen=light_writes + 1)
         # Both written by the writer thread only.
         self._last_commit = float("-inf")
         self._lost = 0
-        # The commit rate is capped: writes arriving meanwhile join the next commit.
+        # Light load: at once; under load the commit rate is capped and writes arriving meanwhile join
+        # the next commit.
         policy: GroupPolicy[_Pending] = GroupPolicy(
             key=lambda p: p.record.video_id,
-            due_at=lambda _oldest: self._last_commit + self._min_interval_s,
+            due_at=self._due_at,
             max_items=max_writes,
             # A write whose caller cancelled its future is not committed; one taken can't be cancelled.
             admit=lambda p: p.future.set_running_or_notify_cancel(),
@@ -138,6 +147,7 @@ class GroupedCatalogWriter:
     def submit(self, record: VideoRecord, expected_rev: int) -> FutureWrite:
         """Queue ``record`` to be written if its row still holds ``expected_rev``; returns at once."""
         pending = _Pending(record, expected_rev)
+        self._arrivals.append(time.monotonic())
         if not self._grouped.put(pending):
             pending.future.set_exception(TransientError("the catalog writer is closed"))
         return FutureWrite(pending.future, record.video_id)
@@ -151,6 +161,15 @@ class GroupedCatalogWriter:
         self._grouped.close()
 
     # -- the writer thread ------------------------------------------------------------------------
+    def _due_at(self, _oldest: _Pending) -> float:
+        """When the next group is taken: at once while at most ``light_writes`` writes arrived within the
+        last ``min_interval_s``, else ``min_interval_s`` after the last commit."""
+        arrivals = list(self._arrivals)  # a copy: callers append meanwhile
+        now = time.monotonic()
+        if len(arrivals) <= self._light_writes or arrivals[0] <= now - self._min_interval_s:
+            return now
+        return self._last_commit + self._min_interval_s
+
     def _write(self, group: list[_Pending]) -> list[VideoRecord | None]:
         return self._catalog.write_many([(p.record, p.expected_rev) for p in group])
 

@@ -18,7 +18,7 @@ from pipeline.query.search import QueryEncoder, SearchService
 from pipeline.reindex.lifecycle import DimOf, LiveModels, ModelLifecycle
 from pipeline.settings import Settings
 from pipeline.upkeep.check import build_checker
-from storage.catalog_writer import GroupedCatalogWriter
+from pipeline.index.catalog_writes import grouped_writer
 from storage.tables import IndexStore
 
 #: An async answer the Api reads from another deployment or from Serve.
@@ -51,10 +51,7 @@ class ApiService:
         )
         # POST /v1/index answers once the broker has the job: its `queued` mark is made on a thread
         # and shares commits with the others.
-        w = settings.writer
-        marks = GroupedCatalogWriter(
-            self._store.catalog, min_interval_s=w.catalog_min_interval_s, max_writes=w.catalog_max_writes
-        )
+        marks = grouped_writer(self._store.catalog, settings)
         self._sink = queueing_sink(settings, self._store, marks, deferred=True)
         # Repairs and replays submit in bulk: each reads its row first, no mark is dropped.
         self._bulk_sink = queueing_sink(settings, self._store, marks)

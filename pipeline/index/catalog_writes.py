@@ -12,7 +12,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from pipeline.settings import Settings
-from storage.catalog import VideoRecord
+from storage.catalog import Catalog, VideoRecord
 from storage.catalog_writer import GroupedCatalogWriter
 from storage.errors import TransientError
 from storage.tables import IndexStore
@@ -21,18 +21,24 @@ if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
 
 
+def grouped_writer(catalog: Catalog, settings: Settings) -> GroupedCatalogWriter:
+    """A ``GroupedCatalogWriter`` on ``catalog`` paced by ``settings.writer``."""
+    w = settings.writer
+    return GroupedCatalogWriter(
+        catalog,
+        min_interval_s=w.catalog_min_interval_s,
+        light_writes=w.catalog_light_writes,
+        max_writes=w.catalog_max_writes,
+        stall_after_s=w.stall_after_s,
+    )
+
+
 class SharedCatalogWriter:
     """Takes compare-and-set writes of catalog rows from every consumer and commits them in groups."""
 
     def __init__(self, settings: Settings) -> None:
-        w = settings.writer
-        self._writer = GroupedCatalogWriter(
-            IndexStore(settings.s3).catalog,
-            min_interval_s=w.catalog_min_interval_s,
-            max_writes=w.catalog_max_writes,
-            stall_after_s=w.stall_after_s,
-        )
-        self._timeout_s = w.catalog_write_timeout_s
+        self._writer = grouped_writer(IndexStore(settings.s3).catalog, settings)
+        self._timeout_s = settings.writer.catalog_write_timeout_s
 
     async def write(self, record: VideoRecord, expected_rev: int) -> VideoRecord | None:
         """Raises:

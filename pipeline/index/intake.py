@@ -48,14 +48,11 @@ class EventIntake:
         no event is taken before it passed."""
         from pipeline.index.taskqueue import CeleryJobSink, queueing_sink
         from pipeline.reindex.lifecycle import ModelLifecycle
-        from storage.catalog_writer import GroupedCatalogWriter
+        from pipeline.index.catalog_writes import grouped_writer
         from storage.tables import IndexStore
 
         store = IndexStore(settings.s3)
-        w = settings.writer
-        marks = GroupedCatalogWriter(
-            store.catalog, min_interval_s=w.catalog_min_interval_s, max_writes=w.catalog_max_writes
-        )
+        marks = grouped_writer(store.catalog, settings)
         marking = queueing_sink(settings, store, marks, deferred=True, read_first=False)
         router = EventRouter(
             settings.amqp,

@@ -117,6 +117,43 @@ def test_a_lone_write_commits_at_once_and_the_rate_is_capped_after(store: IndexS
     assert writer.stats.commits == 2  # the burst waited for the interval and went as one
 
 
+def test_a_lone_videos_claim_and_finish_commit_at_once_whatever_the_interval(store: IndexStore) -> None:
+    """Light load (at most ``light_writes`` arrivals per interval): no write waits for the interval. With a
+    60 s interval, a finish that waited for it would miss the 30 s deadline of its result."""
+    writer = GroupedCatalogWriter(store.catalog, min_interval_s=60, light_writes=4)
+    for vid in ("a", "b"):
+        claimed = writer.submit(record(vid), 0).result(WAIT_S)
+        assert claimed is not None
+        finished = writer.submit(claimed.evolve(status=VideoStatus.INDEXED), claimed.rev).result(WAIT_S)
+        assert finished is not None and finished.rev == 2
+    writer.close()
+    assert writer.stats.commits == 4
+
+
+def test_under_load_commits_are_spaced_by_the_interval_and_carry_the_writes_that_waited(store: IndexStore) -> None:
+    """More than ``light_writes`` arrivals in one interval: the group waits for the interval after the last
+    commit, and everything that arrived meanwhile goes in it."""
+    writer = GroupedCatalogWriter(store.catalog, min_interval_s=0.5, light_writes=2)
+    assert writer.submit(record("first"), 0).result(WAIT_S) is not None
+    burst = [writer.submit(record(f"b{i}"), 0) for i in range(10)]
+    assert all(p.result(WAIT_S) is not None for p in burst)
+    writer.close()
+    assert writer.stats.commits == 2, writer.stats
+    assert writer.stats.writes == 11
+
+
+def test_no_light_writes_paces_every_commit_but_a_first_one_after_idle(store: IndexStore) -> None:
+    """``light_writes=0`` is the fixed pace: a second write right after a commit waits for the interval
+    (here longer than the result's deadline)."""
+    writer = GroupedCatalogWriter(store.catalog, min_interval_s=60, light_writes=0)
+    claimed = writer.submit(record("a"), 0).result(WAIT_S)
+    assert claimed is not None
+    with pytest.raises(TransientError, match="no outcome"):
+        writer.submit(claimed.evolve(status=VideoStatus.INDEXED), claimed.rev).result(0.5)
+    writer.close()  # closing takes the waiting write at once
+    assert writer.stats.commits == 2
+
+
 def test_a_second_write_of_one_video_goes_in_the_next_commit(store: IndexStore) -> None:
     writer = GroupedCatalogWriter(store.catalog, min_interval_s=0.2)
     writer.submit(record("warm"), 0).result(WAIT_S)
