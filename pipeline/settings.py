@@ -236,6 +236,10 @@ class AutoscaleSettings(BaseModel):
     #: that time is kept): long enough to ride out the gap between two bursts, short enough to
     #: give idle capacity back soon after the queue drains.
     downscale_delay_s: float = Field(default=10.0, ge=0, le=3600)
+    #: Longest a scale-down waits while replicas asked for are still starting (the downscale delay
+    #: begins once they run): on busy cores a replica can take longer to start than a burst to drain,
+    #: and one stopped half-built is work thrown away.
+    starting_hold_s: float = Field(default=60.0, ge=0, le=3600)
     consumer_min_replicas: int = Field(default=1, ge=1)
     consumer_max_replicas: int = Field(default=4, ge=1)
     #: Tasks on the queue (ready + unacked) one consumer replica is meant to take. Unset:

@@ -46,9 +46,9 @@ class EventIntake:
         index queue; ``dim_of(model_id)``: a model's vector size. The preflight is the one the Upkeep
         deployment runs too (``ModelLifecycle``'s compare-and-set writes make a second run a read):
         no event is taken before it passed."""
+        from pipeline.index.catalog_writes import grouped_writer
         from pipeline.index.taskqueue import CeleryJobSink, queueing_sink
         from pipeline.reindex.lifecycle import ModelLifecycle
-        from pipeline.index.catalog_writes import grouped_writer
         from storage.tables import IndexStore
 
         store = IndexStore(settings.s3)

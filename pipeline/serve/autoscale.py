@@ -50,6 +50,7 @@ class ScaleBounds:
         target_per_replica: int,
         upscale_delay_s: float,
         downscale_delay_s: float,
+        starting_hold_s: float = 0.0,
     ) -> None:
         if not 0 <= min_replicas <= max_replicas or target_per_replica < 1:
             raise ValueError("need 0 <= min_replicas <= max_replicas and target_per_replica >= 1")
@@ -58,27 +59,48 @@ class ScaleBounds:
         self.target_per_replica = target_per_replica
         self.upscale_delay_s = upscale_delay_s
         self.downscale_delay_s = downscale_delay_s
+        #: Longest a scale-down waits for replicas still starting (see ``ScaleDecider``).
+        self.starting_hold_s = starting_hold_s
 
 
 class ScaleDecider:
     """The replica count a backlog asks for, with hysteresis: more replicas once they have been
     wanted for ``upscale_delay_s``; fewer once fewer have been wanted for ``downscale_delay_s``,
-    and then only down to the most wanted during that wait (a dip inside a burst releases nothing)."""
+    and then only down to the most wanted during that wait (a dip inside a burst releases nothing).
+
+    While replicas asked for are still starting (fewer running than the current target), the
+    downscale wait does not begin, for at most ``starting_hold_s``: a replica that takes longer to
+    start than a burst takes to drain would otherwise be stopped before it served (churn: started,
+    stopped half-built, started again at the next burst)."""
 
     def __init__(self, bounds: ScaleBounds) -> None:
         self.bounds = bounds
         self._up_since: float | None = None
         self._down_since: float | None = None
         self._down_peak = 0
+        self._starting_since: float | None = None
 
     def wanted(self, backlog: int, lo: int, hi: int) -> int:
         """``ceil(backlog / target)`` held within ``[lo, hi]``."""
         return max(lo, min(hi, math.ceil(max(0, backlog) / self.bounds.target_per_replica)))
 
-    def decide(self, current: int, backlog: int, now: float, lo: int | None = None, hi: int | None = None) -> int:
+    def decide(
+        self,
+        current: int,
+        backlog: int,
+        now: float,
+        lo: int | None = None,
+        hi: int | None = None,
+        running: int | None = None,
+    ) -> int:
         """The count to ask for now, given the current target and the backlog; ``lo``/``hi``
-        narrow the bounds further (Ray's capacity-adjusted bounds)."""
+        narrow the bounds further (Ray's capacity-adjusted bounds); ``running``: replicas up (None:
+        unknown, no hold)."""
         b = self.bounds
+        if running is None or running >= current:
+            self._starting_since = None
+        elif self._starting_since is None:
+            self._starting_since = now
         hi = min(b.max_replicas, hi if hi is not None else b.max_replicas)
         lo = min(hi, max(b.min_replicas, lo if lo is not None else b.min_replicas))
         if not lo <= current <= hi:  # bounds changed under a running deployment: follow them at once
@@ -93,6 +115,9 @@ class ScaleDecider:
                 return wanted
         elif wanted < current:
             self._up_since = None
+            if self._starting_since is not None and now - self._starting_since < b.starting_hold_s:
+                self._down_since = None  # the wait begins once they run (or the hold ends)
+                return current
             if self._down_since is None:
                 self._down_since, self._down_peak = now, wanted
             self._down_peak = max(self._down_peak, wanted)
@@ -306,7 +331,8 @@ class QueueDepthPolicy:
         if backlog is None:  # nothing known yet: hold the count (within the bounds)
             desired = max(min(lo, hi), min(hi, current))
         else:
-            desired = decider.decide(current, backlog, self._clock(), lo, hi)
+            running = int(ctx.current_num_replicas)
+            desired = decider.decide(current, backlog, self._clock(), lo, hi, running)
         name = str(ctx.deployment_name)
         metrics.observe(name, desired, backlog)
         if desired != current:
@@ -325,7 +351,12 @@ def consumer_policy(settings: Settings) -> AutoscalingPolicy:
     a = settings.autoscale
     target = a.consumer_target_per_replica or settings.serve.consumer_concurrency
     bounds = ScaleBounds(
-        a.consumer_min_replicas, a.consumer_max_replicas, target, a.upscale_delay_s, a.downscale_delay_s
+        a.consumer_min_replicas,
+        a.consumer_max_replicas,
+        target,
+        a.upscale_delay_s,
+        a.downscale_delay_s,
+        a.starting_hold_s,
     )
     reader = management_queue_depth(
         settings.amqp.url.get_secret_value(), settings.amqp.management_url, settings.serve.index_queue, a.poll_timeout_s

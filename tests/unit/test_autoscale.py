@@ -82,6 +82,42 @@ def test_a_burst_during_the_downscale_wait_cancels_it() -> None:
     assert decider.decide(4, 0, now=20.0) == 1
 
 
+def test_a_downscale_waits_while_replicas_asked_for_are_still_starting() -> None:
+    """Issue 19's long nemesis run: a burst drained before its replicas had started, and the downscale
+    stopped them half-built. Now the downscale wait begins only once they run."""
+    decider = ScaleDecider(ScaleBounds(1, 4, 2, 0, 10, starting_hold_s=60))
+    assert decider.decide(1, 8, now=0.0, running=1) == 4
+    assert decider.decide(4, 0, now=1.0, running=1) == 4  # drained; 3 replicas still starting
+    assert decider.decide(4, 0, now=30.0, running=3) == 4  # past the downscale delay: still held
+    assert decider.decide(4, 0, now=31.0, running=4) == 4  # all up: the wait begins here
+    assert decider.decide(4, 0, now=40.9, running=4) == 4
+    assert decider.decide(4, 0, now=41.0, running=4) == 1
+
+
+def test_replicas_that_never_start_hold_the_downscale_for_at_most_the_hold() -> None:
+    decider = ScaleDecider(ScaleBounds(1, 4, 2, 0, 10, starting_hold_s=60))
+    assert decider.decide(4, 0, now=0.0, running=1) == 4
+    assert decider.decide(4, 0, now=59.9, running=1) == 4
+    assert decider.decide(4, 0, now=60.0, running=1) == 4  # the hold is over: the wait begins
+    assert decider.decide(4, 0, now=70.0, running=1) == 1
+
+
+def test_the_policy_reads_running_replicas_from_rays_context() -> None:
+    clock, depth = Clock(), [9]
+    b = ScaleBounds(1, 4, 2, 0, 10, starting_hold_s=60)
+    policy = QueueDepthPolicy(lambda: depth[0], b, 1.0, clock=clock, metrics=Metrics(), start=run_now)
+    policy(Ctx(1))
+    assert policy(Ctx(1))[0] == 4
+    depth[0] = 0
+    for _ in range(30):  # 30 s drained, the new replicas not up yet
+        clock.now += 1.0
+        assert policy(Ctx(4, running=1))[0] == 4
+    clock.now += 1.0
+    assert policy(Ctx(4))[0] == 4  # up: the downscale wait begins
+    clock.now += 10.0
+    assert policy(Ctx(4))[0] == 1
+
+
 def test_bounds_clamp_the_answer_and_narrower_capacity_bounds_apply() -> None:
     decider = ScaleDecider(bounds(lo=2, hi=3))
     assert decider.decide(2, 1000, now=0.0) == 3
@@ -151,9 +187,10 @@ def test_broker_errors_keep_the_last_known_backlog(caplog: pytest.LogCaptureFixt
 class Ctx:
     """The parts of Ray's ``AutoscalingContext`` the policy reads."""
 
-    def __init__(self, target: int, lo: int = 1, hi: int = 4) -> None:
+    def __init__(self, target: int, lo: int = 1, hi: int = 4, running: int | None = None) -> None:
         self.deployment_name = "IndexConsumer"
         self.target_num_replicas = target
+        self.current_num_replicas = target if running is None else running  # Ray: running replicas
         self.capacity_adjusted_min_replicas = lo
         self.capacity_adjusted_max_replicas = hi
 
