@@ -61,13 +61,13 @@ class WriterSettings(BaseModel):
     #: Longest wait of one job for the commit that holds its rows; then it is retried (transient).
     commit_timeout_s: float = Field(default=120.0, gt=0)
     #: Catalog writes (status transitions) of the whole cluster go through one CatalogWriter
-    #: deployment. While at most ``catalog_light_writes`` arrive within one ``catalog_min_interval_s``,
-    #: each commits at once (a lone video waits only for its own commits); beyond that it commits at most
-    #: once per interval and each commit carries every write that waited. False: each consumer commits
-    #: its own writes one by one.
+    #: deployment, paced by a token bucket: a commit spends a token, one comes back per
+    #: ``catalog_min_interval_s`` after a commit ended, at most ``catalog_burst_commits`` in hand. After a
+    #: quiet spell a lone video's writes commit at once; under load commits are one interval apart and
+    #: each carries every write that waited. False: each consumer commits its own writes one by one.
     catalog_grouped: bool = True
     catalog_min_interval_s: float = Field(default=1.5, ge=0, le=30)
-    catalog_light_writes: int = Field(default=4, ge=0, le=1024)
+    catalog_burst_commits: int = Field(default=8, ge=1, le=1024)
     catalog_max_writes: int = Field(default=1024, ge=1)
     #: Longest wait of one transition for the outcome of its catalog write; then it counts as failed.
     catalog_write_timeout_s: float = Field(default=60.0, gt=0)

@@ -3,10 +3,11 @@
 Every catalog commit is a manifest write (and its conflict check) on object storage; a video costs
 two transitions (claim, finish), so one commit per transition caps the whole cluster at a few videos
 per second. ``GroupedCatalogWriter`` commits whatever writes are waiting in one ``Catalog.write_many``
-(each still a compare-and-set of its own). The pace adapts to the load: while few writes arrive (at
-most ``light_writes`` within one ``min_interval_s``) each group commits at once, so a lone video's claim
-and finish wait for nothing but their own commits; under load commits are spaced ``min_interval_s``
-apart, so the commit rate stays fixed and each commit carries more videos.
+(each still a compare-and-set of its own), paced by a token bucket: a commit spends a token, and
+tokens come back one per ``min_interval_s`` after a commit ended, up to ``burst_commits``. After a quiet
+spell a lone video's claim and finish commit at once (tokens in hand); under load the bucket stays
+empty, so commits are ``min_interval_s`` apart as with a fixed pace and each carries every write that
+waited meanwhile: the commit rate stays fixed however many videos arrive.
 docs/design/state-machine.md says why the state machine's argument holds unchanged.
 """
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -106,23 +106,21 @@ class GroupedCatalogWriter:
         catalog: Catalog,
         *,
         min_interval_s: float = 1.0,
-        light_writes: int = 4,
+        burst_commits: int = 8,
         max_writes: int = 512,
         stall_after_s: float = STALL_AFTER_S,
     ) -> None:
-        if min_interval_s < 0 or max_writes < 1 or light_writes < 0:
-            raise ValueError("min_interval_s must be >= 0, light_writes >= 0 and max_writes >= 1")
+        if min_interval_s < 0 or max_writes < 1 or burst_commits < 1:
+            raise ValueError("min_interval_s must be >= 0, burst_commits >= 1 and max_writes >= 1")
         self._catalog = catalog
         self._min_interval_s = min_interval_s
-        self._light_writes = light_writes
-        # When recent writes arrived (appended by callers; read by the writer thread). Only the last
-        # light_writes + 1 matter: enough to tell whether more than light_writes came in one interval.
-        self._arrivals: deque[float] = deque(maxlen=light_writes + 1)
-        # Both written by the writer thread only.
-        self._last_commit = float("-inf")
+        self._burst = burst_commits
+        # The token bucket (writer thread only): tokens in hand, as of ``_tokens_at``.
+        self._tokens = float(burst_commits)
+        self._tokens_at = time.monotonic()
+        # Written by the writer thread only.
         self._lost = 0
-        # Light load: at once; under load the commit rate is capped and writes arriving meanwhile join
-        # the next commit.
+        # A token in hand: at once; else when one is back (writes arriving meanwhile join the group).
         policy: GroupPolicy[_Pending] = GroupPolicy(
             key=lambda p: p.record.video_id,
             due_at=self._due_at,
@@ -147,7 +145,6 @@ class GroupedCatalogWriter:
     def submit(self, record: VideoRecord, expected_rev: int) -> FutureWrite:
         """Queue ``record`` to be written if its row still holds ``expected_rev``; returns at once."""
         pending = _Pending(record, expected_rev)
-        self._arrivals.append(time.monotonic())
         if not self._grouped.put(pending):
             pending.future.set_exception(TransientError("the catalog writer is closed"))
         return FutureWrite(pending.future, record.video_id)
@@ -161,29 +158,40 @@ class GroupedCatalogWriter:
         self._grouped.close()
 
     # -- the writer thread ------------------------------------------------------------------------
+    def _refill(self, now: float) -> None:
+        if self._min_interval_s > 0:
+            self._tokens = min(self._burst, self._tokens + (now - self._tokens_at) / self._min_interval_s)
+        else:
+            self._tokens = float(self._burst)
+        self._tokens_at = now
+
     def _due_at(self, _oldest: _Pending) -> float:
-        """When the next group is taken: at once while at most ``light_writes`` writes arrived within the
-        last ``min_interval_s``, else ``min_interval_s`` after the last commit."""
-        arrivals = list(self._arrivals)  # a copy: callers append meanwhile
+        """At once with a token in hand, else when the next one is back."""
         now = time.monotonic()
-        if len(arrivals) <= self._light_writes or arrivals[0] <= now - self._min_interval_s:
-            return now
-        return self._last_commit + self._min_interval_s
+        self._refill(now)
+        return now if self._tokens >= 1 else now + (1 - self._tokens) * self._min_interval_s
+
+    def _spend(self) -> None:
+        """A commit ended (landed or not): one token spent. The time the commit ran earns none (tokens
+        come back from its end, as a fixed pace of one interval after each commit would have it)."""
+        self._tokens = max(0.0, self._tokens - 1)
+        self._tokens_at = time.monotonic()
 
     def _write(self, group: list[_Pending]) -> list[VideoRecord | None]:
+        self._refill(time.monotonic())  # the wait for this group earned tokens; its commit will not
         return self._catalog.write_many([(p.record, p.expected_rev) for p in group])
 
     def _failed_commit(self, group: list[_Pending], exc: Exception, _took_s: float) -> list[list[_Pending]]:
         log.warning("grouped catalog commit of %d writes failed: %s", len(group), exc)
         error = exc if isinstance(exc, TransientError) else TransientError(f"catalog commit failed: {exc}")
-        self._last_commit = time.monotonic()
+        self._spend()
         for pending in group:
             _settle(pending.future, error=error)
         return []
 
     def _landed(self, group: list[_Pending], outcomes: list[VideoRecord | None], took_s: float) -> None:
         self._lost += sum(1 for o in outcomes if o is None)
-        self._last_commit = time.monotonic()
+        self._spend()
         log.debug("catalog commit of %d writes in %.3fs", len(group), took_s)
         for pending, outcome in zip(group, outcomes, strict=True):
             _settle(pending.future, outcome)

@@ -27,7 +27,7 @@ def grouped_writer(catalog: Catalog, settings: Settings) -> GroupedCatalogWriter
     return GroupedCatalogWriter(
         catalog,
         min_interval_s=w.catalog_min_interval_s,
-        light_writes=w.catalog_light_writes,
+        burst_commits=w.catalog_burst_commits,
         max_writes=w.catalog_max_writes,
         stall_after_s=w.stall_after_s,
     )

@@ -79,7 +79,7 @@ def test_concurrent_submits_share_commits_and_each_learns_its_outcome(store: Ind
     stale = store.catalog.write(record("stale"), 0)
     assert stale is not None and store.catalog.write(stale.evolve(error="moved"), stale.rev) is not None
     before = store.catalog.version()
-    writer = GroupedCatalogWriter(store.catalog, min_interval_s=0.2)
+    writer = GroupedCatalogWriter(store.catalog, min_interval_s=0.2, burst_commits=1)
     barrier = threading.Barrier(threads_n)
     results: list[tuple[VideoRecord | None, VideoRecord | None] | BaseException] = [None] * threads_n  # type: ignore[list-item]
 
@@ -108,7 +108,7 @@ def test_concurrent_submits_share_commits_and_each_learns_its_outcome(store: Ind
 
 
 def test_a_lone_write_commits_at_once_and_the_rate_is_capped_after(store: IndexStore) -> None:
-    writer = GroupedCatalogWriter(store.catalog, min_interval_s=0.5)
+    writer = GroupedCatalogWriter(store.catalog, min_interval_s=0.5, burst_commits=1)
     first = writer.submit(record("a"), 0)
     assert first.result(WAIT_S) is not None
     burst = [writer.submit(record(f"b{i}"), 0) for i in range(5)]
@@ -118,22 +118,26 @@ def test_a_lone_write_commits_at_once_and_the_rate_is_capped_after(store: IndexS
 
 
 def test_a_lone_videos_claim_and_finish_commit_at_once_whatever_the_interval(store: IndexStore) -> None:
-    """Light load (at most ``light_writes`` arrivals per interval): no write waits for the interval. With a
-    60 s interval, a finish that waited for it would miss the 30 s deadline of its result."""
-    writer = GroupedCatalogWriter(store.catalog, min_interval_s=60, light_writes=4)
+    """Tokens in hand (a quiet spell): no write waits for the pace. With a 60 s interval, a finish that
+    waited for it would miss the 30 s deadline of its result."""
+    writer = GroupedCatalogWriter(store.catalog, min_interval_s=60, burst_commits=4)
     for vid in ("a", "b"):
         claimed = writer.submit(record(vid), 0).result(WAIT_S)
         assert claimed is not None
         finished = writer.submit(claimed.evolve(status=VideoStatus.INDEXED), claimed.rev).result(WAIT_S)
         assert finished is not None and finished.rev == 2
-    writer.close()
     assert writer.stats.commits == 4
+    # The bucket is empty now: the next write waits for a token (an interval after the last commit).
+    with pytest.raises(TransientError, match="no outcome"):
+        writer.submit(record("c"), 0).result(0.5)
+    writer.close()  # closing takes the waiting write at once
+    assert writer.stats.commits == 5
 
 
-def test_under_load_commits_are_spaced_by_the_interval_and_carry_the_writes_that_waited(store: IndexStore) -> None:
-    """More than ``light_writes`` arrivals in one interval: the group waits for the interval after the last
-    commit, and everything that arrived meanwhile goes in it."""
-    writer = GroupedCatalogWriter(store.catalog, min_interval_s=0.5, light_writes=2)
+def test_with_the_bucket_empty_commits_are_an_interval_apart_and_carry_what_waited(store: IndexStore) -> None:
+    """``burst_commits=1`` is the fixed pace: the burst waits for the interval after the first commit and
+    goes as one."""
+    writer = GroupedCatalogWriter(store.catalog, min_interval_s=0.5, burst_commits=1)
     assert writer.submit(record("first"), 0).result(WAIT_S) is not None
     burst = [writer.submit(record(f"b{i}"), 0) for i in range(10)]
     assert all(p.result(WAIT_S) is not None for p in burst)
@@ -142,16 +146,31 @@ def test_under_load_commits_are_spaced_by_the_interval_and_carry_the_writes_that
     assert writer.stats.writes == 11
 
 
-def test_no_light_writes_paces_every_commit_but_a_first_one_after_idle(store: IndexStore) -> None:
-    """``light_writes=0`` is the fixed pace: a second write right after a commit waits for the interval
-    (here longer than the result's deadline)."""
-    writer = GroupedCatalogWriter(store.catalog, min_interval_s=60, light_writes=0)
-    claimed = writer.submit(record("a"), 0).result(WAIT_S)
-    assert claimed is not None
+def test_a_commit_earns_no_token_for_the_time_it_ran(store: IndexStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under load the pace is an interval after each commit *ended*, as before the bucket: a slow commit
+    (here 2.5 s of a 2 s interval) does not let the next group go at once."""
+    writer = GroupedCatalogWriter(store.catalog, min_interval_s=2, burst_commits=2)
+    assert writer.submit(record("warm"), 0).result(WAIT_S) is not None  # one token of two spent
+    write_many = store.catalog.write_many
+
+    slowed: list[int] = []
+
+    def slow(writes: list[tuple[VideoRecord, int]]) -> list[VideoRecord | None]:
+        if not slowed:  # the first commit only
+            slowed.append(len(writes))
+            time.sleep(2.5)
+        return write_many(writes)
+
+    monkeypatch.setattr(store.catalog, "write_many", slow)
+    first = writer.submit(record("first"), 0)
+    time.sleep(0.2)  # taken and committing
+    second = writer.submit(record("second"), 0)
+    assert first.result(WAIT_S) is not None
     with pytest.raises(TransientError, match="no outcome"):
-        writer.submit(claimed.evolve(status=VideoStatus.INDEXED), claimed.rev).result(0.5)
-    writer.close()  # closing takes the waiting write at once
-    assert writer.stats.commits == 2
+        second.result(1.0)  # the first commit ended just now: its token is 2 s away
+    assert second.result(WAIT_S) is not None
+    writer.close()
+    assert writer.stats.commits == 3
 
 
 def test_a_second_write_of_one_video_goes_in_the_next_commit(store: IndexStore) -> None:
