@@ -22,7 +22,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from bench.common import percentile, save_section
 
@@ -34,8 +34,6 @@ MODES: dict[str, tuple[bool, bool, bool]] = {
     "async": (False, False, False),
     "dual": (False, True, True),
 }
-#: The second notification target of the ``dual`` mode (same exchange, no queue_dir).
-FAST_TARGET = "VIDXFAST"
 DEFAULT_UPLOADS, FULL_UPLOADS = 30, 100
 #: Longest wait for one event once its PUT answered (MinIO's replay tick is 3 s).
 DELIVERY_TIMEOUT_S = 15.0
@@ -137,33 +135,17 @@ def _broker_back(services: Any) -> None:
     raise RuntimeError(f"RabbitMQ did not come back within {BROKER_BACK_TIMEOUT_S:.0f}s")
 
 
-def _subscribe_fast(client: Any, bucket: str) -> None:
-    """Subscribe ``bucket`` to the second target as well (events go to both)."""
-    from minio.notificationconfig import NotificationConfig, QueueConfig
-
-    from events.config import AmqpSettings
-    from events.subscribe import SUBSCRIBED_EVENTS
-
-    current = client.get_bucket_notification(bucket)
-    fast = QueueConfig(
-        queue=AmqpSettings(minio_target_id=FAST_TARGET).queue_arn, events=list(SUBSCRIBED_EVENTS), config_id="fast"
-    )
-    client.set_bucket_notification(bucket, NotificationConfig(queue_config_list=[*current.queue_config_list, fast]))
-
-
 def measure_mode(name: str, sync_events: bool, queue_dir: bool, dual: bool, uploads: int, seed: int) -> dict[str, Any]:
     from tests.services import start_services, unique_prefix
 
     rng = random.Random(seed)
     out: dict[str, Any] = {}
-    extra = (FAST_TARGET,) if dual else ()
-    with start_services(sync_events=sync_events, queue_dir=queue_dir, extra_targets=extra) as services:
+    delivery: Literal["dual", "queue_dir"] = "dual" if dual else "queue_dir"
+    with start_services(sync_events=sync_events, queue_dir=queue_dir, event_delivery=delivery) as services:
         prefix = unique_prefix()
         services.prepare_buckets(prefix)
         bucket = f"{prefix}-videos"
         client = services.minio_client()
-        if dual:
-            _subscribe_fast(client, bucket)
         tap = EventTap(services.amqp_url, f"{prefix}.bucket-events").start()
         try:
             # Warm-up: MinIO's first publish opens its connection.
@@ -263,12 +245,12 @@ def main() -> None:
         "consumer in the bench process, as the EventRouter consumes it); each mode on a fresh RabbitMQ "
         "and MinIO container pair, publisher confirms and persistent messages on as in production.",
         "modes: queue_dir = MinIO saves each event in its queue_dir and a replay loop publishes the store "
-        "every 3 s (the default so far); sync = MINIO_API_SYNC_EVENTS=on without queue_dir (the PUT "
+        "every 3 s (the default before dual was wired); sync = MINIO_API_SYNC_EVENTS=on without queue_dir (the PUT "
         "answers after the publish); sync_queue_dir = both (the event is saved before the PUT answers, "
         "published on the tick); async = neither (published from memory right after the PUT); dual = "
-        f"queue_dir plus a second target ({FAST_TARGET}) to the same exchange without one, the bucket "
-        "subscribed to both: each event is published at once and again from the store on the tick "
-        "(deliveries_per_upload; identical copies are what the router's digest memory drops).",
+        "queue_dir plus a second target (amqp.minio_fast_target_id) to the same exchange without one, the "
+        "bucket subscribed to both (the default): each event is published at once and again from the store "
+        "on the tick (deliveries_per_upload; the router drops the later copy: amqp.copy_window_s).",
         f"outage: rabbitmqctl stop_app, {OUTAGE_UPLOADS} uploads, {OUTAGE_DOWN_S:g} s, start_app; events "
         f"waited for up to {OUTAGE_WAIT_S:g} s after the broker takes connections again.",
     ]

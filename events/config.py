@@ -29,6 +29,17 @@ class AmqpSettings(BaseModel):
     parked_queue: str = "vidx.bucket-events.parked"
     #: MinIO notification target id: the ARN is arn:minio:sqs::<id>:amqp.
     minio_target_id: str = "VIDX"
+    #: How MinIO publishes bucket events (docs/design/events.md). ``dual``: each event at once from memory
+    #: through a second target (``minio_fast_target_id``, no store) *and* through the durable target's
+    #: on-disk store, replayed on MinIO's 3 s tick: the fast copy gives freshness, the store's copy the
+    #: guarantee through a broker outage; the router drops the later copy (``copy_window_s``).
+    #: ``queue_dir``: the durable target alone (events wait for the tick: 0–3 s).
+    event_delivery: Literal["dual", "queue_dir"] = "dual"
+    minio_fast_target_id: str = "VIDXFAST"
+    #: A message whose body equals one the router routed this recently (and not a redelivery) is the
+    #: other copy of one event (``dual``): acknowledged without submitting its jobs again. Above MinIO's
+    #: 3 s replay tick plus a slow publish; a body routed longer ago is routed again (a replay).
+    copy_window_s: float = Field(default=30.0, ge=0, le=3600)
     #: Events MinIO keeps in its queue_dir while the broker is unreachable.
     minio_queue_limit: int = Field(default=100_000, gt=0)
     prefetch: int = Field(default=32, ge=1, le=1000)
@@ -73,7 +84,15 @@ class AmqpSettings(BaseModel):
 
     @property
     def queue_arn(self) -> str:
+        """The durable target's ARN."""
         return f"arn:minio:sqs::{self.minio_target_id}:amqp"
+
+    @property
+    def queue_arns(self) -> list[str]:
+        """Every ARN a watched bucket publishes to: the durable target's, then the fast one's (``dual``)."""
+        if self.event_delivery == "dual":
+            return [self.queue_arn, f"arn:minio:sqs::{self.minio_fast_target_id}:amqp"]
+        return [self.queue_arn]
 
 
 class VideoFilterSettings(BaseModel):

@@ -135,9 +135,10 @@ class EventRouter:
         self._stats_lock = threading.Lock()
         self._connected = threading.Event()
         # Pika thread only, but for the worker's hand-offs through ``_finished``. Messages not yet
-        # acked, by body digest, and the digests of the last ones acked.
+        # acked, by body digest, and the digests of the last ones acked, with when their jobs were all
+        # submitted (None: parked).
         self._active: OrderedDict[str, _Message] = OrderedDict()
-        self._settled: OrderedDict[str, None] = OrderedDict()
+        self._settled: OrderedDict[str, float | None] = OrderedDict()
         self._finished: queue.SimpleQueue[tuple[_Message, TransientError | None]] = queue.SimpleQueue()
         self._connection: pika.BlockingConnection | None = None
         self._channel: Any = None
@@ -250,6 +251,12 @@ class EventRouter:
                 self._count("redelivered_settled")
                 channel.basic_ack(method.delivery_tag)
                 return
+            routed_at = self._settled[digest]
+            if routed_at is not None and self._clock() - routed_at < self._amqp.copy_window_s:
+                # The other copy of one event (MinIO's dual delivery): its jobs were submitted moments ago.
+                self._count("copies")
+                channel.basic_ack(method.delivery_tag)
+                return
             del self._settled[digest]  # the same body published anew (a replay): route it again
         message = _Message(digest, body)
         message.tags.append(method.delivery_tag)
@@ -309,7 +316,7 @@ class EventRouter:
             channel.basic_ack(tag)
         message.tags.clear()
         del self._active[message.digest]
-        self._settled[message.digest] = None
+        self._settled[message.digest] = None if message.park_reason is not None else self._clock()
         self._forget()
 
     def detach(self) -> None:

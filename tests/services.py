@@ -38,6 +38,8 @@ class Services:
     minio: DockerContainer
     #: ``quorum`` on a RabbitMQ cluster (tests/ha.py): every queue vidx declares is a quorum queue.
     queue_type: Literal["classic", "quorum"] = "classic"
+    #: How this MinIO publishes bucket events (``AmqpSettings.event_delivery``): which targets it has.
+    event_delivery: Literal["dual", "queue_dir"] = AmqpSettings().event_delivery
 
     def minio_client(self) -> Minio:
         return Minio(self.s3_endpoint.removeprefix("http://"), ACCESS_KEY, SECRET_KEY, secure=False)
@@ -58,6 +60,7 @@ class Services:
             "VIDX_SERVE__FAILED_QUEUE": f"{prefix}.index.failed",
             "VIDX_SERVE__UNPROCESSABLE_QUEUE": f"{prefix}.index.unprocessable",
             "VIDX_AMQP__QUEUE_TYPE": self.queue_type,
+            "VIDX_AMQP__EVENT_DELIVERY": self.event_delivery,
         }
 
     def prepare_buckets(self, prefix: str) -> None:
@@ -71,7 +74,8 @@ class Services:
         connection = pika.BlockingConnection(pika.URLParameters(self.amqp_url))
         declare_event_topology(connection.channel(), amqp)
         connection.close()
-        prepare_buckets(self.minio_client(), [f"{prefix}-videos"], f"{prefix}-index", AmqpSettings().queue_arn)
+        arns = AmqpSettings(event_delivery=self.event_delivery).queue_arns
+        prepare_buckets(self.minio_client(), [f"{prefix}-videos"], f"{prefix}-index", arns)
 
 
 def eventually(check: Callable[[], bool], what: str, timeout_s: float, poll_s: float = 0.2) -> None:
@@ -141,13 +145,17 @@ def _amqp_ready(url: str) -> bool:
 
 @contextmanager
 def start_services(
-    *, sync_events: bool = False, queue_dir: bool = True, extra_targets: tuple[str, ...] = ()
+    *,
+    sync_events: bool = False,
+    queue_dir: bool = True,
+    event_delivery: Literal["dual", "queue_dir"] | None = None,
 ) -> Iterator[Services]:
-    """RabbitMQ, then MinIO publishing to it. ``sync_events``: MinIO publishes each event before it
-    answers the request (``MINIO_API_SYNC_EVENTS=on``); ``queue_dir=False``: no on-disk event store;
-    ``extra_targets``: ids of further AMQP targets to the same exchange, without a queue_dir (a bucket
-    must be subscribed to their ARNs too). bench/events.py compares these delivery modes;
+    """RabbitMQ, then MinIO publishing to it, its targets as ``event_delivery`` (default: the
+    settings' default) says. ``sync_events``: MinIO publishes each event before it answers the request
+    (``MINIO_API_SYNC_EVENTS=on``); ``queue_dir=False``: no on-disk event store (the durable target's
+    events go straight out, as the fast target's do). bench/events.py compares these delivery modes;
     docs/architecture.md says which is the default."""
+    delivery = event_delivery or AmqpSettings().event_delivery
     rabbit = DockerContainer(RABBITMQ_IMAGE).with_exposed_ports(5672, 15672)
     rabbit.start()
     try:
@@ -157,21 +165,16 @@ def start_services(
         # The queue is declared and bound before MinIO can publish anything.
         wait_up("RabbitMQ", lambda: _amqp_ready(amqp_url), rabbit)
         rabbit_ip = container_ip(rabbit)
-        env = minio_notify_env(AmqpSettings(), f"amqp://guest:guest@{rabbit_ip}:5672", "/queue")
+        env = minio_notify_env(AmqpSettings(event_delivery=delivery), f"amqp://guest:guest@{rabbit_ip}:5672", "/queue")
         if not queue_dir:
             env = {k: v for k, v in env.items() if "_QUEUE_DIR_" not in k and "_QUEUE_LIMIT_" not in k}
-        for target in extra_targets:
-            extra = minio_notify_env(
-                AmqpSettings(minio_target_id=target), f"amqp://guest:guest@{rabbit_ip}:5672", "/queue"
-            )
-            env |= {k: v for k, v in extra.items() if "_QUEUE_DIR_" not in k and "_QUEUE_LIMIT_" not in k}
         if sync_events:
             env["MINIO_API_SYNC_EVENTS"] = "on"
         minio = minio_container(env)
         minio.start()
         try:
             s3_endpoint = wait_minio(minio)
-            yield Services(s3_endpoint, amqp_url, management_url, rabbit, minio)
+            yield Services(s3_endpoint, amqp_url, management_url, rabbit, minio, event_delivery=delivery)
         finally:
             minio.stop()
     finally:

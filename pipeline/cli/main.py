@@ -184,7 +184,7 @@ def _prepare_services(settings: Settings) -> None:
     connection = pika.BlockingConnection(pika.URLParameters(settings.amqp.url.get_secret_value()))
     declare_event_topology(connection.channel(), settings.amqp)
     connection.close()
-    prepare_buckets(minio_client(settings), settings.s3.buckets, settings.s3.index_bucket, settings.amqp.queue_arn)
+    prepare_buckets(minio_client(settings), settings.s3.buckets, settings.s3.index_bucket, settings.amqp.queue_arns)
 
 
 @app.command()

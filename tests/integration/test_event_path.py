@@ -119,3 +119,20 @@ def test_undecodable_message_is_parked_and_router_keeps_going(stack: Stack, tmp_
     stack.upload("after.mp4", write_video(tmp_path / "after.mp4", seconds=2, seed=9))
     (job,) = stack.sink.take(1)
     assert stack.run(job).outcome is Outcome.INDEXED
+
+
+def test_an_uploads_two_copies_under_dual_delivery_become_one_job(stack: Stack, tmp_path: Path) -> None:
+    """MinIO publishes each event at once through the fast target and again from its store on the 3 s
+    tick (``amqp.event_delivery`` dual, the default): both copies reach the router, one job is submitted."""
+    assert stack.services.event_delivery == "dual"
+    stack.upload("twice.mp4", write_video(tmp_path / "twice.mp4", seconds=2, seed=11))
+    (job,) = stack.sink.take(1)
+    assert job.key == "twice.mp4"
+    # The store's copy comes on MinIO's next replay tick (every 3 s).
+    eventually(
+        lambda: stack.router.stats["copies"] + stack.router.stats["redelivered_in_progress"] == 1,
+        "the store's copy to reach the router",
+        WAIT_S,
+    )
+    assert stack.sink.jobs.empty()
+    assert stack.router.stats["messages"] == 1

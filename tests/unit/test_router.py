@@ -374,15 +374,46 @@ def test_a_redelivered_message_whose_ack_was_lost_is_acked_without_a_second_subm
     assert r.stats["redelivered_settled"] == 1
 
 
-def test_the_same_body_published_anew_is_routed_again() -> None:
-    sink, channel = ListSink(), RecordingChannel()
-    r = consumer(sink)
+def test_the_same_body_published_anew_after_the_copy_window_is_routed_again() -> None:
+    sink, channel, clock = ListSink(), RecordingChannel(), FakeClock()
+    r = consumer(sink, clock=clock, copy_window_s=30)
     body = body_for("a.mp4")
     deliver(r, channel, 1, body)
     r.settle(channel)
-    deliver(r, channel, 2, body)  # not a redelivery: e.g. a parked event replayed
+    clock.now += 30.0
+    deliver(r, channel, 2, body)  # not a redelivery: e.g. an event replayed
     r.settle(channel)
     assert len(sink.jobs) == 2 and channel.acked == [1, 2]
+    assert r.stats["copies"] == 0
+
+
+def test_the_second_copy_of_a_dual_delivered_event_is_acked_without_a_second_submit() -> None:
+    """MinIO's ``dual`` delivery publishes each event twice (at once, then from its store on the 3 s tick),
+    byte for byte the same: the later copy, within ``copy_window_s`` of the first's routing, is dropped."""
+    sink, channel, clock = ListSink(), RecordingChannel(), FakeClock()
+    r = consumer(sink, clock=clock, copy_window_s=30)
+    body = body_for("a.mp4")
+    deliver(r, channel, 1, body)
+    r.settle(channel)
+    clock.now += 3.2
+    deliver(r, channel, 2, body)
+    r.settle(channel)
+    assert len(sink.jobs) == 1 and channel.acked == [1, 2]
+    assert r.stats["copies"] == 1
+
+
+def test_a_parked_message_published_again_at_once_is_routed_again() -> None:
+    """Only a message whose jobs were all submitted makes a later copy redundant; a parked one's does not."""
+    sink, channel, clock = ListSink(fail=True), RecordingChannel(), FakeClock()
+    r = consumer(sink, clock=clock, max_attempts=1, copy_window_s=30)
+    body = body_for("a.mp4")
+    deliver(r, channel, 1, body)
+    r.settle(channel)  # refused once: parked
+    assert r.stats["parked"] == 1
+    sink.fail = False
+    deliver(r, channel, 2, body)
+    r.settle(channel)
+    assert len(sink.jobs) == 1 and r.stats["copies"] == 0
 
 
 def test_attempts_are_counted_across_a_reconnect() -> None:

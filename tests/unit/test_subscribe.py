@@ -61,6 +61,31 @@ def test_minio_target_is_durable_with_literal_on_flags() -> None:
     assert env[f"MINIO_NOTIFY_AMQP_EXCHANGE_{target}"] == AmqpSettings().exchange
 
 
+def test_dual_delivery_adds_a_fast_target_without_a_store_beside_the_durable_one() -> None:
+    amqp = AmqpSettings(event_delivery="dual")
+    env = minio_notify_env(amqp, "amqp://u:p@rabbit:5672", "/queue")
+    durable, fast = amqp.minio_target_id, amqp.minio_fast_target_id
+    assert env[f"MINIO_NOTIFY_AMQP_QUEUE_DIR_{durable}"] == "/queue"
+    assert env[f"MINIO_NOTIFY_AMQP_ENABLE_{fast}"] == "on"
+    assert env[f"MINIO_NOTIFY_AMQP_EXCHANGE_{fast}"] == env[f"MINIO_NOTIFY_AMQP_EXCHANGE_{durable}"]
+    assert env[f"MINIO_NOTIFY_AMQP_ROUTING_KEY_{fast}"] == env[f"MINIO_NOTIFY_AMQP_ROUTING_KEY_{durable}"]
+    assert not any(k.endswith(f"_{fast}") and ("QUEUE_DIR" in k or "QUEUE_LIMIT" in k) for k in env)
+    single = minio_notify_env(AmqpSettings(event_delivery="queue_dir"), "amqp://u:p@rabbit:5672", "/queue")
+    assert not any(k.endswith(f"_{fast}") for k in single)
+
+
+def test_a_bucket_is_subscribed_to_both_targets_once_and_back_to_one_when_dual_is_turned_off() -> None:
+    arns = AmqpSettings(event_delivery="dual").queue_arns
+    assert arns[0] == ARN and len(arns) == 2
+    other = QueueConfig(queue="arn:minio:sqs::OTHER:webhook", events=["s3:ObjectCreated:*"], config_id="someone-else")
+    client = FakeMinio(NotificationConfig(queue_config_list=[other]))
+    assert subscribe_bucket(client, "videos", arns) is True  # type: ignore[arg-type]
+    assert subscribe_bucket(client, "videos", arns) is False  # type: ignore[arg-type]
+    assert sorted(q.queue for q in client.config.queue_config_list) == sorted([other.queue, *arns])
+    assert subscribe_bucket(client, "videos", ARN) is True  # type: ignore[arg-type]
+    assert [q.queue for q in client.config.queue_config_list] == [other.queue, ARN]
+
+
 def arn_refused() -> S3Error:
     return S3Error(
         None,  # type: ignore[arg-type]  # the HTTP response: not read

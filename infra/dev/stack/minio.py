@@ -72,10 +72,10 @@ def start_minio(settings: Settings, layout: Layout, echo: Echo) -> None:
         raise StackError(f"MinIO was not live within {MINIO_START_TIMEOUT_S:.0f}s; see {log}")
     client = minio_client(settings)
     try:
-        prepare_buckets(client, settings.s3.buckets, settings.s3.index_bucket, settings.amqp.queue_arn)
+        prepare_buckets(client, settings.s3.buckets, settings.s3.index_bucket, settings.amqp.queue_arns)
     except Exception as exc:  # minio raises S3Error, urllib3 errors, ValueError
         raise StackError(f"setting up buckets failed ({type(exc).__name__}: {exc}); see {log}") from exc
     echo(
         f"minio: running (pid {pid}, {settings.s3.endpoint_url}, console http://{host}:{port + 1}); "
-        f"buckets {', '.join(settings.s3.buckets)} publish events to {settings.amqp.queue_arn}"
+        f"buckets {', '.join(settings.s3.buckets)} publish events to {' and '.join(settings.amqp.queue_arns)}"
     )
