@@ -193,3 +193,19 @@ def test_metrics_come_from_every_replica_and_jobs_log_json(host: AppHost, tmp_pa
     assert failed and failed[-1]["reason_class"] == "decode_error" and failed[-1]["task_id"]
     # A failed job's line names the stage it failed in: a corrupt file fails in decode.
     assert line["stage"] == "done" and failed[-1]["stage"] == "decode", (line["stage"], failed[-1]["stage"])
+
+
+def niceness(pid: int) -> int:
+    """A process's nice value (/proc/<pid>/stat, field 19; the command name may hold spaces)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[16])
+
+
+def test_consumer_replicas_yield_the_cpu_to_the_api(host: AppHost) -> None:
+    """Each consumer replica's process runs ``serve.consumer_nice`` below the Api's priority (Ray starts
+    every worker at its own niceness, 15 by default; 19 is the floor)."""
+    consumers, (api,) = host.replica_pids("IndexConsumer"), host.replica_pids("Api")
+    assert consumers and host.settings.serve.consumer_nice > 0
+    expected = min(19, niceness(api) + host.settings.serve.consumer_nice)
+    assert {niceness(pid) for pid in consumers} == {expected}
+    assert expected > niceness(api)
