@@ -73,11 +73,35 @@ async def _burst(api_url: str, bucket: str, rate: float, seconds: float) -> list
     return results
 
 
+def _profile_burst(host: Any, folder: Path, seconds: float) -> list[Any]:
+    """py-spy on the Api replica and Serve's HTTP proxy for the burst's length."""
+    import ray
+    from ray.util.state import list_actors
+
+    from bench.e2e import _profile
+
+    pids = {"api": host.replica_pids("Api")[0]}
+    actors = list_actors(
+        address=ray.get_runtime_context().gcs_address,
+        filters=[("class_name", "=", "ProxyActor"), ("state", "=", "ALIVE")],
+        raise_on_missing_output=False,
+    )
+    if actors:
+        pids["proxy"] = actors[0].pid
+    return [_profile(pid, int(seconds) + 2, folder / f"ack-{name}.svg") for name, pid in pids.items()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.ack", description=__doc__)
     parser.add_argument("--full", action="store_true", help=f"a {FULL_SECONDS:g} s burst")
     parser.add_argument("--rate", type=float, default=DEFAULT_RATE, help="requests per second")
     parser.add_argument("--seconds", type=float, help=f"burst length (default {DEFAULT_SECONDS:g})")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="py-spy the Api replica and Serve's proxy during the burst (SVGs in this folder; the figures "
+        "then include py-spy's own cost)",
+    )
     args = parser.parse_args()
     seconds = args.seconds or (FULL_SECONDS if args.full else DEFAULT_SECONDS)
 
@@ -95,7 +119,10 @@ def main() -> None:
                 host.http.post("/v1/index", json={"uri": f"s3://{bucket}/ack/warm-{i}.mp4"})
             idle = _idle(host, bucket)
             print(f"idle p50 {percentile(idle, 50):.1f} ms", flush=True)
+            spies = _profile_burst(host, args.profile, seconds) if args.profile else []
             results = asyncio.run(_burst(host.settings.api_url, bucket, args.rate, seconds))
+            for spy in spies:
+                spy.wait(timeout=seconds + 60)
     ok = [r["ms"] for r in results if r["status"] == 202]
     statuses: dict[str, int] = {}
     for r in results:

@@ -441,7 +441,13 @@ def _overhead(fresh: list[dict[str, Any]], jobs: dict[str, dict[str, Any]], note
         "wait for a decode slot). "
         "event_delivery_ms (upload done -> event on a queue bound beside the router's) is not in it."
     )
+    fresh_jobs = [jobs[f["uri"]] for f in fresh if f["uri"] in jobs]
+    stage_names = sorted({k for j in fresh_jobs for k in j["stages"]})
     return out | {
+        "freshness_job_stage_ms_p50": {
+            k: round(1000 * statistics.median(j["stages"].get(k, 0.0) for j in fresh_jobs), 1) for k in stage_names
+        },
+        "freshness_job_total_ms_p50": round(1000 * statistics.median(j["total"] for j in fresh_jobs), 1),
         "overhead_ms_per_video": round(1000 * statistics.median(overhead), 1),
         "overhead_outside_job_ms_p50": round(1000 * statistics.median(hops), 1),
         "overhead_in_job_ms_p50": round(1000 * statistics.median(in_job), 1),
