@@ -1,6 +1,6 @@
 """``python -m bench [--full]``: every benchmark in its own process (fresh memory, fresh caches), then
-the report. Defaults are sized to finish in ≤ 25 minutes on a quiet 2-core machine (events and ack add
-~5 and ~2 minutes to the ~12 of the others); ``--full`` runs the bigger sizes."""
+the report. Defaults are sized to finish in ≤ 25 minutes on a quiet 2-core machine (events, ack and cpu
+add ~5, ~2 and ~4 minutes to the ~12 of the others); ``--full`` runs the bigger sizes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 
 from bench import report
 
-BENCHMARKS = ["decode", "encode", "write", "search", "e2e", "events", "ack"]
+BENCHMARKS = ["decode", "encode", "write", "search", "e2e", "cpu", "events", "ack"]
 
 
 def main() -> None:

@@ -40,6 +40,17 @@ def targets_table(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def cpu_lines(metrics: dict[str, Any]) -> list[str]:
+    """bench.cpu's CPU by process class, biggest first, and its flame graphs (linked from docs/)."""
+    per_video, share = metrics.get("cpu_s_per_video", {}), metrics.get("cpu_share", {})
+    lines = ["", "| process class | CPU-s per video | share |", "|---|---|---|"]
+    ranked = sorted(per_video.items(), key=lambda kv: -kv[1])  # latest.json keeps keys sorted by name
+    lines += [f"| {k} | {_fmt(v)} | {_fmt(100 * share.get(k, math.nan))} % |" for k, v in ranked]
+    for cls, path in metrics.get("profiles", {}).items():
+        lines += ["", f"Flame graph of {cls}: [`{path}`]({path.removeprefix('docs/')})"]
+    return lines
+
+
 def render(data: dict[str, Any]) -> str:
     m = data.get("machine", {})
     out = [
@@ -56,8 +67,13 @@ def render(data: dict[str, Any]) -> str:
     for name in sorted(k for k in data if k != "machine"):
         section = data[name]
         out += [f"### {name}", "", f"`{section.get('command', '')}` — finished {section.get('finished_at', '?')}", ""]
+        metrics = section.get("metrics", {})
         out += ["| metric | value |", "|---|---|"]
-        out += [f"| `{k}` | {_fmt(v)} |" for k, v in sorted(section.get("metrics", {}).items())]
+        out += [
+            f"| `{k}` | {_fmt(v)} |" for k, v in sorted(metrics.items()) if name != "cpu" or not isinstance(v, dict)
+        ]
+        if name == "cpu":
+            out += cpu_lines(metrics)
         notes = section.get("notes") or []
         if notes:
             out += ["", *[f"- {n}" for n in notes]]
