@@ -22,7 +22,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from bench.common import percentile, save_section
 
@@ -136,11 +136,12 @@ def _broker_back(services: Any) -> None:
 
 
 def measure_mode(name: str, sync_events: bool, queue_dir: bool, dual: bool, uploads: int, seed: int) -> dict[str, Any]:
+    from events.config import EventDelivery
     from tests.services import start_services, unique_prefix
 
     rng = random.Random(seed)
     out: dict[str, Any] = {}
-    delivery: Literal["dual", "queue_dir"] = "dual" if dual else "queue_dir"
+    delivery: EventDelivery = "dual" if dual else "queue_dir"
     with start_services(sync_events=sync_events, queue_dir=queue_dir, event_delivery=delivery) as services:
         prefix = unique_prefix()
         services.prepare_buckets(prefix)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import posixpath
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, model_validator
+
+#: How MinIO publishes bucket events (``AmqpSettings.event_delivery``).
+EventDelivery = Literal["dual", "queue_dir"]
 
 #: The delivery limit of the quorum queues that must never drop a message for being delivered often:
 #: the event queue (redelivered after each router reconnect) and the held queues (every listing hands
@@ -34,7 +37,7 @@ class AmqpSettings(BaseModel):
     #: on-disk store, replayed on MinIO's 3 s tick: the fast copy gives freshness, the store's copy the
     #: guarantee through a broker outage; the router drops the later copy (``copy_window_s``).
     #: ``queue_dir``: the durable target alone (events wait for the tick: 0–3 s).
-    event_delivery: Literal["dual", "queue_dir"] = "dual"
+    event_delivery: EventDelivery = "dual"
     minio_fast_target_id: str = "VIDXFAST"
     #: A message whose body equals one the router routed this recently (and not a redelivery) is the
     #: other copy of one event (``dual``): acknowledged without submitting its jobs again. Above MinIO's
@@ -73,6 +76,12 @@ class AmqpSettings(BaseModel):
     redelivery_memory: int = Field(default=1000, ge=1, le=1_000_000)
     #: On stop, longest wait for submits in progress to finish and be acknowledged.
     drain_timeout_s: float = Field(default=10.0, ge=0)
+
+    @model_validator(mode="after")
+    def _two_targets(self) -> AmqpSettings:
+        if self.event_delivery == "dual" and self.minio_fast_target_id == self.minio_target_id:
+            raise ValueError("amqp.minio_fast_target_id must differ from amqp.minio_target_id")
+        return self
 
     @property
     def queue_arguments(self) -> dict[str, Any]:

@@ -34,6 +34,10 @@ from events.subscribe import declare_event_topology
 from storage.errors import TransientError
 
 log = logging.getLogger(__name__)
+#: Most settled digests kept while they are within ``copy_window_s`` (~150 bytes each): beyond
+#: ``redelivery_memory`` they are kept only for the window, so the later copy of an event is known at any
+#: rate up to this many events per window.
+COPY_MEMORY_CAP = 200_000
 
 #: Longest pause between reconnect attempts.
 MAX_RECONNECT_DELAY_S = 30.0
@@ -241,8 +245,9 @@ class EventRouter:
         digest = hashlib.sha256(body).hexdigest()
         message = self._active.get(digest)
         if message is not None:
-            # In progress under an earlier delivery: this one waits for the same outcome.
-            self._count("redelivered_in_progress")
+            # In progress under an earlier delivery: this one waits for the same outcome. Not a
+            # redelivery: the other copy of one event (MinIO's dual delivery) came meanwhile.
+            self._count("redelivered_in_progress" if method.redelivered else "copies")
             message.tags.append(method.delivery_tag)
             return
         if digest in self._settled:
@@ -327,10 +332,20 @@ class EventRouter:
             message.tags.clear()
 
     def _forget(self) -> None:
-        """Keep the memory bounded: the oldest settled digests go first; messages that wait for a
-        redelivery that may never come (another consumer took it) go once they are as many."""
+        """Keep the memory bounded: the oldest settled digests go first, but one routed within
+        ``copy_window_s`` stays (its event's other copy may be on its way) up to ``COPY_MEMORY_CAP``;
+        messages that wait for a redelivery that may never come (another consumer took it) go once
+        they are as many as ``redelivery_memory``."""
         limit = self._amqp.redelivery_memory
+        now = self._clock()
         while len(self._settled) > limit:
+            routed_at = next(iter(self._settled.values()))
+            if (
+                routed_at is not None
+                and now - routed_at < self._amqp.copy_window_s
+                and len(self._settled) <= COPY_MEMORY_CAP
+            ):
+                break
             self._settled.popitem(last=False)
         if len(self._active) > limit:
             for digest, message in list(self._active.items())[: len(self._active) - limit]:

@@ -90,11 +90,13 @@ def subscribe_bucket(
     every other rule.
 
     Returns whether the configuration changed. Idempotent. A distributed MinIO just started may refuse
-    the rule while the target is not yet online on the node the request reaches: asked again once a
-    second, for at most ``target_wait_s``.
+    the rules while a target is not yet online on the node the request reaches: asked again once a
+    second, for at most ``target_wait_s``. A MinIO that still knows none but the first (durable) target
+    then (one set up before ``dual`` delivery) is subscribed to that one alone, with a warning: events
+    wait for its store's tick, nothing is lost.
 
     Raises:
-        S3Error: the rule refused for another reason, or the target still unknown after the wait.
+        S3Error: the rule refused for another reason, or the durable target still unknown after the wait.
     """
     arns = [queue_arns] if isinstance(queue_arns, str) else list(queue_arns)
     deadline = clock() + target_wait_s
@@ -102,8 +104,20 @@ def subscribe_bucket(
         try:
             return _subscribe_once(client, bucket, arns)
         except S3Error as exc:
-            if not _target_not_online(exc) or clock() + TARGET_POLL_S > deadline:
+            if not _target_not_online(exc):
                 raise
+            if clock() + TARGET_POLL_S > deadline:
+                if len(arns) == 1:
+                    raise
+                log.warning(
+                    "bucket %s: MinIO does not know %s; subscribing %s alone (events wait for its store's "
+                    "3 s tick). Add the target (docs/operations.md) or set VIDX_AMQP__EVENT_DELIVERY=queue_dir",
+                    bucket,
+                    " / ".join(arns[1:]),
+                    arns[0],
+                )
+                arns = arns[:1]
+                continue
             log.warning("bucket %s: MinIO does not know %s yet, asking again", bucket, " / ".join(arns))
             sleep(TARGET_POLL_S)
 

@@ -172,7 +172,7 @@ class ServeSettings(BaseModel):
     #: Niceness added to each consumer replica's process (0: none; Ray starts every worker at 15, and 19
     #: is the floor). Indexing is batch work: on a small machine a burst that starts consumer replicas
     #: (each a process importing torch, PyAV, LanceDB) would otherwise take the cores the Api answers
-    #: from (bench.ack p50: 3.2 s; 308 ms niced); niced, they still take every cycle nobody else wants.
+    #: from (docs/benchmarks.md); niced, they still take every cycle nobody else wants.
     consumer_nice: int = Field(default=10, ge=0, le=19)
     #: GPUs each consumer replica reserves; unset: none (``split``), or ``serve.resources.FUSED_GPU_SHARE``
     #: when the Ray cluster has a GPU (``fused``: the replicas share one GPU with the query Encoder).

@@ -19,7 +19,7 @@ import pika.exceptions
 from minio import Minio
 from testcontainers.core.container import DockerContainer
 
-from events.config import AmqpSettings
+from events.config import AmqpSettings, EventDelivery
 from events.subscribe import declare_event_topology, minio_notify_env, prepare_buckets
 
 MINIO_IMAGE = "vidx/minio:test"
@@ -39,7 +39,7 @@ class Services:
     #: ``quorum`` on a RabbitMQ cluster (tests/ha.py): every queue vidx declares is a quorum queue.
     queue_type: Literal["classic", "quorum"] = "classic"
     #: How this MinIO publishes bucket events (``AmqpSettings.event_delivery``): which targets it has.
-    event_delivery: Literal["dual", "queue_dir"] = AmqpSettings().event_delivery
+    event_delivery: EventDelivery = AmqpSettings().event_delivery
 
     def minio_client(self) -> Minio:
         return Minio(self.s3_endpoint.removeprefix("http://"), ACCESS_KEY, SECRET_KEY, secure=False)
@@ -148,7 +148,7 @@ def start_services(
     *,
     sync_events: bool = False,
     queue_dir: bool = True,
-    event_delivery: Literal["dual", "queue_dir"] | None = None,
+    event_delivery: EventDelivery | None = None,
 ) -> Iterator[Services]:
     """RabbitMQ, then MinIO publishing to it, its targets as ``event_delivery`` (default: the
     settings' default) says. ``sync_events``: MinIO publishes each event before it answers the request

@@ -128,11 +128,8 @@ def test_an_uploads_two_copies_under_dual_delivery_become_one_job(stack: Stack, 
     stack.upload("twice.mp4", write_video(tmp_path / "twice.mp4", seconds=2, seed=11))
     (job,) = stack.sink.take(1)
     assert job.key == "twice.mp4"
-    # The store's copy comes on MinIO's next replay tick (every 3 s).
-    eventually(
-        lambda: stack.router.stats["copies"] + stack.router.stats["redelivered_in_progress"] == 1,
-        "the store's copy to reach the router",
-        WAIT_S,
-    )
+    # The store's copy comes on MinIO's next replay tick (every 3 s). (The session's one MinIO publishes
+    # to every test's queue: an earlier test's late copies may arrive here too, as foreign-bucket events.)
+    eventually(lambda: stack.router.stats["copies"] >= 1, "the store's copy to reach the router", WAIT_S)
     assert stack.sink.jobs.empty()
-    assert stack.router.stats["messages"] == 1
+    assert stack.router.stats["jobs_index"] == 1

@@ -437,8 +437,9 @@ def test_attempts_are_counted_across_a_reconnect() -> None:
 
 
 def test_the_memory_of_settled_messages_is_bounded() -> None:
+    """Beyond the copy window (here none) the memory holds ``redelivery_memory`` digests."""
     sink, channel = ListSink(), RecordingChannel()
-    r = consumer(sink, redelivery_memory=2)
+    r = consumer(sink, redelivery_memory=2, copy_window_s=0)
     bodies = [body_for(f"{i}.mp4") for i in range(3)]
     for tag, body in enumerate(bodies):
         deliver(r, channel, tag, body)
@@ -503,3 +504,35 @@ def test_a_bug_on_submit_is_not_mistaken_for_a_broker_error(tmp_path: Path, monk
     sink = taskqueue.CeleryJobSink(Settings(state_dir=tmp_path))
     with pytest.raises(KeyError):
         sink.submit(IndexJob(op=JobOp.INDEX, bucket="videos", key="a.mp4", source=JobSource.EVENT))
+
+
+def test_a_copy_arriving_while_the_first_is_submitted_is_counted_as_a_copy() -> None:
+    sink, executor, channel = ListSink(), ManualExecutor(), RecordingChannel()
+    r = consumer(sink, executor)
+    body = body_for("a.mp4")
+    deliver(r, channel, 1, body)
+    deliver(r, channel, 2, body)  # the other copy, not a redelivery, while the submit runs
+    executor.run_all()
+    r.settle(channel)
+    assert len(sink.jobs) == 1 and sorted(channel.acked) == [1, 2]
+    assert r.stats["copies"] == 1 and r.stats["redelivered_in_progress"] == 0
+
+
+def test_digests_within_the_copy_window_outlive_the_redelivery_memory() -> None:
+    """Faster than ``redelivery_memory`` events per ``copy_window_s``: the later copy of the oldest is
+    still known; once the window has passed the memory shrinks back to its bound."""
+    sink, channel, clock = ListSink(), RecordingChannel(), FakeClock()
+    r = consumer(sink, clock=clock, redelivery_memory=10, copy_window_s=30)
+    for i in range(25):
+        deliver(r, channel, i + 1, body_for(f"v{i}.mp4"))
+        r.settle(channel)
+    clock.now += 3.0
+    deliver(r, channel, 100, body_for("v0.mp4"))  # the store's copy of the first
+    r.settle(channel)
+    assert len(sink.jobs) == 25 and r.stats["copies"] == 1
+    clock.now += 30.0
+    deliver(r, channel, 101, body_for("new.mp4"))
+    r.settle(channel)
+    deliver(r, channel, 102, body_for("v1.mp4"))  # long forgotten: routed again (a replay)
+    r.settle(channel)
+    assert len(sink.jobs) == 27

@@ -131,3 +131,36 @@ def test_a_target_still_unknown_after_the_wait_is_refused_with_minios_reason() -
     with pytest.raises(S3Error, match="destination ARN does not exist"):
         subscribe_bucket(client, "videos", ARN, 10, lambda: now[0], sleep)  # type: ignore[arg-type]
     assert now[0] <= 10 and client.sets == 0
+
+
+class OneTarget(FakeMinio):
+    """A MinIO set up before dual delivery: it knows the durable target only."""
+
+    def __init__(self) -> None:
+        super().__init__(NotificationConfig())
+
+    def set_bucket_notification(self, bucket: str, config: NotificationConfig) -> None:
+        if any(q.queue != ARN for q in config.queue_config_list):
+            raise arn_refused()
+        super().set_bucket_notification(bucket, config)
+
+
+def test_a_minio_without_the_fast_target_is_subscribed_to_the_durable_one_after_the_wait(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client, now = OneTarget(), [0.0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    arns = AmqpSettings(event_delivery="dual").queue_arns
+    assert subscribe_bucket(client, "videos", arns, 10, lambda: now[0], sleep) is True  # type: ignore[arg-type]
+    assert [q.queue for q in client.config.queue_config_list] == [ARN]
+    assert now[0] <= 10
+    assert "VIDX_AMQP__EVENT_DELIVERY=queue_dir" in caplog.text and arns[1] in caplog.text
+
+
+def test_the_fast_target_must_differ_from_the_durable_one() -> None:
+    with pytest.raises(ValueError, match="must differ"):
+        AmqpSettings(minio_fast_target_id="VIDX")
+    assert AmqpSettings(event_delivery="queue_dir", minio_fast_target_id="VIDX").queue_arns == [ARN]
