@@ -218,6 +218,24 @@ def test_the_ha_compose_file_matches_the_specification_and_the_tests_topology() 
     }
 
 
+@pytest.mark.parametrize(
+    ("compose", "service", "host"), [(COMPOSE, "minio", "rabbitmq"), (COMPOSE_HA, "minio-0", "haproxy")]
+)
+def test_the_compose_minio_publishes_events_as_minio_notify_env_says(compose: Path, service: str, host: str) -> None:
+    """The compose files copy events.subscribe.minio_notify_env by hand (YAML can't call it): every target
+    variable it emits, with the same value (the broker URL and store limit aside)."""
+    from events.config import AmqpSettings
+    from events.subscribe import minio_notify_env
+
+    env = load_yaml(compose.read_text())["services"][service]["environment"]
+    url = f"amqp://${{VIDX_AMQP_USER}}:${{VIDX_AMQP_PASSWORD}}@{host}:5672"
+    wanted = minio_notify_env(AmqpSettings(), url, "/queue")
+    optional = {k for k in wanted if "_QUEUE_LIMIT_" in k}  # MinIO's own default applies
+    assert {k: v for k, v in wanted.items() if k not in optional} == {
+        k: str(v) for k, v in env.items() if k.startswith("MINIO_NOTIFY_") and k not in optional
+    }
+
+
 def test_the_credentials_script_generates_private_distinct_values_once(tmp_path: Path) -> None:
     import stat
     import subprocess
