@@ -78,7 +78,7 @@ def _profile_burst(host: Any, folder: Path, seconds: float) -> list[Any]:
     import ray
     from ray.util.state import list_actors
 
-    from bench.e2e import _profile
+    from bench.pyspy import start_py_spy
 
     pids = {"api": host.replica_pids("Api")[0]}
     actors = list_actors(
@@ -88,7 +88,7 @@ def _profile_burst(host: Any, folder: Path, seconds: float) -> list[Any]:
     )
     if actors:
         pids["proxy"] = actors[0].pid
-    return [_profile(pid, int(seconds) + 2, folder / f"ack-{name}.svg") for name, pid in pids.items()]
+    return [start_py_spy(pid, int(seconds) + 2, folder / f"ack-{name}.svg") for name, pid in pids.items()]
 
 
 def main() -> None:
@@ -105,6 +105,7 @@ def main() -> None:
     args = parser.parse_args()
     seconds = args.seconds or (FULL_SECONDS if args.full else DEFAULT_SECONDS)
 
+    from bench.pyspy import PY_SPY_WRITE_S, finish_py_spy
     from infra.dev.tinymodel import build_tiny_siglip
     from tests.faults.harness import start_app
     from tests.services import start_services, unique_prefix
@@ -122,7 +123,7 @@ def main() -> None:
             spies = _profile_burst(host, args.profile, seconds) if args.profile else []
             results = asyncio.run(_burst(host.settings.api_url, bucket, args.rate, seconds))
             for spy in spies:
-                spy.wait(timeout=seconds + 60)
+                finish_py_spy(spy, seconds + PY_SPY_WRITE_S)
     ok = [r["ms"] for r in results if r["status"] == 202]
     statuses: dict[str, int] = {}
     for r in results:

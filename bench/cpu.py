@@ -14,14 +14,12 @@ import argparse
 import os
 import re
 import subprocess
-import sys
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, save_section
+from bench.procstat import Usage, cpu_usage, snapshot
 
 DEFAULT_VIDEOS, FULL_VIDEOS = 40, 120
 INDEX_TIMEOUT_S = 900.0
@@ -37,162 +35,10 @@ POLL_S = 0.2
 #: Processes listed by name after the run (the busiest).
 TOP_PROCESSES = 15
 
-# -- /proc -----------------------------------------------------------------------------------------
+# -- profiling -------------------------------------------------------------------------------------
 
-
-@dataclass(frozen=True, slots=True)
-class Proc:
-    """One process as ``/proc`` shows it; CPU in clock ticks."""
-
-    pid: int
-    ppid: int
-    comm: str
-    cmdline: str
-    ticks: int  # utime + stime
-    child_ticks: int  # cutime + cstime: children it has waited for
-    start: int  # starttime (ticks since boot): tells a reused pid apart
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    procs: dict[int, Proc]
-    busy_ticks: int
-    steal_ticks: int
-    at_s: float
-
-
-def parse_stat(pid: int, stat: str, cmdline: bytes) -> Proc:
-    """A ``Proc`` from the text of ``/proc/<pid>/stat`` and the bytes of ``/proc/<pid>/cmdline``."""
-    head, _, tail = stat.rpartition(")")  # comm may hold spaces and parentheses
-    fields = tail.split()  # fields[0] is field 3 (state)
-    args = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()
-    ticks, child_ticks = int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
-    return Proc(pid, int(fields[1]), head.partition("(")[2], args, ticks, child_ticks, int(fields[19]))
-
-
-def machine_ticks(proc_stat: str) -> tuple[int, int]:
-    """(busy, steal) ticks of all CPUs from ``/proc/stat``: busy is every non-idle tick, user + nice +
-    system + irq + softirq + steal (guest time is inside user already; idle and iowait are idle)."""
-    cpu = next(line for line in proc_stat.splitlines() if line.startswith("cpu "))
-    v = [int(x) for x in cpu.split()[1:]] + [0] * 10
-    return v[0] + v[1] + v[2] + v[5] + v[6] + v[7], v[7]
-
-
-def snapshot(proc_root: Path = Path("/proc")) -> Snapshot:
-    """Every process's CPU time and the machine's; processes that end while being read are skipped."""
-    procs: dict[int, Proc] = {}
-    for entry in proc_root.iterdir():
-        try:
-            if entry.name.isdigit():
-                pid = int(entry.name)
-                procs[pid] = parse_stat(pid, (entry / "stat").read_text(), (entry / "cmdline").read_bytes())
-        except (OSError, IndexError, ValueError):
-            continue
-    busy, steal = machine_ticks((proc_root / "stat").read_text())
-    return Snapshot(procs, busy, steal, time.monotonic())
-
-
-# -- classes -----------------------------------------------------------------------------------------
-
-REPLICA = re.compile(r"^ray::ServeReplica:[^:\s]+:([\w-]+)")
-#: (pattern on the command line, class), first match wins; see ``classify_one``.
-RULES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"^ray::ServeController"), "Serve controller"),
-    (re.compile(r"^ray::ProxyActor"), "Serve proxy"),
-    (
-        re.compile(r"^ray::(DashboardAgent|RuntimeEnvAgent)|dashboard/agent\.py|runtime_env/agent/main\.py"),
-        "Ray agents",
-    ),
-    (re.compile(r"^ray::|ray/_private/workers/default_worker\.py"), "Ray workers (other)"),
-    (re.compile(r"(^|/)gcs_server\b"), "Ray GCS"),
-    (re.compile(r"(^|/)raylet\b"), "Ray raylet"),
-    (re.compile(r"^ray-dashboard-|dashboard/dashboard\.py"), "Ray dashboard"),
-    (re.compile(r"log_monitor\.py|autoscaler/_private/monitor\.py"), "Ray monitors"),
-    (re.compile(r"^(\S*/)?minio\b"), "MinIO"),
-    (re.compile(r"beam\.smp|erl_child_setup|(^|/)epmd\b|inet_gethost|rabbitmq"), "RabbitMQ"),
-    (re.compile(r"^(\S*/)?(podman|conmon|slirp4netns|pasta|catatonit|crun|runc|netavark)"), "container plumbing"),
-]
 #: Classes whose processes don't run Python (py-spy can't profile them); the rest do.
 NATIVE_CLASSES = {"Ray GCS", "Ray raylet", "MinIO", "RabbitMQ", "container plumbing", "kernel", "other"}
-
-
-def classify_one(proc: Proc) -> str | None:
-    """The class a process's own command line says, or None (then its parent's decides)."""
-    if proc.pid == 2 or proc.ppid == 2:
-        return "kernel"
-    if m := REPLICA.match(proc.cmdline):
-        return m[1]
-    return next((name for pattern, name in RULES if pattern.search(proc.cmdline)), None)
-
-
-def classify(procs: dict[int, Proc], bench_pid: int) -> dict[int, str]:
-    """Each pid's class: its own command line's, else the nearest classified ancestor's (a replica's
-    children, e.g. decode workers, are ``<Deployment> children``); the benchmark and the processes it
-    started are ``benchmark``; ``other`` when nothing says."""
-    own = {pid: "benchmark" if pid == bench_pid else classify_one(p) for pid, p in procs.items()}
-    out: dict[int, str] = {}
-    for pid in procs:
-        cls, seen, at = own[pid], set(), pid
-        while cls is None and at in procs and at not in seen:
-            seen.add(at)
-            at = procs[at].ppid
-            parent = own.get(at)
-            if parent is not None:
-                cls = f"{parent} children" if REPLICA.match(procs[at].cmdline) else parent
-        out[pid] = cls or "other"
-    return out
-
-
-@dataclass
-class Usage:
-    """CPU seconds by class and by pid over an interval, what it lost, and the machine's busy time."""
-
-    by_class: dict[str, float]
-    by_pid: dict[int, float]
-    procs: dict[int, Proc]  # both snapshots' processes (the later one's where a pid is in both)
-    classes: dict[int, str]
-    started: set[int]
-    ended: int
-    ended_unrecovered: int
-    reaped: dict[str, float]  # by class
-    busy_s: float
-    steal_s: float
-    wall_s: float
-
-
-def cpu_usage(before: Snapshot, after: Snapshot, bench_pid: int, hz: int) -> Usage:
-    """CPU seconds each class spent between two snapshots. A process that started in between counts
-    from 0; one that ended is recovered from its surviving parent's child times (``cutime + cstime``
-    grow when the parent reaps it) less what it had spent before, else lost (``ended_unrecovered``)."""
-    procs = before.procs | after.procs
-    classes = classify(procs, bench_pid)
-    old = {pid: p for pid, p in before.procs.items() if pid in after.procs and after.procs[pid].start == p.start}
-    gone = [p for pid, p in before.procs.items() if pid not in old]
-    by_pid = {pid: (p.ticks - (old[pid].ticks if pid in old else 0)) / hz for pid, p in after.procs.items()}
-    by_class: dict[str, float] = {}
-    for pid, seconds in by_pid.items():
-        by_class[classes[pid]] = by_class.get(classes[pid], 0.0) + seconds
-    reaped: dict[str, float] = {}
-    for pid, p in after.procs.items():
-        mine = [g for g in gone if g.ppid == pid] if pid in old else []
-        ticks = p.child_ticks - (old[pid].child_ticks if pid in old else 0) - sum(g.ticks + g.child_ticks for g in mine)
-        if ticks > 0:
-            cls = classes[mine[0].pid] if mine else classes[pid]
-            reaped[cls] = reaped.get(cls, 0.0) + ticks / hz
-            by_class[cls] = by_class.get(cls, 0.0) + ticks / hz
-    return Usage(
-        by_class=by_class,
-        by_pid=by_pid,
-        procs=procs,
-        classes=classes,
-        started=set(after.procs) - set(old),
-        ended=len(gone),
-        ended_unrecovered=sum(1 for g in gone if g.ppid not in old),
-        reaped=reaped,
-        busy_s=(after.busy_ticks - before.busy_ticks) / hz,
-        steal_s=(after.steal_ticks - before.steal_ticks) / hz,
-        wall_s=after.at_s - before.at_s,
-    )
 
 
 def top_python(usage: Usage, n: int = 2) -> list[tuple[str, str | None]]:
@@ -219,17 +65,19 @@ def slug(name: str) -> str:
 
 def _upload_wait(host: Any, client: Any, keys: list[str], paths: list[Path]) -> None:
     """Upload, then wait until every video is indexed (bench.e2e's one-request-per-poll wait)."""
-    from bench.e2e import _wait_indexed
+    from bench.e2e import wait_indexed
     from storage.ids import video_id
 
     for key, path in zip(keys, paths, strict=True):
         client.fput_object(host.bucket, key, str(path), content_type="video/mp4")
-    _wait_indexed(host, [video_id(host.bucket, k) for k in keys], INDEX_TIMEOUT_S, POLL_S)
+    wait_indexed(host, [video_id(host.bucket, k) for k in keys], INDEX_TIMEOUT_S, POLL_S)
 
 
 def _profiled_batch(host: Any, client: Any, paths: list[Path], usage: Usage, notes: list[str]) -> dict[str, str]:
     """The same clips again under new keys, py-spy on the busiest process of each of the two biggest
     Python classes; {class: svg path}."""
+    from bench.pyspy import PY_SPY_WRITE_S, finish_py_spy, start_py_spy
+
     seconds = int(min(PROFILE_MAX_S, max(PROFILE_MIN_S, usage.wall_s + 5)))
     spies: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
     PROFILES.mkdir(parents=True, exist_ok=True)
@@ -242,23 +90,17 @@ def _profiled_batch(host: Any, client: Any, paths: list[Path], usage: Usage, not
             continue
         pid = max(alive, key=lambda p: usage.by_pid.get(p, 0.0))
         out = PROFILES / f"cpu-{slug(name)}.svg"
-        spy = Path(sys.executable).parent / "py-spy"
-        cmd = [str(spy), "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "50", "--nonblocking"]
-        spies[name] = (subprocess.Popen([*cmd, "--output", str(out)], stdout=subprocess.DEVNULL), out)
+        spies[name] = (start_py_spy(pid, seconds, out, nonblocking=True, quiet=False), out)
         if skipped:
             notes.append(f"profiled {name} in place of the bigger non-Python {skipped} (py-spy profiles Python)")
     _upload_wait(host, client, [f"profiled/v{i:03d}.mp4" for i in range(len(paths))], paths)
     done: dict[str, str] = {}
-    for name, (spy_proc, out) in spies.items():
-        try:
-            spy_proc.wait(timeout=seconds + 60)
-        except subprocess.TimeoutExpired:
-            spy_proc.kill()
-            spy_proc.wait(timeout=10)
-        if spy_proc.returncode == 0 and out.exists():
+    for name, (spy, out) in spies.items():
+        status = finish_py_spy(spy, seconds + PY_SPY_WRITE_S)
+        if status == 0 and out.exists():
             done[name] = str(out.relative_to(ROOT))
         else:
-            notes.append(f"py-spy on {name} failed (exit {spy_proc.returncode})")
+            notes.append(f"py-spy on {name} failed (exit {status})")
     return done
 
 
@@ -374,7 +216,7 @@ def main() -> None:
     args = parser.parse_args()
     n, workers = args.videos or (FULL_VIDEOS if args.full else DEFAULT_VIDEOS), args.processes
 
-    from bench.e2e import FPS, SIZE, VIDEO_S, _videos
+    from bench.e2e import FPS, SIZE, VIDEO_S, generate_videos
     from infra.dev.tinymodel import build_tiny_siglip
 
     notes: list[str] = []
@@ -382,7 +224,7 @@ def main() -> None:
         tmp = Path(tmp_name)
         print(f"generating {n} videos ({VIDEO_S:g}s {SIZE[0]}x{SIZE[1]} {FPS} fps)", flush=True)
         (tmp / "batch").mkdir()
-        paths = _videos(tmp / "batch", n, 1000)
+        paths = generate_videos(tmp / "batch", n, 1000)
         model_dir = build_tiny_siglip(tmp / "tiny", seed=0)
         app, settings, profiles = _app_run(paths, model_dir, tmp, args.profile, notes)
         model = settings.model.model_copy(update={"id": str(model_dir), "cpu_threads": 1 if workers > 1 else 0})

@@ -22,8 +22,6 @@ import asyncio
 import io
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import percentile, save_section, stopwatch
+from bench.pyspy import PY_SPY_WRITE_S, finish_py_spy, start_py_spy
 from storage.ids import video_id
 
 DEFAULT_VIDEOS, FULL_VIDEOS = 50, 200
@@ -58,7 +57,8 @@ FRESH_TIMEOUT_S = 120.0
 TAP_QUEUE = "bench-tap"
 
 
-def _videos(directory: Path, n: int, first_seed: int) -> list[Path]:
+def generate_videos(directory: Path, n: int, first_seed: int) -> list[Path]:
+    """``n`` clips of ``VIDEO_S`` s, ``SIZE`` at ``FPS``, written into ``directory`` (seeds from ``first_seed``)."""
     from infra.dev.samples import write_video
 
     return [
@@ -67,7 +67,7 @@ def _videos(directory: Path, n: int, first_seed: int) -> list[Path]:
     ]
 
 
-def _wait_indexed(host: Any, ids: list[str], timeout_s: float, poll_s: float = 0.1) -> None:
+def wait_indexed(host: Any, ids: list[str], timeout_s: float, poll_s: float = 0.1) -> None:
     """Wait until every id is indexed, asking about one at a time (the first not yet seen indexed):
     one request per poll. Asking about every video each round made the benchmark's own requests (a
     catalog read each) a large part of the Api's and the proxy's CPU on 2 cores (bench.cpu found it).
@@ -256,26 +256,12 @@ def _profiled_batch(host: Any, client: Any, bucket: str, paths: list[Path], out:
     pids = host.replica_pids("IndexConsumer")
     if not pids:
         return
-    spy = _profile(pids[0], PROFILE_S, out)
+    spy = start_py_spy(pids[0], PROFILE_S, out)
     keys = [f"profiled/v{i:03d}.mp4" for i in range(len(paths))]
     for key, path in zip(keys, paths, strict=True):
         client.fput_object(bucket, key, str(path), content_type="video/mp4")
-    _wait_indexed(host, [video_id(bucket, k) for k in keys], INDEX_TIMEOUT_S)
-    try:
-        spy.wait(timeout=PROFILE_S + 60)
-    except subprocess.TimeoutExpired:
-        spy.kill()
-
-
-def _profile(pid: int, seconds: int, out: Path) -> subprocess.Popen[bytes]:
-    """Start py-spy on a replica for ``seconds`` (a flame graph SVG at ``out``; collapsed stacks, one
-    line each, when ``out`` ends in ``.txt``)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    spy = Path(sys.executable).parent / "py-spy"
-    cmd = [str(spy), "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "50", "--output", str(out)]
-    if out.suffix == ".txt":
-        cmd += ["--format", "raw"]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_indexed(host, [video_id(bucket, k) for k in keys], INDEX_TIMEOUT_S)
+    finish_py_spy(spy, PROFILE_S + PY_SPY_WRITE_S)
 
 
 def main() -> None:
@@ -306,8 +292,8 @@ def main() -> None:
         print(f"generating {n_videos} + {n_clips} videos ({VIDEO_S:g}s {SIZE[0]}x{SIZE[1]} {FPS} fps)", flush=True)
         (tmp / "batch").mkdir()
         (tmp / "clips").mkdir()
-        paths = _videos(tmp / "batch", n_videos, 1000)
-        clips = _videos(tmp / "clips", n_clips + 1, 5000)
+        paths = generate_videos(tmp / "batch", n_videos, 1000)
+        clips = generate_videos(tmp / "clips", n_clips + 1, 5000)
         model_dir = build_tiny_siglip(tmp / "tiny", seed=0)
         with start_services() as services:
             prefix = unique_prefix()
@@ -351,7 +337,7 @@ def main() -> None:
                     with stopwatch() as elapsed:
                         for key, path in zip(keys, paths, strict=True):
                             client.fput_object(bucket, key, str(path), content_type="video/mp4")
-                        _wait_indexed(host, [video_id(bucket, k) for k in keys], INDEX_TIMEOUT_S)
+                        wait_indexed(host, [video_id(bucket, k) for k in keys], INDEX_TIMEOUT_S)
                     wall = elapsed()
                     if args.profile is not None:
                         try:

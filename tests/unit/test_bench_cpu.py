@@ -1,10 +1,12 @@
-"""bench.cpu's /proc reading, process classes and CPU accounting, on fake /proc data."""
+"""bench.procstat's /proc reading, process classes and CPU accounting, on fake /proc data; bench.cpu's
+choice of what to profile and its report."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench.cpu import Proc, Snapshot, classify, cpu_usage, machine_ticks, parse_stat, snapshot, top_python
+from bench.cpu import top_python
+from bench.procstat import Proc, Snapshot, classify, cpu_usage, machine_ticks, parse_stat, snapshot
 
 BENCH = 100
 
