@@ -30,14 +30,11 @@ from events.config import AmqpSettings, VideoFilterSettings
 from events.jobs import IndexJob, JobOp, JobSink, JobSource
 from events.parked import MAX_REASON_CHARS, park
 from events.records import BucketEvent, EventDecodeError, EventKind, decode_message
+from events.settled import Seen, SettledMemory
 from events.subscribe import declare_event_topology
 from storage.errors import TransientError
 
 log = logging.getLogger(__name__)
-#: Most settled digests kept while they are within ``copy_window_s`` (~150 bytes each): beyond
-#: ``redelivery_memory`` they are kept only for the window, so the later copy of an event is known at any
-#: rate up to this many events per window.
-COPY_MEMORY_CAP = 200_000
 
 #: Longest pause between reconnect attempts.
 MAX_RECONNECT_DELAY_S = 30.0
@@ -142,7 +139,7 @@ class EventRouter:
         # acked, by body digest, and the digests of the last ones acked, with when their jobs were all
         # submitted (None: parked).
         self._active: OrderedDict[str, _Message] = OrderedDict()
-        self._settled: OrderedDict[str, float | None] = OrderedDict()
+        self._settled = SettledMemory(amqp.redelivery_memory, amqp.copy_window_s, clock)
         self._finished: queue.SimpleQueue[tuple[_Message, TransientError | None]] = queue.SimpleQueue()
         self._connection: pika.BlockingConnection | None = None
         self._channel: Any = None
@@ -250,19 +247,19 @@ class EventRouter:
             self._count("redelivered_in_progress" if method.redelivered else "copies")
             message.tags.append(method.delivery_tag)
             return
-        if digest in self._settled:
-            if method.redelivered:
-                # Settled, but the ack went down with the old connection: its jobs are all submitted.
-                self._count("redelivered_settled")
-                channel.basic_ack(method.delivery_tag)
-                return
-            routed_at = self._settled[digest]
-            if routed_at is not None and self._clock() - routed_at < self._amqp.copy_window_s:
-                # The other copy of one event (MinIO's dual delivery): its jobs were submitted moments ago.
-                self._count("copies")
-                channel.basic_ack(method.delivery_tag)
-                return
-            del self._settled[digest]  # the same body published anew (a replay): route it again
+        seen = self._settled.seen(digest)
+        if seen is not Seen.NEW and method.redelivered:
+            # Settled, but the ack went down with the old connection: its jobs are all submitted.
+            self._count("redelivered_settled")
+            channel.basic_ack(method.delivery_tag)
+            return
+        if seen is Seen.COPY:
+            # The other copy of one event (MinIO's dual delivery): its jobs were submitted moments ago.
+            self._count("copies")
+            channel.basic_ack(method.delivery_tag)
+            return
+        if seen is Seen.SETTLED:
+            self._settled.forget(digest)  # the same body published anew (a replay): route it again
         message = _Message(digest, body)
         message.tags.append(method.delivery_tag)
         self._active[digest] = message
@@ -321,7 +318,7 @@ class EventRouter:
             channel.basic_ack(tag)
         message.tags.clear()
         del self._active[message.digest]
-        self._settled[message.digest] = None if message.park_reason is not None else self._clock()
+        self._settled.settled(message.digest, routed=message.park_reason is None)
         self._forget()
 
     def detach(self) -> None:
@@ -332,21 +329,9 @@ class EventRouter:
             message.tags.clear()
 
     def _forget(self) -> None:
-        """Keep the memory bounded: the oldest settled digests go first, but one routed within
-        ``copy_window_s`` stays (its event's other copy may be on its way) up to ``COPY_MEMORY_CAP``;
-        messages that wait for a redelivery that may never come (another consumer took it) go once
+        """Messages waiting for a redelivery that may never come (another consumer took it) go once
         they are as many as ``redelivery_memory``."""
         limit = self._amqp.redelivery_memory
-        now = self._clock()
-        while len(self._settled) > limit:
-            routed_at = next(iter(self._settled.values()))
-            if (
-                routed_at is not None
-                and now - routed_at < self._amqp.copy_window_s
-                and len(self._settled) <= COPY_MEMORY_CAP
-            ):
-                break
-            self._settled.popitem(last=False)
         if len(self._active) > limit:
             for digest, message in list(self._active.items())[: len(self._active) - limit]:
                 if message.state is not _State.RUNNING and not message.tags:
