@@ -82,9 +82,11 @@ class IndexSettings(BaseModel):
     #: on clustered synthetic frames, kept as margin for real embeddings (``python -m bench.search`` sweeps it).
     nprobes: int = Field(default=10, ge=1)
     refine_factor: int | None = Field(default=5, ge=1)
-    #: How stale the API's search handle may be: a table handle re-checks the latest version at most
-    #: this often (0: before every query, one more object-store request per search).
-    search_consistency_s: float = Field(default=1.0, ge=0)
+    #: How stale the API's search handle may be. 0: a search sees every commit finished before it
+    #: began (a video whose status says indexed is found), at the cost of one manifest check per search,
+    #: shared by the searches waiting at that moment. Above 0: the handle re-checks the latest version at
+    #: most this often (a video just indexed may be missing from results for that long).
+    search_consistency_s: float = Field(default=0.0, ge=0)
     #: The maintenance loop: one round per interval (index creation, ``optimize`` of both tables).
     optimize_interval_s: float = Field(default=300.0, gt=0)
     #: Rebuild (retrain partitions) once the table has grown this many times over the rows the index was

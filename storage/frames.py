@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 from storage.config import IndexSettings
 from storage.db import (
     PRIMARY_KEY,
+    FreshTable,
     IndexDatabase,
     merge_on,
     read_errors_are_transient,
@@ -92,6 +93,7 @@ class FrameTable:
         # Search's own warm handle, with its own staleness bound (see ``search``).
         self._search_table: Any = None
         self._search_consistency_s: float | None = None
+        self._search_fresh: FreshTable | None = None
 
     def table(self, dim: int | None = None) -> Any | None:
         """The table handle; with ``dim`` it is created if missing, else None until it exists."""
@@ -214,15 +216,21 @@ class FrameTable:
         return rows[0]["thumbnail"] if rows else None
 
     def _search_handle(self, consistency_s: float) -> Any | None:
-        """A handle kept open for searches (its index pages stay cached), which re-checks the table's
-        latest version at most every ``consistency_s`` seconds instead of before every query."""
-        if self._search_table is None or self._search_consistency_s != consistency_s:
-            try:
+        """A handle kept open for searches (its index pages stay cached). With ``consistency_s`` 0 it
+        sees every commit finished before the search began (one manifest check shared by the searches
+        waiting at that moment, ``FreshTable``): a video whose status says indexed is found. Above 0
+        it re-checks the latest version at most that often instead."""
+        try:
+            if consistency_s == 0:
+                if self._search_fresh is None:
+                    self._search_fresh = self._db.fresh(self.name)
+                return self._search_fresh.table()
+            if self._search_table is None or self._search_consistency_s != consistency_s:
                 self._search_table = self._db.connect(timedelta(seconds=consistency_s)).open_table(self.name)
-            except (ValueError, FileNotFoundError):
-                return None
-            self._search_consistency_s = consistency_s
-        return self._search_table
+                self._search_consistency_s = consistency_s
+            return self._search_table
+        except (ValueError, FileNotFoundError):  # no such table yet: nothing was indexed with this model
+            return None
 
     @read_errors_are_transient
     def search(

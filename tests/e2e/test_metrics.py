@@ -16,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from storage.catalog import VideoRecord, VideoStatus
 from storage.ids import video_id
 from storage.tables import IndexStore
 from tests.faults.harness import AppHost, start_app
@@ -91,8 +92,9 @@ def test_metrics_come_from_every_replica_and_jobs_log_json(host: AppHost, tmp_pa
     Image.fromarray(frame_at(1, 701)).save(png, format="PNG")
     resp = host.http.post("/v1/search/image?k=3", files={"image": ("q.png", png.getvalue(), "image/png")})
     assert resp.status_code == 200, resp.text
-    # A deleted video, a parked bucket event, and drift for the scheduled check to find: a catalog
-    # row rewritten behind the pipeline's back, at a version the object never had.
+    # A deleted video, a parked bucket event, and drift that only the scheduled check can find: a
+    # catalog row, written behind the pipeline's back, for an object that was never uploaded (no
+    # bucket event will ever name it).
     minio.remove_object(host.bucket, "m/good 2.mp4")
     eventually(lambda: status(host, good[1]) == "deleted", "the deleted video", INDEX_TIMEOUT_S, poll_s=0.5)
     amqp = host.settings.amqp
@@ -102,8 +104,9 @@ def test_metrics_come_from_every_replica_and_jobs_log_json(host: AppHost, tmp_pa
     finally:
         connection.close()
     store = IndexStore(host.settings.s3)
-    record = store.catalog.get(good[0])
-    assert record is not None and store.catalog.write(record.evolve(version="drifted"), record.rev) is not None
+    ghost = video_id(host.bucket, "m/never uploaded.mp4")
+    row = VideoRecord(ghost, f"s3://{host.bucket}/m/never uploaded.mp4", VideoStatus.INDEXED, version="gone")
+    assert store.catalog.write(row, 0) is not None
 
     def wanted(text: str) -> list[str]:
         """What is not yet as it should be (empty once everything is)."""
@@ -119,8 +122,7 @@ def test_metrics_come_from_every_replica_and_jobs_log_json(host: AppHost, tmp_pa
         need("deleted job", metric_sum(text, "ray_vidx_jobs_total", outcome="deleted", **consumer) >= 1)
         need("decode error", metric_sum(text, "ray_vidx_videos_failed_total", reason="decode_error", **consumer) >= 1)
         need("dead letter", metric_sum(text, "ray_vidx_dead_letters_total", kind="permanent", **consumer) >= 1)
-        # Three seconds sampled every second: three frames per job that embedded a video (the two good
-        # ones, and again for each repair of the drifted one).
+        # Three seconds sampled every second: three frames per job that embedded a video (the two good ones).
         frames = metric_sum(text, "ray_vidx_frames_embedded_total", **consumer)
         need(f"frames ({frames:g})", frames >= 6 and frames % 3 == 0)
         for stage in STAGES:
@@ -142,7 +144,8 @@ def test_metrics_come_from_every_replica_and_jobs_log_json(host: AppHost, tmp_pa
         need("parked event", metric_sum(text, "ray_vidx_bucket_events_total", kind="parked", **router) == 1)
         upkeep = {"deployment": "Upkeep"}  # the scheduled check runs in the Upkeep deployment
         need("reconcile rounds", metric_sum(text, "ray_vidx_reconcile_rounds_total", **upkeep) >= 1)
-        need("reconcile finding", metric_sum(text, "ray_vidx_reconcile_findings_total", **upkeep) >= 1)
+        need("orphan found", metric_sum(text, "ray_vidx_reconcile_findings_total", finding="orphaned", **upkeep) >= 1)
+        need("orphan repaired", status(host, ghost) == "deleted")  # only the check's repair job does that
         for queue in ("events", "index", "failed", "parked"):
             need(f"queue {queue}", len(samples(text, "vidx_queue_messages", queue=queue)) == 1)
         need("dead letter queued", metric_sum(text, "vidx_queue_messages", queue="failed") >= 1)
