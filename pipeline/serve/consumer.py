@@ -14,7 +14,7 @@ from events.jobs import INDEX_TASK
 from pipeline.index.taskqueue import task_processor_config
 from pipeline.serve.autoscale import replica_options
 from pipeline.serve.logs import logging_config, route_logs_to_replica
-from pipeline.serve.resources import SHUTDOWN_MARGIN_S, yield_cpu
+from pipeline.serve.resources import SHUTDOWN_MARGIN_S, niced_while_starting
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -40,12 +40,12 @@ def consumer_deployment(settings: Settings, num_gpus: float = 0.0) -> Any:
         def __init__(
             self, settings: Settings, encoder: DeploymentHandle, catalog_writer: DeploymentHandle | None = None
         ) -> None:
-            yield_cpu(settings.serve.consumer_nice)  # before the imports and set-up below
-            from pipeline.index.replica import consumer_handler
-            from pipeline.metrics import Metrics, RayBackend
+            with niced_while_starting(settings.serve.consumer_start_nice):  # the imports and set-up below
+                from pipeline.index.replica import consumer_handler
+                from pipeline.metrics import Metrics, RayBackend
 
-            route_logs_to_replica()
-            self._handler = consumer_handler(settings, encoder, catalog_writer, Metrics(RayBackend()))
+                route_logs_to_replica()
+                self._handler = consumer_handler(settings, encoder, catalog_writer, Metrics(RayBackend()))
             self._drain_timeout_s = settings.serve.drain_timeout_s
 
         def __del__(self) -> None:

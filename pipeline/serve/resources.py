@@ -3,8 +3,10 @@ layout, and the consumer's room to drain when it stops."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Callable, Iterator
 
 from pipeline.settings import Settings
 
@@ -36,24 +38,39 @@ def gpu_shares(settings: Settings, cluster_has_gpu: bool) -> tuple[float, float]
     return encoder, s.consumer_num_gpus if s.consumer_num_gpus is not None else default_consumer
 
 
-def yield_cpu(increment: int) -> None:
-    """Raise this process's niceness by ``increment``: batch work (a consumer replica, its own process)
-    yields the CPU to the Api and Serve's proxy when cores are short, and takes every idle cycle else.
+@contextlib.contextmanager
+def niced_while_starting(increment: int) -> Iterator[None]:
+    """Every thread of this process ``increment`` nicer inside the block, then back at the niceness it
+    had (threads started inside too). A consumer replica starting (importing torch, PyAV, LanceDB and
+    Celery: ~20 s of a core) yields the CPU to the Api, Serve's proxy and the running replicas; once
+    started it works at the same priority as the rest of the pipeline (a replica niced for good lost
+    ~30 % of the flood's throughput to everything else on saturated cores: docs/benchmarks.md).
 
-    Linux keeps a nice value per thread (``os.nice`` changes the caller's only), so every thread of the
-    process is set; threads started later inherit their creator's value."""
-    if increment <= 0:
-        return
+    Linux keeps a nice value per thread (``os.nice`` changes the caller's only), so every thread is
+    set; threads started meanwhile inherit their creator's value. Going back to a lower niceness needs
+    ``CAP_SYS_NICE`` (or an ``RLIMIT_NICE`` allowing it): without, the process stays niced, with a warning.
+    """
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    niced = increment > 0 and _set_all(lambda now: min(19, now + increment), f"lower its CPU priority by {increment}")
+    try:
+        yield
+    finally:
+        if niced:
+            _set_all(lambda _now: base, f"restore its CPU priority to {base} after starting")
+
+
+def _set_all(value: Callable[[int], int], what: str) -> bool:
+    """Set every thread's niceness to ``value(its niceness)``; False (and a warning) when not allowed."""
     try:
         tids = [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:
         tids = [0]  # no /proc: this thread at least
     for tid in tids:
         try:
-            now = os.getpriority(os.PRIO_PROCESS, tid)
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, now + increment))
+            os.setpriority(os.PRIO_PROCESS, tid, value(os.getpriority(os.PRIO_PROCESS, tid)))
         except ProcessLookupError:  # the thread ended meanwhile
             continue
-        except OSError as exc:  # not allowed here: run at the normal priority
-            log.warning("could not lower this replica's CPU priority by %d: %s", increment, exc)
-            return
+        except OSError as exc:  # not allowed here
+            log.warning("this replica could not %s: %s", what, exc)
+            return False
+    return True
