@@ -144,7 +144,7 @@ def scale(
         f"search_speedup_vs_flat_{label}": round(flat_p50 / ann_p50, 1),
     }
     # Other query settings on the same index (half the queries each): how latency trades against recall,
-    # and what re-checking the table version before every query costs.
+    # and what the old 1 s re-check interval saves against a manifest check per search (the default).
     for variant in sweep:
         name = f"np{variant.nprobes}_rf{variant.refine_factor or 0}_rc{variant.search_consistency_s:g}"
         ms, variant_found = measure(store, variant, queries[::2], exact=False)

@@ -171,11 +171,10 @@ class ServeSettings(BaseModel):
     encoder_num_gpus: float | None = Field(default=None, ge=0)
     consumer_num_cpus: float = Field(default=0.25, ge=0)
     #: Niceness added to a consumer replica's process while it starts (0: none; Ray starts every worker
-    #: at 15, and 19 is the floor), back to Ray's once it is set up. A burst that starts consumer replicas
-    #: (each a process importing torch, PyAV, LanceDB: ~20 s of a core) would otherwise take the cores the
-    #: Api answers from; niced for good, the replicas lost ~30 % of the flood's throughput to every other
-    #: process on saturated cores (docs/benchmarks.md). Going back needs ``CAP_SYS_NICE``; without it
-    #: the replica stays niced, with a warning.
+    #: at 15, and 19 is the floor), back to Ray's once it is set up: a burst that starts consumer replicas
+    #: (each a process importing torch, PyAV, LanceDB) would otherwise take the cores the Api answers
+    #: from, and replicas niced for good would index behind every other process (docs/benchmarks.md).
+    #: Going back needs ``CAP_SYS_NICE`` or an ``RLIMIT_NICE`` allowing it; without either, nothing is niced.
     consumer_start_nice: int = Field(default=10, ge=0, le=19)
     #: GPUs each consumer replica reserves; unset: none (``split``), or ``serve.resources.FUSED_GPU_SHARE``
     #: when the Ray cluster has a GPU (``fused``: the replicas share one GPU with the query Encoder).

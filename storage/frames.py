@@ -90,7 +90,7 @@ class FrameTable:
         self._db = db
         self.name = name
         self._table: Any = None
-        # Search's own warm handle, with its own staleness bound (see ``search``).
+        # Search's own warm handles (see ``_search_handle``).
         self._search_table: Any = None
         self._search_consistency_s: float | None = None
         self._search_fresh: FreshTable | None = None
@@ -216,20 +216,28 @@ class FrameTable:
         return rows[0]["thumbnail"] if rows else None
 
     def _search_handle(self, consistency_s: float) -> Any | None:
-        """A handle kept open for searches (its index pages stay cached). With ``consistency_s`` 0 it
-        sees every commit finished before the search began (one manifest check shared by the searches
-        waiting at that moment, ``FreshTable``): a video whose status says indexed is found. Above 0
-        it re-checks the latest version at most that often instead."""
+        """A handle kept open for searches (its index pages stay cached); None while the table does not
+        exist. With ``consistency_s`` 0 it sees every commit finished before the search began (one
+        manifest check shared by the searches waiting at that moment, ``FreshTable``): a frame whose
+        commit landed is found. Above 0 it re-checks the latest version at most that often instead."""
+        if consistency_s == 0:
+            if self._search_fresh is None:
+                opened = self._open_search(None)
+                if opened is None:
+                    return None
+                self._search_fresh = FreshTable(lambda: opened)  # its first check uses this open handle
+            return self._search_fresh.table()
+        if self._search_table is None or self._search_consistency_s != consistency_s:
+            self._search_table = self._open_search(timedelta(seconds=consistency_s))
+            self._search_consistency_s = consistency_s if self._search_table is not None else None
+        return self._search_table
+
+    def _open_search(self, consistency: timedelta | None) -> Any | None:
+        """The table on a connection of its own; None when it does not exist yet (nothing was indexed
+        with this model). Later errors of the handle are the search's (transient)."""
         try:
-            if consistency_s == 0:
-                if self._search_fresh is None:
-                    self._search_fresh = self._db.fresh(self.name)
-                return self._search_fresh.table()
-            if self._search_table is None or self._search_consistency_s != consistency_s:
-                self._search_table = self._db.connect(timedelta(seconds=consistency_s)).open_table(self.name)
-                self._search_consistency_s = consistency_s
-            return self._search_table
-        except (ValueError, FileNotFoundError):  # no such table yet: nothing was indexed with this model
+            return self._db.connect(consistency).open_table(self.name)
+        except (ValueError, FileNotFoundError):
             return None
 
     @read_errors_are_transient

@@ -35,9 +35,13 @@ def stores(tmp_path: Path) -> tuple[IndexStore, IndexStore]:
     return IndexStore(S3Settings(), uri=uri), IndexStore(S3Settings(), uri=uri)
 
 
-def test_before_any_frame_is_written_a_search_finds_nothing(stores: tuple[IndexStore, IndexStore]) -> None:
-    _, searcher = stores
+def test_a_search_before_the_table_exists_finds_nothing_and_the_next_after_a_write_finds_it(
+    stores: tuple[IndexStore, IndexStore],
+) -> None:
+    writer, searcher = stores
     assert searcher.frames.search(direction(0), 5, IndexSettings()) == []
+    write_needle(writer, 0)
+    assert searcher.frames.search(direction(0), 1, IndexSettings())[0]["frame_id"] == "needle0-0"
 
 
 def test_a_search_sees_every_commit_finished_before_it_began_while_others_search(
