@@ -220,25 +220,24 @@ class FrameTable:
         exist. With ``consistency_s`` 0 it sees every commit finished before the search began (one
         manifest check shared by the searches waiting at that moment, ``FreshTable``): a frame whose
         commit landed is found. Above 0 it re-checks the latest version at most that often instead."""
+        # "No such table" is caught on the first open only: a later failed check is the search's error.
         if consistency_s == 0:
-            if self._search_fresh is None:
-                opened = self._open_search(None)
-                if opened is None:
-                    return None
-                self._search_fresh = FreshTable(lambda: opened)  # its first check uses this open handle
-            return self._search_fresh.table()
+            if self._search_fresh is not None:
+                return self._search_fresh.table()
+            fresh = self._db.fresh(self.name)
+            try:
+                table = fresh.table()  # opens it, at the latest version
+            except (ValueError, FileNotFoundError):  # nothing was indexed with this model yet
+                return None
+            self._search_fresh = fresh
+            return table
         if self._search_table is None or self._search_consistency_s != consistency_s:
-            self._search_table = self._open_search(timedelta(seconds=consistency_s))
-            self._search_consistency_s = consistency_s if self._search_table is not None else None
+            try:
+                self._search_table = self._db.connect(timedelta(seconds=consistency_s)).open_table(self.name)
+            except (ValueError, FileNotFoundError):
+                return None
+            self._search_consistency_s = consistency_s
         return self._search_table
-
-    def _open_search(self, consistency: timedelta | None) -> Any | None:
-        """The table on a connection of its own; None when it does not exist yet (nothing was indexed
-        with this model). Later errors of the handle are the search's (transient)."""
-        try:
-            return self._db.connect(consistency).open_table(self.name)
-        except (ValueError, FileNotFoundError):
-            return None
 
     @read_errors_are_transient
     def search(

@@ -229,4 +229,7 @@ def test_consumer_replicas_work_at_the_apis_priority_once_started(host: AppHost)
         # every thread of each replica, not only its main one
         return bool(consumers) and len(threads) > len(consumers) and {n for _, _, n in threads} == {niceness(api)}
 
-    eventually(all_at_the_apis, f"every consumer thread at the Api's niceness ({seen})", 120.0, poll_s=1.0)
+    try:
+        eventually(all_at_the_apis, "every consumer thread at the Api's niceness", 120.0, poll_s=1.0)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last seen: {seen}") from exc
