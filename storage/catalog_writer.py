@@ -3,11 +3,16 @@
 Every catalog commit is a manifest write (and its conflict check) on object storage; a video costs
 two transitions (claim, finish), so one commit per transition caps the whole cluster at a few videos
 per second. ``GroupedCatalogWriter`` commits whatever writes are waiting in one ``Catalog.write_many``
-(each still a compare-and-set of its own), paced by a token bucket: a commit spends a token, and
-tokens come back one per ``min_interval_s`` after a commit ended, up to ``burst_commits``. After a quiet
-spell a lone video's claim and finish commit at once (tokens in hand); under load the bucket stays
-empty, so commits are ``min_interval_s`` apart as with a fixed pace and each carries every write that
-waited meanwhile: the commit rate stays fixed however many videos arrive.
+(each still a compare-and-set of its own), paced by load. The writer sees every claim (a row written
+``indexing``) and every finish (any other status), so it knows how many claimed videos are unfinished.
+While that is at most ``quiet_videos`` (None: never), the next commit goes at once, at least ``quiet_interval_s``
+after the last one ended: a lone video's claim and finish wait for no pace. Above it a token bucket
+paces: a commit spends a token, and tokens come back one per ``min_interval_s`` after a commit ended,
+up to ``burst_commits``; under load the bucket stays empty, so commits are ``min_interval_s`` apart and
+each carries every write that waited meanwhile: the commit rate stays fixed however many videos
+arrive. The count can't be fooled by a lull in arrivals (consumers waiting on a long commit write
+nothing meanwhile, yet their videos stay claimed); a claim whose finish never comes (its consumer died)
+stops counting after ``claim_memory_s``.
 docs/design/state-machine.md says why the state machine's argument holds unchanged.
 """
 
@@ -15,11 +20,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from storage.catalog import Catalog, VideoRecord
+from storage.catalog import Catalog, VideoRecord, VideoStatus
 from storage.errors import TransientError
 from storage.grouped import CLOSE_TIMEOUT_S as CLOSE_TIMEOUT_S
 from storage.grouped import STALL_AFTER_S, GroupedCommits, GroupPolicy
@@ -98,6 +104,35 @@ class CatalogWriterStats:
     failed_commits: int
 
 
+#: Claimed videos the writer remembers at most (the oldest is forgotten first): far above any fleet's
+#: concurrent jobs, so under any real load the count stays above ``quiet_videos``.
+CLAIMS_REMEMBERED = 100_000
+
+
+class ClaimedVideos:
+    """The videos whose last landed write was a claim, each with when it landed (writer thread only)."""
+
+    def __init__(self, memory_s: float) -> None:
+        self._memory_s = memory_s
+        self._claimed: OrderedDict[str, float] = OrderedDict()
+
+    def landed(self, record: VideoRecord, now: float) -> None:
+        self._claimed.pop(record.video_id, None)
+        if record.status is VideoStatus.INDEXING:
+            self._claimed[record.video_id] = now  # newest last
+            while len(self._claimed) > CLAIMS_REMEMBERED:
+                self._claimed.popitem(last=False)
+
+    def count(self, now: float) -> int:
+        """Claims younger than ``memory_s`` (older ones are dropped: their consumer is gone or slow)."""
+        while self._claimed:
+            vid, at = next(iter(self._claimed.items()))
+            if now - at <= self._memory_s:
+                break
+            del self._claimed[vid]
+        return len(self._claimed)
+
+
 class GroupedCatalogWriter:
     """Gathers concurrent catalog writes into grouped commits (see the module docstring)."""
 
@@ -107,14 +142,24 @@ class GroupedCatalogWriter:
         *,
         min_interval_s: float = 1.0,
         burst_commits: int = 8,
+        quiet_videos: int | None = None,
+        quiet_interval_s: float = 0.25,
+        claim_memory_s: float = 600.0,
         max_writes: int = 512,
         stall_after_s: float = STALL_AFTER_S,
     ) -> None:
-        if min_interval_s < 0 or max_writes < 1 or burst_commits < 1:
-            raise ValueError("min_interval_s must be >= 0, burst_commits >= 1 and max_writes >= 1")
+        if min(min_interval_s, quiet_interval_s, quiet_videos or 0) < 0 or max_writes < 1 or burst_commits < 1:
+            raise ValueError(
+                "min_interval_s, quiet_interval_s and quiet_videos must be >= 0, burst_commits and max_writes >= 1"
+            )
         self._catalog = catalog
         self._min_interval_s = min_interval_s
         self._burst = burst_commits
+        self._quiet_videos = quiet_videos
+        self._quiet_interval_s = quiet_interval_s
+        # Writer thread only: the claimed, unfinished videos, and when the last commit ended.
+        self._claims = ClaimedVideos(claim_memory_s)
+        self._ended_at = float("-inf")
         # The token bucket (writer thread only): tokens in hand, as of ``_tokens_at``.
         self._tokens = float(burst_commits)
         self._tokens_at = time.monotonic()
@@ -166,16 +211,19 @@ class GroupedCatalogWriter:
         self._tokens_at = now
 
     def _due_at(self, _oldest: _Pending) -> float:
-        """At once with a token in hand, else when the next one is back."""
+        """Quiet (few claimed videos unfinished): at once, ``quiet_interval_s`` after the last commit
+        at the earliest. Busy: at once with a token in hand, else when the next one is back."""
         now = time.monotonic()
         self._refill(now)
+        if self._quiet_videos is not None and self._claims.count(now) <= self._quiet_videos:
+            return max(now, self._ended_at + self._quiet_interval_s)
         return now if self._tokens >= 1 else now + (1 - self._tokens) * self._min_interval_s
 
     def _spend(self) -> None:
         """A commit ended (landed or not): one token spent. The time the commit ran earns none (tokens
         come back from its end, as a fixed pace of one interval after each commit would have it)."""
         self._tokens = max(0.0, self._tokens - 1)
-        self._tokens_at = time.monotonic()
+        self._tokens_at = self._ended_at = time.monotonic()
 
     def _write(self, group: list[_Pending]) -> list[VideoRecord | None]:
         self._refill(time.monotonic())  # the wait for this group earned tokens; its commit will not
@@ -192,6 +240,9 @@ class GroupedCatalogWriter:
     def _landed(self, group: list[_Pending], outcomes: list[VideoRecord | None], took_s: float) -> None:
         self._lost += sum(1 for o in outcomes if o is None)
         self._spend()
+        for outcome in outcomes:
+            if outcome is not None:
+                self._claims.landed(outcome, self._ended_at)
         log.debug("catalog commit of %d writes in %.3fs", len(group), took_s)
         for pending, outcome in zip(group, outcomes, strict=True):
             _settle(pending.future, outcome)

@@ -28,6 +28,8 @@ def grouped_writer(catalog: Catalog, settings: Settings) -> GroupedCatalogWriter
         catalog,
         min_interval_s=w.catalog_min_interval_s,
         burst_commits=w.catalog_burst_commits,
+        quiet_videos=w.catalog_quiet_videos,
+        quiet_interval_s=w.catalog_quiet_interval_s,
         max_writes=w.catalog_max_writes,
         stall_after_s=w.stall_after_s,
     )

@@ -71,15 +71,19 @@ def test_write_many_refuses_two_writes_of_one_video(store: IndexStore) -> None:
         store.catalog.write_many([(record("a"), 0), (record("a"), 0)])
 
 
-def test_concurrent_submits_share_commits_and_each_learns_its_outcome(store: IndexStore) -> None:
-    """THREADS threads submit at once, each one new row and one stale write; the writer commits at
-    most once per interval, so the writes share a few commits; every thread learns its own outcome."""
+@pytest.mark.parametrize("quiet_videos", [None, 2], ids=["bucket-only", "paced-by-load"])
+def test_concurrent_submits_share_commits_and_each_learns_its_outcome(
+    store: IndexStore, quiet_videos: int | None
+) -> None:
+    """THREADS threads submit at once, each one claim (a new row) and some a stale write; the writer
+    commits at most once per interval once more than ``quiet_videos`` are claimed, so the writes share
+    a few commits; every thread learns its own outcome."""
     threads_n = 24
     store.catalog.get("x")
     stale = store.catalog.write(record("stale"), 0)
     assert stale is not None and store.catalog.write(stale.evolve(error="moved"), stale.rev) is not None
     before = store.catalog.version()
-    writer = GroupedCatalogWriter(store.catalog, min_interval_s=0.2, burst_commits=1)
+    writer = GroupedCatalogWriter(store.catalog, min_interval_s=0.2, burst_commits=1, quiet_videos=quiet_videos)
     barrier = threading.Barrier(threads_n)
     results: list[tuple[VideoRecord | None, VideoRecord | None] | BaseException] = [None] * threads_n  # type: ignore[list-item]
 
@@ -132,6 +136,74 @@ def test_a_lone_videos_claim_and_finish_commit_at_once_whatever_the_interval(sto
         writer.submit(record("c"), 0).result(0.5)
     writer.close()  # closing takes the waiting write at once
     assert writer.stats.commits == 5
+
+
+def test_while_few_videos_are_claimed_each_write_commits_at_once_with_the_bucket_empty(store: IndexStore) -> None:
+    """Paced by load: videos indexed one after another (one claimed at a time) never wait for the pace.
+    A 60 s interval and one token: a write that waited for a token would miss its 30 s deadline."""
+    writer = GroupedCatalogWriter(
+        store.catalog, min_interval_s=60, burst_commits=1, quiet_videos=1, quiet_interval_s=0.05
+    )
+    for vid in ("a", "b", "c", "d"):
+        claimed = writer.submit(record(vid), 0).result(WAIT_S)
+        assert claimed is not None
+        finished = writer.submit(claimed.evolve(status=VideoStatus.INDEXED), claimed.rev).result(WAIT_S)
+        assert finished is not None and finished.rev == 2
+    writer.close()
+    assert writer.stats.commits == 8
+
+
+def test_with_more_videos_claimed_than_quiet_the_pace_holds_though_no_write_arrives(store: IndexStore) -> None:
+    """Two videos claimed and unfinished (their consumers busy, writing nothing): the next write is
+    load, not a quiet spell, so it waits for the pace (a count of recent arrivals would have sent it at
+    once). A finish brings the count back under the bar, and the next write goes at once."""
+    writer = GroupedCatalogWriter(
+        store.catalog, min_interval_s=60, burst_commits=2, quiet_videos=1, quiet_interval_s=0.05
+    )
+    a = writer.submit(record("a"), 0).result(WAIT_S)  # quiet: 0 claimed
+    b = writer.submit(record("b"), 0).result(WAIT_S)  # quiet: 1 claimed
+    assert a is not None and b is not None and writer.stats.commits == 2
+    time.sleep(0.3)  # a lull: nothing arrives
+    c = writer.submit(record("c"), 0)
+    with pytest.raises(TransientError, match="no outcome"):
+        c.result(1.0)  # 2 claimed > 1, and the bucket is empty: 60 s away
+    writer.close()  # closing takes it at once
+    assert c.result(WAIT_S) is not None and writer.stats.commits == 3
+
+
+def test_a_finish_brings_the_count_under_the_bar_and_the_next_write_goes_at_once(store: IndexStore) -> None:
+    writer = GroupedCatalogWriter(
+        store.catalog, min_interval_s=60, burst_commits=3, quiet_videos=1, quiet_interval_s=0.05
+    )
+    a = writer.submit(record("a"), 0).result(WAIT_S)  # quiet (0 claimed): a token spent
+    b = writer.submit(record("b"), 0).result(WAIT_S)  # quiet (1 claimed): a token spent
+    assert a is not None and b is not None
+    done = writer.submit(a.evolve(status=VideoStatus.INDEXED), a.rev).result(WAIT_S)  # busy: the last token
+    assert done is not None
+    c = writer.submit(record("c"), 0).result(WAIT_S)  # 1 claimed again: quiet, though no token is left
+    assert c is not None
+    d = writer.submit(record("d"), 0)
+    with pytest.raises(TransientError, match="no outcome"):
+        d.result(1.0)  # 2 claimed: busy, and the bucket is empty
+    writer.close()
+    assert d.result(WAIT_S) is not None and writer.stats.commits == 5
+
+
+def test_a_claim_whose_finish_never_comes_stops_counting(store: IndexStore) -> None:
+    """A consumer died after its claim: after ``claim_memory_s`` that claim is no longer load."""
+    writer = GroupedCatalogWriter(
+        store.catalog,
+        min_interval_s=60,
+        burst_commits=1,
+        quiet_videos=0,
+        quiet_interval_s=0.05,
+        claim_memory_s=0.3,
+    )
+    assert writer.submit(record("orphan"), 0).result(WAIT_S) is not None  # claimed; never finished
+    time.sleep(0.5)
+    assert writer.submit(record("next"), 0).result(WAIT_S) is not None  # at once, though no token
+    writer.close()
+    assert writer.stats.commits == 2
 
 
 def test_a_commit_earns_no_token_for_the_time_it_ran(store: IndexStore, monkeypatch: pytest.MonkeyPatch) -> None:
