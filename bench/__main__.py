@@ -1,6 +1,7 @@
 """``python -m bench [--full]``: every benchmark in its own process (fresh memory, fresh caches), then
 the report. Defaults are sized to finish in ≤ 25 minutes on a quiet 2-core machine (events, ack and cpu
-add ~5, ~2 and ~4 minutes to the ~12 of the others); ``--full`` runs the bigger sizes."""
+add ~5, ~2 and ~4 minutes to the ~12 of the others); ``--full`` runs the bigger sizes and search at 10M
+frames (``bench.search_10m``: ~30 more minutes and ~40 GB of disk)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,17 @@ import time
 from bench import report
 
 BENCHMARKS = ["decode", "encode", "write", "search", "e2e", "cpu", "events", "ack"]
+#: Run by ``--full`` (or named in ``--only``) only.
+FULL_ONLY = ["search_10m"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--full", action="store_true", help="bigger inputs (much longer)")
-    parser.add_argument("--only", nargs="*", choices=BENCHMARKS, help="run only these")
+    parser.add_argument("--only", nargs="*", choices=BENCHMARKS + FULL_ONLY, help="run only these")
     args = parser.parse_args()
     failed = []
-    for name in args.only or BENCHMARKS:
+    for name in args.only or BENCHMARKS + (FULL_ONLY if args.full else []):
         started = time.monotonic()
         print(f"== bench {name}", flush=True)
         cmd = [sys.executable, "-m", f"bench.{name}", *(["--full"] if args.full else [])]

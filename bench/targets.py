@@ -42,4 +42,6 @@ TARGETS = [
     Target("search_p50_ms_1m", "<=", 20, "search", "search latency p50 at 1M frames (768-d), ANN"),
     Target("search_recall10_1m", ">=", 0.95, "search", "recall@10 vs exact search at 1M frames"),
     Target("search_speedup_vs_flat_1m", ">=", 10, "search", "ANN vs flat scan latency at 1M frames"),
+    Target("search_p50_ms_10m", "<=", 20, "search_10m", "search latency p50 at 10M frames (768-d), ANN (--full)"),
+    Target("search_recall10_10m", ">=", 0.95, "search_10m", "recall@10 vs exact search at 10M frames (--full)"),
 ]

@@ -373,3 +373,25 @@ def test_a_write_whose_caller_cancelled_before_its_group_was_taken_is_not_commit
         assert writer.health() is None
     finally:
         writer.close()
+
+
+@pytest.mark.parametrize("paced_by_load", [False, True], ids=["marks-writer", "catalog-writer"])
+def test_only_the_writer_that_sees_claims_is_paced_by_load(store: IndexStore, paced_by_load: bool) -> None:
+    """The Api's ``queued`` marks and the router's delete marks never see a claim: paced by load, every
+    mark would look quiet and commit at once, however many arrive. Their writers keep the bucket alone."""
+    from pipeline.index.catalog_writes import grouped_writer
+    from pipeline.settings import Settings
+
+    settings = Settings.model_validate(
+        {"writer": {"catalog_min_interval_s": 30, "catalog_burst_commits": 1, "catalog_quiet_interval_s": 0}}
+    )
+    writer = grouped_writer(store.catalog, settings, paced_by_load=paced_by_load)
+    assert writer.submit(record("a", VideoStatus.QUEUED), 0).result(WAIT_S) is not None  # the one token
+    second = writer.submit(record("b", VideoStatus.QUEUED), 0)
+    if paced_by_load:
+        assert second.result(WAIT_S) is not None  # no claim unfinished: at once
+    else:
+        with pytest.raises(TransientError, match="no outcome"):
+            second.result(1.0)  # the bucket is empty: 30 s away
+    writer.close()
+    assert second.result(WAIT_S) is not None and writer.stats.commits == 2
