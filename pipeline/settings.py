@@ -62,9 +62,10 @@ class WriterSettings(BaseModel):
     #: Longest wait of one job for the commit that holds its rows; then it is retried (transient).
     commit_timeout_s: float = Field(default=120.0, gt=0)
     #: Catalog writes (status transitions) of the whole cluster go through one CatalogWriter
-    #: deployment, paced by load. While at most ``catalog_quiet_videos`` claimed videos are unfinished,
+    #: deployment, paced by load. While at most ``catalog_quiet_videos`` claimed videos are unfinished
+    #: and at most ``catalog_quiet_writes`` writes arrived within the last ``catalog_min_interval_s``,
     #: commits go at once, ``catalog_quiet_interval_s`` apart at the least (a lone video waits for no
-    #: pace). Above that a token bucket paces: a commit spends a token, one comes back per
+    #: pace). Otherwise a token bucket paces: a commit spends a token, one comes back per
     #: ``catalog_min_interval_s`` after a commit ended, at most ``catalog_burst_commits`` in hand; under
     #: load commits are one interval apart and each carries every write that waited. False: each
     #: consumer commits its own writes one by one.
@@ -72,6 +73,7 @@ class WriterSettings(BaseModel):
     catalog_min_interval_s: float = Field(default=1.5, ge=0, le=30)
     catalog_burst_commits: int = Field(default=8, ge=1, le=1024)
     catalog_quiet_videos: int = Field(default=2, ge=0, le=1024)
+    catalog_quiet_writes: int = Field(default=4, ge=0, le=1024)
     catalog_quiet_interval_s: float = Field(default=0.25, ge=0, le=30)
     catalog_max_writes: int = Field(default=1024, ge=1)
     #: Longest wait of one transition for the outcome of its catalog write; then it counts as failed.

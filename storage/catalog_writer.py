@@ -5,8 +5,10 @@ two transitions (claim, finish), so one commit per transition caps the whole clu
 per second. ``GroupedCatalogWriter`` commits whatever writes are waiting in one ``Catalog.write_many``
 (each still a compare-and-set of its own), paced by load. The writer sees every claim (a row written
 ``indexing``) and every finish (any other status), so it knows how many claimed videos are unfinished.
-While that is at most ``quiet_videos`` (None: never), the next commit goes at once, at least ``quiet_interval_s``
-after the last one ended: a lone video's claim and finish wait for no pace. Above it a token bucket
+While that is at most ``quiet_videos`` (None: never) and at most ``quiet_writes`` writes arrived within
+the last ``min_interval_s``, the next commit goes at once, at least ``quiet_interval_s`` after the last
+one ended: a lone video's claim and finish wait for no pace. Both are needed: short jobs arriving fast
+(videos that fail at once, tiny clips) keep few videos claimed while their writes pour in. Above it a token bucket
 paces: a commit spends a token, and tokens come back one per ``min_interval_s`` after a commit ended,
 up to ``burst_commits``; under load the bucket stays empty, so commits are ``min_interval_s`` apart and
 each carries every write that waited meanwhile: the commit rate stays fixed however many videos
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -143,20 +145,29 @@ class GroupedCatalogWriter:
         min_interval_s: float = 1.0,
         burst_commits: int = 8,
         quiet_videos: int | None = None,
+        quiet_writes: int = 4,
         quiet_interval_s: float = 0.25,
         claim_memory_s: float = 600.0,
         max_writes: int = 512,
         stall_after_s: float = STALL_AFTER_S,
     ) -> None:
-        if min(min_interval_s, quiet_interval_s, quiet_videos or 0) < 0 or max_writes < 1 or burst_commits < 1:
+        if (
+            min(min_interval_s, quiet_interval_s, quiet_videos or 0, quiet_writes) < 0
+            or min(max_writes, burst_commits) < 1
+        ):
             raise ValueError(
-                "min_interval_s, quiet_interval_s and quiet_videos must be >= 0, burst_commits and max_writes >= 1"
+                "min_interval_s, quiet_interval_s, quiet_videos and quiet_writes must be >= 0, "
+                "burst_commits and max_writes >= 1"
             )
         self._catalog = catalog
         self._min_interval_s = min_interval_s
         self._burst = burst_commits
         self._quiet_videos = quiet_videos
         self._quiet_interval_s = quiet_interval_s
+        self._quiet_writes = quiet_writes
+        # When each write arrived (appended by callers, dropped by the writer thread once older than
+        # ``min_interval_s``; a deque's append and popleft are each atomic).
+        self._arrivals: deque[float] = deque()
         # Writer thread only: the claimed, unfinished videos, and when the last commit ended.
         self._claims = ClaimedVideos(claim_memory_s)
         self._ended_at = float("-inf")
@@ -190,6 +201,7 @@ class GroupedCatalogWriter:
     def submit(self, record: VideoRecord, expected_rev: int) -> FutureWrite:
         """Queue ``record`` to be written if its row still holds ``expected_rev``; returns at once."""
         pending = _Pending(record, expected_rev)
+        self._arrivals.append(time.monotonic())
         if not self._grouped.put(pending):
             pending.future.set_exception(TransientError("the catalog writer is closed"))
         return FutureWrite(pending.future, record.video_id)
@@ -211,11 +223,17 @@ class GroupedCatalogWriter:
         self._tokens_at = now
 
     def _due_at(self, _oldest: _Pending) -> float:
-        """Quiet (few claimed videos unfinished): at once, ``quiet_interval_s`` after the last commit
-        at the earliest. Busy: at once with a token in hand, else when the next one is back."""
+        """Quiet (few claimed videos unfinished, few writes of late): at once, ``quiet_interval_s`` after
+        the last commit at the earliest. Busy: at once with a token in hand, else when the next one is back."""
         now = time.monotonic()
         self._refill(now)
-        if self._quiet_videos is not None and self._claims.count(now) <= self._quiet_videos:
+        while self._arrivals and self._arrivals[0] < now - self._min_interval_s:
+            self._arrivals.popleft()
+        if (
+            self._quiet_videos is not None
+            and self._claims.count(now) <= self._quiet_videos
+            and len(self._arrivals) <= self._quiet_writes
+        ):
             return max(now, self._ended_at + self._quiet_interval_s)
         return now if self._tokens >= 1 else now + (1 - self._tokens) * self._min_interval_s
 

@@ -31,6 +31,7 @@ def grouped_writer(catalog: Catalog, settings: Settings, *, paced_by_load: bool 
         min_interval_s=w.catalog_min_interval_s,
         burst_commits=w.catalog_burst_commits,
         quiet_videos=w.catalog_quiet_videos if paced_by_load else None,
+        quiet_writes=w.catalog_quiet_writes,
         quiet_interval_s=w.catalog_quiet_interval_s,
         max_writes=w.catalog_max_writes,
         stall_after_s=w.stall_after_s,

@@ -142,7 +142,7 @@ def test_while_few_videos_are_claimed_each_write_commits_at_once_with_the_bucket
     """Paced by load: videos indexed one after another (one claimed at a time) never wait for the pace.
     A 60 s interval and one token: a write that waited for a token would miss its 30 s deadline."""
     writer = GroupedCatalogWriter(
-        store.catalog, min_interval_s=60, burst_commits=1, quiet_videos=1, quiet_interval_s=0.05
+        store.catalog, min_interval_s=60, burst_commits=1, quiet_videos=1, quiet_writes=100, quiet_interval_s=0.05
     )
     for vid in ("a", "b", "c", "d"):
         claimed = writer.submit(record(vid), 0).result(WAIT_S)
@@ -173,7 +173,7 @@ def test_with_more_videos_claimed_than_quiet_the_pace_holds_though_no_write_arri
 
 def test_a_finish_brings_the_count_under_the_bar_and_the_next_write_goes_at_once(store: IndexStore) -> None:
     writer = GroupedCatalogWriter(
-        store.catalog, min_interval_s=60, burst_commits=3, quiet_videos=1, quiet_interval_s=0.05
+        store.catalog, min_interval_s=60, burst_commits=3, quiet_videos=1, quiet_writes=100, quiet_interval_s=0.05
     )
     a = writer.submit(record("a"), 0).result(WAIT_S)  # quiet (0 claimed): a token spent
     b = writer.submit(record("b"), 0).result(WAIT_S)  # quiet (1 claimed): a token spent
@@ -187,6 +187,22 @@ def test_a_finish_brings_the_count_under_the_bar_and_the_next_write_goes_at_once
         d.result(1.0)  # 2 claimed: busy, and the bucket is empty
     writer.close()
     assert d.result(WAIT_S) is not None and writer.stats.commits == 5
+
+
+def test_writes_pouring_in_are_load_though_few_videos_stay_claimed(store: IndexStore) -> None:
+    """Jobs that end at once (objects gone, tiny clips) keep no video claimed while their writes pour in:
+    past ``quiet_writes`` writes within one interval the pace holds (each such write at once would be a
+    commit per write, the cost the pace exists to cap)."""
+    writer = GroupedCatalogWriter(
+        store.catalog, min_interval_s=60, burst_commits=1, quiet_videos=2, quiet_writes=3, quiet_interval_s=0
+    )
+    for vid in ("a", "b", "c"):  # 1, 2, 3 writes within the interval: quiet
+        assert writer.submit(record(vid, VideoStatus.FAILED), 0).result(WAIT_S) is not None
+    fourth = writer.submit(record("d", VideoStatus.FAILED), 0)
+    with pytest.raises(TransientError, match="no outcome"):
+        fourth.result(1.0)  # 4 writes within the interval: busy, and the bucket is empty
+    writer.close()
+    assert fourth.result(WAIT_S) is not None and writer.stats.commits == 4
 
 
 def test_a_claim_whose_finish_never_comes_stops_counting(store: IndexStore) -> None:
