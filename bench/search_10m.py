@@ -1,5 +1,5 @@
 """``python -m bench.search_10m``: search latency, recall@10 and memory at 10M frames (768-d); part of
-``python -m bench --full`` (~30 minutes and ~40 GB of disk on 2 cores).
+``python -m bench --full`` (~25 minutes and ~36 GiB of disk on 2 cores).
 
 Same synthetic frames as ``bench.search`` (videos of shots of near-duplicate frames), streamed: 10M
 768-d float32 vectors are ~31 GB, more than this machine's memory, so they are generated, written and
