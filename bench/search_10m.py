@@ -6,20 +6,21 @@ Same synthetic frames as ``bench.search`` (videos of shots of near-duplicate fra
 scored against the queries one chunk at a time (the exact top-10 of every query is kept as it goes). The
 index is built by the product's ``IndexMaintainer`` (IVF_SQ by default) with ``rows_per_partition``
 from the command line (the default is 8192 here: the product's 4096 gives twice the partitions and
-roughly four times the k-means work, which is hours on 2 cores). The index files are read once before the
+roughly four times the k-means work, about an hour on 2 cores). The index files are read once before the
 queries (a search server keeps its index warm), then the queries run in a fresh process, whose peak
-resident memory is the memory figure of a searcher at 10M.
+resident memory is the memory figure of a searcher at 10M. The table goes under ``TMPDIR`` (or
+``--keep DIR``), which needs ~40 GiB free; the run stops at once where it isn't.
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import logging
 import multiprocessing
 import resource
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -45,6 +46,8 @@ SWEEP = ((3, 5), (5, 5), (5, None), (10, None), (20, 5))
 #: Longest the query process may take (200 queries and the sweep take seconds when the index is warm).
 QUERY_TIMEOUT_S = 1200.0
 GIB = 1024**3
+#: Disk per frame: the float32 vector and its row (~3.1 KB), the int8 codes (~0.8 KB), and some room.
+BYTES_PER_ROW = 4_200
 
 
 def write_and_score(root: Path, corpus: Corpus, queries: NDArray[np.float32], rows: int) -> list[set[int]]:
@@ -123,7 +126,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=ROWS, help=f"frames in the table (default {ROWS:,})")
     parser.add_argument("--rows-per-partition", type=int, default=8192, help="IVF partition size (default 8192)")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--keep", type=Path, help="build the table in this new directory and keep it")
+    where.add_argument("--keep", type=Path, help="build the table in this new (or empty) directory and keep it")
     where.add_argument("--reuse", type=Path, help="measure a table an earlier --keep built (no write, no build)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -132,8 +135,15 @@ def main() -> None:
         root = args.reuse
         built = json.loads((root / "built.json").read_text())
     else:
+        if args.rows < IndexSettings().ann_min_rows:  # below it there is no index to measure
+            parser.error(f"--rows must be at least {IndexSettings().ann_min_rows:,}")
         root = args.keep or Path(tempfile.mkdtemp(prefix="vidx-bench-search10m-"))
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(parents=True, exist_ok=root.exists() and not any(root.iterdir()))
+        need = args.rows * BYTES_PER_ROW
+        if shutil.disk_usage(root).free < need:
+            if not args.keep:
+                shutil.rmtree(root, ignore_errors=True)
+            sys.exit(f"{root}: {need / GIB:.0f} GiB of free disk needed (TMPDIR or --keep chooses where)")
         built = {"rows": args.rows, "rows_per_partition": args.rows_per_partition}
     label = "10m" if built["rows"] == ROWS else f"{built['rows'] // 1000}k"
     tuning = IndexSettings().model_copy(update={"rows_per_partition": built["rows_per_partition"]})
@@ -159,9 +169,9 @@ def main() -> None:
         warm_started = time.monotonic()
         _warm(table_dir / "_indices")
         warm_s = time.monotonic() - warm_started
-        context = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
-            got = pool.submit(search_process, str(root), tuning, queries, SWEEP).result(QUERY_TIMEOUT_S)
+        # A pool's exit terminates its process, so a search that overruns the timeout ends with it.
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            got = pool.apply_async(search_process, (str(root), tuning, queries, SWEEP)).get(QUERY_TIMEOUT_S)
     finally:
         if not (args.keep or args.reuse):
             shutil.rmtree(root, ignore_errors=True)

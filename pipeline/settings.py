@@ -75,6 +75,8 @@ class WriterSettings(BaseModel):
     catalog_quiet_videos: int = Field(default=2, ge=0, le=1024)
     catalog_quiet_writes: int = Field(default=4, ge=0, le=1024)
     catalog_quiet_interval_s: float = Field(default=0.25, ge=0, le=30)
+    #: A claim whose finish never came (its consumer died) stops counting as load after this long.
+    catalog_claim_memory_s: float = Field(default=3600.0, gt=0)
     catalog_max_writes: int = Field(default=1024, ge=1)
     #: Longest wait of one transition for the outcome of its catalog write; then it counts as failed.
     catalog_write_timeout_s: float = Field(default=60.0, gt=0)

@@ -3,19 +3,16 @@
 Every catalog commit is a manifest write (and its conflict check) on object storage; a video costs
 two transitions (claim, finish), so one commit per transition caps the whole cluster at a few videos
 per second. ``GroupedCatalogWriter`` commits whatever writes are waiting in one ``Catalog.write_many``
-(each still a compare-and-set of its own), paced by load. The writer sees every claim (a row written
-``indexing``) and every finish (any other status), so it knows how many claimed videos are unfinished.
-While that is at most ``quiet_videos`` (None: never) and at most ``quiet_writes`` writes arrived within
-the last ``min_interval_s``, the next commit goes at once, at least ``quiet_interval_s`` after the last
-one ended: a lone video's claim and finish wait for no pace. Both are needed: short jobs arriving fast
-(videos that fail at once, tiny clips) keep few videos claimed while their writes pour in. Above it a token bucket
-paces: a commit spends a token, and tokens come back one per ``min_interval_s`` after a commit ended,
-up to ``burst_commits``; under load the bucket stays empty, so commits are ``min_interval_s`` apart and
-each carries every write that waited meanwhile: the commit rate stays fixed however many videos
-arrive. The count can't be fooled by a lull in arrivals (consumers waiting on a long commit write
-nothing meanwhile, yet their videos stay claimed); a claim whose finish never comes (its consumer died)
-stops counting after ``claim_memory_s``.
-docs/design/state-machine.md says why the state machine's argument holds unchanged.
+(each still a compare-and-set of its own), paced by load. A token bucket paces (one token per
+``min_interval_s`` after a commit ended, up to ``burst_commits``): under load commits are
+``min_interval_s`` apart and each carries every write that waited, so the commit rate stays fixed
+however many videos arrive. Quiet (few claimed videos unfinished and few writes of late), a commit
+waits ``quiet_interval_s`` after the last one at most, tokens or not: a lone video's claim and finish
+wait for no pace. The writer counts claims (rows written ``indexing``) and finishes (any other
+status) itself; a claim with no finish stops counting after ``claim_memory_s``, and a restarted
+writer has seen none (until they come again, the count of recent writes alone tells load: under a
+flood it stays high). docs/design/state-machine.md has the why, the measurements, and why the state
+machine's argument holds unchanged.
 """
 
 from __future__ import annotations
@@ -147,7 +144,7 @@ class GroupedCatalogWriter:
         quiet_videos: int | None = None,
         quiet_writes: int = 4,
         quiet_interval_s: float = 0.25,
-        claim_memory_s: float = 600.0,
+        claim_memory_s: float = 3600.0,
         max_writes: int = 512,
         stall_after_s: float = STALL_AFTER_S,
     ) -> None:
@@ -165,8 +162,8 @@ class GroupedCatalogWriter:
         self._quiet_videos = quiet_videos
         self._quiet_interval_s = quiet_interval_s
         self._quiet_writes = quiet_writes
-        # When each write arrived (appended by callers, dropped by the writer thread once older than
-        # ``min_interval_s``; a deque's append and popleft are each atomic).
+        # When each write arrived, kept only when pacing by load (appended by callers, dropped by the
+        # writer thread once older than ``min_interval_s``; a deque's append and popleft are each atomic).
         self._arrivals: deque[float] = deque()
         # Writer thread only: the claimed, unfinished videos, and when the last commit ended.
         self._claims = ClaimedVideos(claim_memory_s)
@@ -176,7 +173,7 @@ class GroupedCatalogWriter:
         self._tokens_at = time.monotonic()
         # Written by the writer thread only.
         self._lost = 0
-        # A token in hand: at once; else when one is back (writes arriving meanwhile join the group).
+        # Writes arriving while a group waits for its due time join it.
         policy: GroupPolicy[_Pending] = GroupPolicy(
             key=lambda p: p.record.video_id,
             due_at=self._due_at,
@@ -201,9 +198,10 @@ class GroupedCatalogWriter:
     def submit(self, record: VideoRecord, expected_rev: int) -> FutureWrite:
         """Queue ``record`` to be written if its row still holds ``expected_rev``; returns at once."""
         pending = _Pending(record, expected_rev)
-        self._arrivals.append(time.monotonic())
         if not self._grouped.put(pending):
             pending.future.set_exception(TransientError("the catalog writer is closed"))
+        elif self._quiet_videos is not None:
+            self._arrivals.append(time.monotonic())
         return FutureWrite(pending.future, record.video_id)
 
     def health(self) -> str | None:
@@ -223,10 +221,12 @@ class GroupedCatalogWriter:
         self._tokens_at = now
 
     def _due_at(self, _oldest: _Pending) -> float:
-        """Quiet (few claimed videos unfinished, few writes of late): at once, ``quiet_interval_s`` after
-        the last commit at the earliest. Busy: at once with a token in hand, else when the next one is back."""
+        """With a token in hand: at once; else when the next one is back. Quiet (few claimed videos
+        unfinished, few writes of late, the one waiting included): ``quiet_interval_s`` after the last
+        commit, if that is sooner."""
         now = time.monotonic()
         self._refill(now)
+        due = now if self._tokens >= 1 else now + (1 - self._tokens) * self._min_interval_s
         while self._arrivals and self._arrivals[0] < now - self._min_interval_s:
             self._arrivals.popleft()
         if (
@@ -234,8 +234,8 @@ class GroupedCatalogWriter:
             and self._claims.count(now) <= self._quiet_videos
             and len(self._arrivals) <= self._quiet_writes
         ):
-            return max(now, self._ended_at + self._quiet_interval_s)
-        return now if self._tokens >= 1 else now + (1 - self._tokens) * self._min_interval_s
+            return min(due, max(now, self._ended_at + self._quiet_interval_s))
+        return due
 
     def _spend(self) -> None:
         """A commit ended (landed or not): one token spent. The time the commit ran earns none (tokens

@@ -32,6 +32,7 @@ def grouped_writer(catalog: Catalog, settings: Settings, *, paced_by_load: bool 
         burst_commits=w.catalog_burst_commits,
         quiet_videos=w.catalog_quiet_videos if paced_by_load else None,
         quiet_writes=w.catalog_quiet_writes,
+        claim_memory_s=w.catalog_claim_memory_s,
         quiet_interval_s=w.catalog_quiet_interval_s,
         max_writes=w.catalog_max_writes,
         stall_after_s=w.stall_after_s,

@@ -76,8 +76,9 @@ def test_concurrent_submits_share_commits_and_each_learns_its_outcome(
     store: IndexStore, quiet_videos: int | None
 ) -> None:
     """THREADS threads submit at once, each one claim (a new row) and some a stale write; the writer
-    commits at most once per interval once more than ``quiet_videos`` are claimed, so the writes share
-    a few commits; every thread learns its own outcome."""
+    commits at most once per interval (paced by load: the burst of writes is load, more than
+    ``quiet_writes`` within the interval), so the writes share a few commits; every thread learns its
+    own outcome."""
     threads_n = 24
     store.catalog.get("x")
     stale = store.catalog.write(record("stale"), 0)
@@ -203,6 +204,54 @@ def test_writes_pouring_in_are_load_though_few_videos_stay_claimed(store: IndexS
         fourth.result(1.0)  # 4 writes within the interval: busy, and the bucket is empty
     writer.close()
     assert fourth.result(WAIT_S) is not None and writer.stats.commits == 4
+
+
+def test_quiet_commits_keep_the_quiet_interval_apart_once_the_tokens_are_spent(store: IndexStore) -> None:
+    writer = GroupedCatalogWriter(
+        store.catalog, min_interval_s=30, burst_commits=1, quiet_videos=2, quiet_writes=100, quiet_interval_s=0.6
+    )
+    assert writer.submit(record("a", VideoStatus.FAILED), 0).result(WAIT_S) is not None  # the one token
+    second = writer.submit(record("b", VideoStatus.FAILED), 0)
+    with pytest.raises(TransientError, match="no outcome"):
+        second.result(0.2)  # quiet, but within 0.6 s of the last commit
+    assert second.result(WAIT_S) is not None  # ~0.6 s after it, not 30 s
+    writer.close()
+    assert writer.stats.commits == 2
+
+
+def test_a_token_in_hand_is_never_slower_than_quiet(store: IndexStore) -> None:
+    writer = GroupedCatalogWriter(
+        store.catalog, min_interval_s=30, burst_commits=3, quiet_videos=2, quiet_writes=100, quiet_interval_s=60
+    )
+    for vid in ("a", "b", "c"):  # three tokens: each at once, though the quiet interval is 60 s
+        assert writer.submit(record(vid, VideoStatus.FAILED), 0).result(WAIT_S) is not None
+    writer.close()
+    assert writer.stats.commits == 3
+
+
+def test_the_shared_catalog_writer_is_paced_by_load(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The CatalogWriter deployment's writer (every claim and finish goes through it) is the one paced
+    by load: with no token left, a quiet write still goes at once."""
+    from types import SimpleNamespace
+
+    from pipeline.index import catalog_writes
+    from pipeline.settings import Settings
+
+    local = IndexStore(S3Settings(), uri=str(tmp_path / "lance"))
+    monkeypatch.setattr(catalog_writes, "IndexStore", lambda _s3: SimpleNamespace(catalog=local.catalog))
+    settings = Settings.model_validate(
+        {"writer": {"catalog_min_interval_s": 30, "catalog_burst_commits": 1, "catalog_quiet_interval_s": 0}}
+    )
+    shared = catalog_writes.SharedCatalogWriter(settings)
+
+    async def two_writes() -> list[VideoRecord | None]:
+        return [await shared.write(record(vid, VideoStatus.FAILED), 0) for vid in ("a", "b")]
+
+    try:
+        assert all(r is not None for r in asyncio.run(asyncio.wait_for(two_writes(), WAIT_S)))
+        assert shared.stats()["commits"] == 2
+    finally:
+        shared.close()
 
 
 def test_a_claim_whose_finish_never_comes_stops_counting(store: IndexStore) -> None:
@@ -392,9 +441,10 @@ def test_a_write_whose_caller_cancelled_before_its_group_was_taken_is_not_commit
 
 
 @pytest.mark.parametrize("paced_by_load", [False, True], ids=["marks-writer", "catalog-writer"])
-def test_only_the_writer_that_sees_claims_is_paced_by_load(store: IndexStore, paced_by_load: bool) -> None:
+def test_grouped_writer_paces_by_load_only_when_asked(store: IndexStore, paced_by_load: bool) -> None:
     """The Api's ``queued`` marks and the router's delete marks never see a claim: paced by load, every
-    mark would look quiet and commit at once, however many arrive. Their writers keep the bucket alone."""
+    mark would look quiet and commit at once. Their writers (``grouped_writer``'s default) keep the
+    bucket alone."""
     from pipeline.index.catalog_writes import grouped_writer
     from pipeline.settings import Settings
 
