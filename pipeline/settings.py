@@ -287,6 +287,25 @@ class ReindexSettings(BaseModel):
     lease_ttl_s: float = Field(default=60.0, gt=0)
 
 
+class TextSettings(BaseModel):
+    """The words in a video (``pipeline.text``): which sources are read, and how."""
+
+    #: Text subtitle tracks (SubRip, ASS/SSA, mov_text, WebVTT): no model, next to no cost.
+    subtitles: bool = True
+    #: On-screen text by OCR (Tesseract) on frames sampled every ``ocr_every_s`` seconds.
+    ocr: bool = True
+    ocr_every_s: float = Field(default=1.0, gt=0)
+    #: The folder holding ``<ocr_language>.traineddata`` (None: ``TESSDATA_PREFIX``, then Debian's).
+    ocr_tessdata: str | None = None
+    ocr_language: str = "eng"
+    #: Words Tesseract is less sure of than this (0..100) are dropped: textures read as letters.
+    ocr_min_confidence: float = Field(default=60.0, ge=0, le=100)
+    #: Frames are read at this short side at least (small captions read better larger).
+    ocr_min_side: int = Field(default=720, ge=64)
+    #: Speech by PocketSphinx (US English) on the first audio track.
+    speech: bool = True
+
+
 class Settings(BaseSettings):
     """Everything configurable in vidx. Defaults run the local stack (``vidx up``)."""
 
@@ -307,6 +326,7 @@ class Settings(BaseSettings):
     index: IndexSettings = Field(default_factory=IndexSettings)
     check: CheckSettings = Field(default_factory=CheckSettings)
     reindex: ReindexSettings = Field(default_factory=ReindexSettings)
+    text: TextSettings = Field(default_factory=TextSettings)
     #: Where the local stack keeps its data, logs and pids.
     state_dir: Path = Path(".vidx")
     #: Bearer keys the API accepts; several at once let a key rotate (``VIDX_API_KEYS='["k1","k2"]'``).

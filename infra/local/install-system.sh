@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install the system packages vidx needs on a Debian machine (idempotent): RabbitMQ, podman with
 # runc and a Docker-compatible API for testcontainers, debootstrap for base images, ffmpeg (bench),
-# Chromium (browser tests). MinIO is built from source separately (install-minio.sh). Needs root (or
-# sudo) and Debian's package mirror.
+# Chromium (browser tests), Tesseract's English model and Flite (the words in a video). MinIO is
+# built from source separately (install-minio.sh). Needs root (or sudo) and Debian's package mirror.
 set -euo pipefail
 need=()
 command -v rabbitmq-server >/dev/null 2>&1 || [ -x /usr/sbin/rabbitmq-server ] || need+=(rabbitmq-server)
@@ -15,6 +15,11 @@ command -v go >/dev/null 2>&1 || need+=(golang-go)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 # The decode benchmark's baseline: what a user would otherwise write (ffmpeg's fps filter).
 command -v ffmpeg >/dev/null 2>&1 || need+=(ffmpeg)
+# The words in a video: Tesseract's English model (pipeline/text/ocr.py); Flite's voices and the
+# DejaVu fonts make the text tests' and bench.relevance's clips (infra/dev/textclips.py).
+dpkg -s tesseract-ocr-eng >/dev/null 2>&1 || need+=(tesseract-ocr-eng)
+command -v flite >/dev/null 2>&1 || need+=(flite)
+dpkg -s fonts-dejavu-core >/dev/null 2>&1 || need+=(fonts-dejavu-core)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
   echo "installing system packages: ${need[*]}"

@@ -1,5 +1,5 @@
 """Open a video with PyAV and read its stream facts: what it is (or why it isn't a video), its size,
-codec and duration on the player's timeline (``_timeline_zero`` says where its zero is), checked
+codec and duration on the player's timeline (``timeline_zero`` says where its zero is), checked
 against the decode limits before any frame is decoded. PyAV/FFmpeg exceptions are converted here
 into ``NotAVideo``, ``CorruptVideo`` and ``LimitExceeded``.
 """
@@ -97,7 +97,7 @@ def open_container(path: Path) -> av.container.InputContainer:
 _FREE_RUNNING_CLOCKS = frozenset({"mpegts", "mpegtsraw", "mpeg"})
 
 
-def _timeline_zero(container: av.container.InputContainer) -> Fraction | None:
+def timeline_zero(container: av.container.InputContainer) -> Fraction | None:
     """Where a player's time 0 lies on the container's clock, in seconds (None: at the first frame).
 
     MP4/MOV, Matroska/WebM, AVI, Ogg have a zero of their own (MP4's is the movie's start, edit lists
@@ -149,7 +149,7 @@ def stream_info(
     width, height = int(ctx.width or 0), int(ctx.height or 0)
     if width <= 0 or height <= 0:
         raise NotAVideo("the video stream has no picture size")
-    zero = _timeline_zero(container)
+    zero = timeline_zero(container)
     duration_s = _duration_s(container, zero)
     fps = float(stream.average_rate) if stream.average_rate else None
     # The codec, not the decoder that FFmpeg picked for it (AV1 decodes with libdav1d).

@@ -1,0 +1,99 @@
+"""All of a video's words: each source the text settings turn on, its segments, its cost, and — when a
+source could not read this video — why (the video's frames are indexed all the same)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.settings import Settings, TextSettings
+from pipeline.text.segments import TextSegment, TextSource
+from storage.errors import CorruptVideo, LimitExceeded, NotAVideo
+from storage.sampling import Sampling, SamplingStrategy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TextExtraction:
+    segments: list[TextSegment] = field(default_factory=list)
+    #: Seconds each source took (wall clock, on this thread).
+    seconds: dict[str, float] = field(default_factory=dict)
+    #: Why a source read nothing of this video, where it failed (a damaged audio track, say).
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def of(self, source: TextSource) -> list[TextSegment]:
+        return [s for s in self.segments if s.source is source]
+
+
+def text_pipeline_id(text: TextSettings) -> str:
+    """What decides a video's segments: a change of it means every video's text is read again."""
+    parts = []
+    if text.subtitles:
+        parts.append("subtitles")
+    if text.ocr:
+        parts.append(
+            f"ocr:tesseract/{text.ocr_language}/{text.ocr_every_s:g}s/c{text.ocr_min_confidence:g}/s{text.ocr_min_side}"
+        )
+    if text.speech:
+        parts.append("speech:pocketsphinx/en-us")
+    return "+".join(parts) or "none"
+
+
+class TextExtractor:
+    """Reads a local video file's words with the sources ``settings.text`` turns on. Holds one OCR
+    engine and one speech decoder (made on first use): one thread at a time."""
+
+    def __init__(self, settings: Settings, *, ocr: object | None = None, speech: object | None = None) -> None:
+        self._settings = settings
+        self._text = settings.text
+        self._ocr = ocr
+        self._speech = speech
+
+    def extract(self, path: Path) -> TextExtraction:
+        out = TextExtraction()
+        if self._text.subtitles:
+            self._run(out, TextSource.SUBTITLE, lambda: self._subtitles(path))
+        if self._text.ocr:
+            self._run(out, TextSource.OCR, lambda: self._read_ocr(path))
+        if self._text.speech:
+            self._run(out, TextSource.SPEECH, lambda: self._read_speech(path))
+        out.segments.sort(key=lambda s: (s.start_s, s.source.value))
+        return out
+
+    def _run(self, out: TextExtraction, source: TextSource, read: object) -> None:
+        started = time.perf_counter()
+        try:
+            out.segments.extend(read())  # type: ignore[operator]
+        except (CorruptVideo, NotAVideo, LimitExceeded) as exc:
+            out.errors[source.value] = str(exc)
+        finally:
+            out.seconds[source.value] = round(time.perf_counter() - started, 4)
+
+    @staticmethod
+    def _subtitles(path: Path) -> list[TextSegment]:
+        from pipeline.text.subtitles import read_subtitles
+
+        return read_subtitles(path)
+
+    def _read_ocr(self, path: Path) -> list[TextSegment]:
+        from pipeline.media.decode import sample_frames
+        from pipeline.text.ocr import OcrReader
+
+        if self._ocr is None:
+            t = self._text
+            self._ocr = OcrReader(t.ocr_tessdata, t.ocr_language, t.ocr_min_confidence, min_side=t.ocr_min_side)
+        reader: OcrReader = self._ocr  # type: ignore[assignment]
+        sampling = Sampling(self._text.ocr_every_s, SamplingStrategy.INTERVAL)
+        frames = sample_frames(path, sampling, self._settings.limits, max_side=1920)
+        return reader.read_frames(frames, self._text.ocr_every_s)
+
+    def _read_speech(self, path: Path) -> list[TextSegment]:
+        from pipeline.text.speech import SpeechRecognizer
+
+        if self._speech is None:
+            self._speech = SpeechRecognizer(max_audio_s=self._settings.limits.max_duration_s)
+        recognizer: SpeechRecognizer = self._speech  # type: ignore[assignment]
+        return recognizer.read_file(path)

@@ -1,0 +1,130 @@
+"""Speech as text segments: the audio track, resampled to 16 kHz mono by PyAV, cut into utterances by
+PocketSphinx's voice-activity segmenter, each decoded by PocketSphinx with its bundled US-English
+acoustic model, language model and dictionary (no download). One segment per utterance, each word's
+start kept (``TextSegment.word_starts``) so a match points at the word."""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+
+from pipeline.media.probe import open_container, timeline_zero
+from pipeline.text.segments import TextSegment, TextSource
+
+RATE = 16_000
+#: PocketSphinx reports times in frames of 10 ms.
+_FRAME_S = 0.01
+#: Fillers and markers the recogniser emits besides words; ``word(2)``: an alternate pronunciation.
+_NOT_WORDS = {"<s>", "</s>", "<sil>", "[noise]", "[laugh]", "[breath]", "[cough]", "[um]", "[uh]"}
+_ALT = re.compile(r"\(\d+\)$")
+
+
+@dataclass
+class SpeechStats:
+    audio_s: float = 0.0
+    utterances: int = 0
+    seconds: float = 0.0
+
+
+class SpeechUnavailable(RuntimeError):
+    """pocketsphinx is missing (the text settings say speech is on)."""
+
+
+def read_audio(path: Path, max_s: float) -> tuple[np.ndarray, float]:
+    """The first audio track of ``path`` as 16 kHz mono int16 samples (at most ``max_s`` seconds), and
+    where its first sample lies on the player's timeline. No audio track: no samples.
+
+    Raises:
+        CorruptVideo, NotAVideo: the file can't be opened as a container.
+    """
+    with open_container(path) as container:
+        if not container.streams.audio:
+            return np.zeros(0, np.int16), 0.0
+        stream = container.streams.audio[0]
+        zero = timeline_zero(container) or Fraction(0)
+        start = float(stream.start_time * stream.time_base - zero) if stream.start_time and stream.time_base else 0.0
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE)
+        chunks: list[np.ndarray] = []
+        total, limit = 0, int(max_s * RATE)
+        try:
+            for frame in container.decode(stream):
+                for out in resampler.resample(frame):
+                    chunk = out.to_ndarray().reshape(-1)
+                    chunks.append(chunk)
+                    total += len(chunk)
+                if total >= limit:
+                    break
+            else:
+                chunks.extend(o.to_ndarray().reshape(-1) for o in resampler.resample(None))
+        except av.error.FFmpegError:
+            pass  # a damaged tail: what decoded still counts
+        pcm = np.concatenate(chunks).astype(np.int16) if chunks else np.zeros(0, np.int16)
+        return pcm[:limit], max(0.0, start)
+
+
+class SpeechRecognizer:
+    """PocketSphinx over utterances; one decoder per recogniser, one thread at a time."""
+
+    def __init__(self, max_audio_s: float = 4 * 3600.0) -> None:
+        try:
+            from pocketsphinx import Decoder, Segmenter
+        except ImportError as exc:  # pragma: no cover - a dependency of the package
+            raise SpeechUnavailable("pocketsphinx is not installed") from exc
+        self._decoder = Decoder(samprate=RATE, loglevel="FATAL")
+        self._segmenter_cls = Segmenter
+        self._max_audio_s = max_audio_s
+        self.stats = SpeechStats()
+
+    def read_file(self, path: Path) -> list[TextSegment]:
+        """The utterances of ``path``'s first audio track."""
+        pcm, offset = read_audio(path, self._max_audio_s)
+        return self.read_pcm(pcm, offset)
+
+    def read_pcm(self, pcm: np.ndarray, offset_s: float = 0.0) -> list[TextSegment]:
+        """The utterances of 16 kHz mono int16 ``pcm`` whose first sample is at ``offset_s``."""
+        started = time.perf_counter()
+        self.stats.audio_s += len(pcm) / RATE
+        segments: list[TextSegment] = []
+        segmenter = self._segmenter_cls(sample_rate=RATE)
+        for utterance in segmenter.segment(io.BytesIO(pcm.tobytes())):
+            self.stats.utterances += 1
+            seg = self._decode(utterance.pcm, offset_s + utterance.start_time)
+            if seg is not None:
+                segments.append(seg)
+        self.stats.seconds += time.perf_counter() - started
+        return segments
+
+    def _decode(self, pcm: bytes, at_s: float) -> TextSegment | None:
+        d = self._decoder
+        d.start_utt()
+        d.process_raw(pcm, full_utt=True)
+        d.end_utt()
+        words: list[str] = []
+        starts: list[float] = []
+        probs: list[float] = []
+        end = at_s
+        for seg in d.seg():
+            word = _ALT.sub("", seg.word).lower()
+            if word in _NOT_WORDS or word.startswith("++"):
+                continue
+            words.append(word)
+            starts.append(round(at_s + seg.start_frame * _FRAME_S, 2))
+            probs.append(float(seg.prob))
+            end = at_s + (seg.end_frame + 1) * _FRAME_S
+        if not words:
+            return None
+        return TextSegment(
+            starts[0],
+            round(end, 2),
+            " ".join(words),
+            TextSource.SPEECH,
+            round(sum(probs) / len(probs), 3),
+            tuple(starts),
+        )

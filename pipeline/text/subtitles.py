@@ -1,0 +1,79 @@
+"""Subtitle tracks as text segments (PyAV): every text subtitle stream the container carries — SubRip,
+ASS/SSA, mov_text (MP4's timed text), WebVTT and the other text formats FFmpeg decodes to ASS — with
+each event's time from its packet. Bitmap tracks (DVD, PGS, DVB) carry pictures, not words: they are
+skipped here."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+import av
+
+from pipeline.media.probe import open_container, timeline_zero
+from pipeline.text.segments import TextSegment, TextSource, clean_text
+
+#: How long an event with no duration of its own is shown (until the next one, if that comes sooner).
+DEFAULT_EVENT_S = 3.0
+#: Events kept per video at most (a track is text: a pathological one must not fill the index).
+MAX_EVENTS = 20_000
+
+
+def read_subtitles(path: Path, max_events: int = MAX_EVENTS) -> list[TextSegment]:
+    """The text events of every text subtitle track of the video at ``path``, in time order per track.
+
+    Raises:
+        CorruptVideo, NotAVideo: the file can't be opened as a container (``open_container``).
+    """
+    with open_container(path) as container:
+        streams = [s for s in container.streams if s.type == "subtitle"]
+        if not streams:
+            return []
+        zero = timeline_zero(container) or Fraction(0)
+        events: dict[int, list[tuple[float, float | None, str]]] = {s.index: [] for s in streams}
+        kept = 0
+        for packet in container.demux(streams):
+            if packet.pts is None or packet.stream.time_base is None:
+                continue
+            try:
+                subtitles = packet.decode()
+            except av.error.FFmpegError:
+                continue  # one damaged event: the rest of the track still counts
+            tb = packet.stream.time_base
+            start = float(packet.pts * tb - zero)
+            duration = float(packet.duration * tb) if packet.duration else None
+            for subtitle in subtitles:
+                text = _text_of(subtitle)
+                if text and kept < max_events:
+                    events[packet.stream.index].append((start, duration, text))
+                    kept += 1
+        return [seg for s in streams for seg in _segments(events[s.index], _track(s))]
+
+
+def _text_of(subtitle: object) -> str:
+    raw = getattr(subtitle, "dialogue", None)  # AssSubtitle: the Dialogue line's text field
+    if raw is None:
+        raw = getattr(subtitle, "text", None)  # TextSubtitle
+    if raw is None:
+        return ""  # BitmapSubtitle
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", errors="replace")
+    return clean_text(str(raw))
+
+
+def _track(stream: av.stream.Stream) -> str:
+    language = (stream.metadata or {}).get("language", "")
+    return f"{stream.index}:{language}" if language and language != "und" else str(stream.index)
+
+
+def _segments(events: list[tuple[float, float | None, str]], track: str) -> list[TextSegment]:
+    events.sort(key=lambda e: e[0])
+    out: list[TextSegment] = []
+    for i, (start, duration, text) in enumerate(events):
+        start = max(0.0, start)
+        following = events[i + 1][0] if i + 1 < len(events) else None
+        end = start + duration if duration else start + DEFAULT_EVENT_S
+        if duration is None and following is not None:
+            end = min(end, max(start, following))
+        out.append(TextSegment(start, end, text, TextSource.SUBTITLE, 1.0, track=track))
+    return out
