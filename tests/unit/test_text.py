@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.dev.textclips import Cue, Line, Overlay, overlaid_clip, spoken_clip, subtitled_clip
 from infra.dev.samples import write_video
+from infra.dev.textclips import Cue, Line, Overlay, overlaid_clip, spoken_clip, subtitled_clip
 from pipeline.settings import Settings, TextSettings
 from pipeline.text.extract import TextExtractor, text_pipeline_id
 from pipeline.text.ocr import OcrReader, OcrUnavailable, find_tessdata
@@ -118,7 +118,7 @@ def test_the_text_pipeline_id_changes_with_what_decides_the_segments() -> None:
 
 
 def test_a_missing_ocr_model_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(OcrUnavailable, match="no klingon.traineddata"):
+    with pytest.raises(OcrUnavailable, match=r"no klingon\.traineddata"):
         find_tessdata(str(tmp_path), "klingon")
 
 
