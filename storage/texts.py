@@ -1,0 +1,253 @@
+"""A text table: one row per text segment of a video (subtitle, on-screen text, speech), carrying the
+fingerprint of the result it belongs to like a frames table's rows, and a full-text index on ``text``.
+
+Rows are replaced per video in one ``merge_insert`` (as ``storage.frames``), so readers never see half
+a video's segments. The full-text index keeps word positions (phrases) and neither drops stop words
+nor stems (an exact phrase is what the user typed); rows written after the index was built are found
+too (LanceDB scans the unindexed part) until the maintenance loop folds them in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pyarrow as pa
+
+from storage.db import (
+    PRIMARY_KEY,
+    IndexDatabase,
+    merge_on,
+    read_errors_are_transient,
+    sql_quote,
+    write_errors_are_transient,
+)
+from storage.frames import FrameSummary, _add_batch
+
+TEXT_PREFIX = "text-"
+FTS_INDEX = "text_idx"
+#: What a segment's source may be (``pipeline.text.segments.TextSource``).
+SOURCES = ("subtitle", "ocr", "speech")
+
+TEXT_SCHEMA = pa.schema(
+    [
+        pa.field("segment_id", pa.string(), nullable=False, metadata=PRIMARY_KEY),
+        pa.field("video_id", pa.string(), nullable=False),
+        pa.field("uri", pa.string(), nullable=False),
+        pa.field("version", pa.string(), nullable=False),
+        #: (version, text pipeline) of the result this row belongs to.
+        pa.field("fingerprint", pa.string(), nullable=False),
+        pa.field("pipeline", pa.string(), nullable=False),
+        pa.field("start_s", pa.float64(), nullable=False),
+        pa.field("end_s", pa.float64(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("confidence", pa.float32(), nullable=False),
+        pa.field("word_starts", pa.list_(pa.float64()), nullable=False),
+        pa.field("track", pa.string(), nullable=False),
+    ]
+)
+
+
+def text_table_name(pipeline: str, generation: str) -> str:
+    """``text-<hash of the pipeline id>-<generation>``: a new generation per switch, so rows left by an
+    aborted fill are never read."""
+    return f"{TEXT_PREFIX}{hashlib.sha256(pipeline.encode()).hexdigest()[:8]}-{generation}"
+
+
+@dataclass(frozen=True, slots=True)
+class TextRow:
+    segment_id: str
+    start_s: float
+    end_s: float
+    text: str
+    source: str
+    confidence: float
+    word_starts: tuple[float, ...] = ()
+    track: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class VideoText:
+    """All segments of one text result of one video (none: the video's rows are removed)."""
+
+    video_id: str
+    uri: str
+    version: str
+    fingerprint: str
+    pipeline: str
+    rows: list[TextRow]
+
+
+@dataclass(frozen=True, slots=True)
+class TextHit:
+    segment_id: str
+    video_id: str
+    uri: str
+    version: str
+    start_s: float
+    end_s: float
+    text: str
+    source: str
+    word_starts: tuple[float, ...]
+    score: float
+
+
+class TextTable:
+    """One text table of an index database (created on the first write)."""
+
+    def __init__(self, db: IndexDatabase, name: str) -> None:
+        self._db = db
+        self.name = name
+        self._table: Any = None
+
+    def table(self, create: bool = False) -> Any | None:
+        if self._table is None:
+            self._table = self._db.create(self.name, TEXT_SCHEMA) if create else self._db.open(self.name)
+        return self._table
+
+    # -- writes -----------------------------------------------------------------------------------
+    @write_errors_are_transient
+    def replace_many(self, videos: Sequence[VideoText], timeout: timedelta | None = None) -> None:
+        """Replace the segments of several videos in one commit (``FrameTable.replace_many``'s rules).
+
+        Raises:
+            ValueError: a video appears twice, or two rows share a ``segment_id``.
+        """
+        if not videos:
+            return
+        ids = [v.video_id for v in videos]
+        if len(set(ids)) != len(ids):
+            raise ValueError("a video appears twice in one grouped write")
+        rows = [r for v in videos for r in v.rows]
+        if len({r.segment_id for r in rows}) != len(rows):
+            raise ValueError("two rows share a segment_id in one write")
+        if any(r.source not in SOURCES for r in rows):
+            raise ValueError(f"a segment's source is not one of {SOURCES}")
+        new = self._table is None and self._db.open(self.name) is None
+        table = self.table(create=bool(rows))
+        if table is None:
+            return  # removals from a table never written: nothing to remove
+        scope = f"video_id IN ({', '.join(sql_quote(i) for i in ids)})"
+        (
+            merge_on(table, "segment_id")
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .when_not_matched_by_source_delete(scope)
+            .execute(_arrow_rows(videos), timeout=timeout)
+        )
+        if new:
+            # At once, not at the maintenance loop's next round: without the index, a search scans
+            # with no tokenizer (case-sensitive, whole strings); with it, rows written later are
+            # searched with its tokenizer until they are folded in.
+            self.ensure_fts_index()
+
+    # -- reads ------------------------------------------------------------------------------------
+    @read_errors_are_transient
+    def count(self, video_id: str | None = None) -> int:
+        table = self.table()
+        if table is None:
+            return 0
+        return int(table.count_rows(f"video_id = {sql_quote(video_id)}" if video_id else None))
+
+    @read_errors_are_transient
+    def summaries_in(self, uri_from: str, uri_to: str, *, include_from: bool) -> dict[str, FrameSummary]:
+        """As ``FrameTable.summaries_in``: each video's rows, fingerprints and repeated segment ids."""
+        table = self.table()
+        found: dict[str, FrameSummary] = {}
+        if table is None:
+            return found
+        lower = ">=" if include_from else ">"
+        where = f"uri {lower} {sql_quote(uri_from)} AND uri <= {sql_quote(uri_to)}"
+        seen: dict[str, set[str]] = {}
+        columns = {"video_id": "video_id", "frame_id": "segment_id", "fingerprint": "fingerprint", "uri": "uri"}
+        for batch in table.search().where(where).select(columns).limit(None).to_batches():
+            _add_batch(found, seen, batch)
+        return found
+
+    @write_errors_are_transient
+    def ensure_fts_index(self) -> bool:
+        """Build the full-text index on ``text`` if the table has rows and no such index; whether it built one."""
+        from lancedb.index import FTS
+
+        table = self.table()
+        if table is None or table.count_rows() == 0:
+            return False
+        if any(getattr(i, "name", None) == FTS_INDEX for i in table.list_indices()):
+            return False
+        config = FTS(with_position=True, remove_stop_words=False, stem=False)
+        table.create_index("text", config=config, name=FTS_INDEX)
+        return True
+
+    @read_errors_are_transient
+    def search(
+        self, query: str, limit: int, sources: Sequence[str] = SOURCES, *, phrase: bool = False
+    ) -> list[TextHit]:
+        """The ``limit`` segments that best match ``query`` (BM25; ``phrase``: its words in order, next to
+        each other), of the given ``sources``, best first. Rows not yet in the index are searched too."""
+        from lancedb.query import MatchQuery, PhraseQuery
+
+        table = self.table()
+        if table is None or not query.strip() or not sources:
+            return []
+        kind: Any = PhraseQuery if phrase else MatchQuery  # pydantic models: mypy reads their defaults as required
+        fts = kind(query, "text")
+        search = table.search(fts, query_type="fts")
+        if set(sources) != set(SOURCES):
+            search = search.where(f"source IN ({', '.join(sql_quote(s) for s in sources)})", prefilter=True)
+        columns = [
+            "segment_id",
+            "video_id",
+            "uri",
+            "version",
+            "start_s",
+            "end_s",
+            "text",
+            "source",
+            "word_starts",
+            "_score",
+        ]
+        rows = search.select(columns).limit(limit).to_list()
+        return [
+            TextHit(
+                r["segment_id"],
+                r["video_id"],
+                r["uri"],
+                r["version"],
+                float(r["start_s"]),
+                float(r["end_s"]),
+                r["text"],
+                r["source"],
+                tuple(r["word_starts"] or ()),
+                float(r["_score"]),
+            )
+            for r in rows
+        ]
+
+
+def _arrow_rows(videos: Sequence[VideoText]) -> pa.Table:
+    rows = [(v, r) for v in videos for r in v.rows]
+    return pa.Table.from_pylist(
+        [
+            {
+                "segment_id": r.segment_id,
+                "video_id": v.video_id,
+                "uri": v.uri,
+                "version": v.version,
+                "fingerprint": v.fingerprint,
+                "pipeline": v.pipeline,
+                "start_s": r.start_s,
+                "end_s": r.end_s,
+                "text": r.text,
+                "source": r.source,
+                "confidence": r.confidence,
+                "word_starts": list(r.word_starts),
+                "track": r.track,
+            }
+            for v, r in rows
+        ],
+        schema=TEXT_SCHEMA,
+    )

@@ -1,0 +1,77 @@
+"""The text table (``storage.texts``) on a local LanceDB: per-video replacement, summaries the checker
+reads, and full-text search — plain words, exact phrases, sources — before and after the index exists."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from storage.config import S3Settings
+from storage.db import IndexDatabase
+from storage.texts import TextRow, TextTable, VideoText, text_table_name
+
+
+def _video(vid: str, *rows: tuple[float, str, str], version: str = "v1") -> VideoText:
+    return VideoText(
+        vid,
+        f"s3://b/{vid}.mp4",
+        version,
+        f"fp-{vid}-{version}",
+        "subtitles",
+        [TextRow(f"{vid}-t{i:06d}", t, t + 2.0, text, source, 0.9) for i, (t, text, source) in enumerate(rows)],
+    )
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> TextTable:
+    return TextTable(IndexDatabase(S3Settings(), str(tmp_path / "db")), text_table_name("subtitles", "g1"))
+
+
+def test_a_video_s_segments_are_replaced_and_removed_whole(table: TextTable) -> None:
+    table.replace_many(
+        [_video("a", (1.0, "old words", "subtitle"), (3.0, "more", "ocr")), _video("b", (0.0, "b", "speech"))]
+    )
+    table.replace_many([_video("a", (5.0, "new words", "subtitle"), version="v2")])
+    assert (table.count("a"), table.count("b")) == (1, 1)
+    summary = table.summaries_in("", "s3://z", include_from=True)
+    assert summary["a"].fingerprints == {"fp-a-v2": 1} and summary["a"].duplicate_ids == 0
+    table.replace_many([_video("a")])
+    assert (table.count("a"), table.count("b")) == (0, 1)
+
+
+@pytest.mark.parametrize("folded", [False, True], ids=["rows-unindexed", "rows-folded-in"])
+def test_words_phrases_and_sources_are_searched(table: TextTable, folded: bool) -> None:
+    table.replace_many([_video("c", (0.0, "first write builds the index", "ocr"))])
+    table.replace_many(
+        [
+            _video("a", (1.0, "the quarterly revenue grew", "speech"), (9.0, "Architecture Review", "ocr")),
+            _video("b", (4.0, "revenue was quarterly at best", "subtitle")),
+        ]
+    )
+    assert not table.ensure_fts_index()  # built by the first write
+    if folded:
+        table.table().optimize()  # type: ignore[union-attr]
+    plain = table.search("quarterly revenue", 10)
+    assert {h.segment_id for h in plain} == {"a-t000000", "b-t000000"}
+    assert [h.segment_id for h in table.search("quarterly revenue", 10, phrase=True)] == ["a-t000000"]
+    assert [h.segment_id for h in table.search("architecture", 10, sources=["ocr"])] == ["a-t000001"]
+    assert table.search("architecture", 10, sources=["speech", "subtitle"]) == []
+    [hit] = table.search("to be or not", 10) or [None]  # no stop words dropped: nothing matches these
+    assert hit is None
+
+
+def test_rows_written_after_the_index_are_found(table: TextTable) -> None:
+    table.replace_many([_video("a", (1.0, "harbour at dawn", "subtitle"))])
+    table.ensure_fts_index()
+    table.replace_many([_video("b", (2.0, "A red boat at the Harbour", "subtitle"))])
+    assert {h.video_id for h in table.search("harbour", 10)} == {"a", "b"}
+    assert [h.video_id for h in table.search("red BOAT", 10, phrase=True)] == ["b"]
+
+
+def test_a_bad_write_is_refused(table: TextTable) -> None:
+    with pytest.raises(ValueError, match="source"):
+        table.replace_many([_video("a", (1.0, "x", "telepathy"))])
+    with pytest.raises(ValueError, match="twice"):
+        table.replace_many([_video("a", (1.0, "x", "ocr")), _video("a", (2.0, "y", "ocr"))])
+    assert table.search("x", 10) == [] and table.count() == 0
