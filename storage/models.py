@@ -62,6 +62,8 @@ STATE_KEY = "lifecycle"
 LEGACY_FRAMES = FRAMES
 #: Longest model slug in a table name (the id's hash keeps names of long ids distinct).
 MAX_SLUG = 40
+#: A text table's "model": this and the text pipeline's id.
+TEXT_MODEL_PREFIX = "text:"
 
 MODELS_SCHEMA = pa.schema(
     [
@@ -94,6 +96,23 @@ class ModelTable:
     def new(cls, model: str, dim: int) -> ModelTable:
         return cls(model, dim, table_name(model, dim))
 
+    @classmethod
+    def for_text(cls, pipeline: str) -> ModelTable:
+        """The text table of text pipeline ``pipeline`` (``pipeline.text.extract.text_pipeline_id``): its
+        "model" is ``text:<pipeline>``, it has no vectors (dim 0), and a new generation per switch."""
+        from storage.texts import text_table_name
+
+        return cls(f"{TEXT_MODEL_PREFIX}{pipeline}", 0, text_table_name(pipeline, secrets.token_hex(3)))
+
+    @property
+    def is_text(self) -> bool:
+        return self.model.startswith(TEXT_MODEL_PREFIX)
+
+    @property
+    def pipeline(self) -> str | None:
+        """The text pipeline of a text table (None for a frames table)."""
+        return self.model.removeprefix(TEXT_MODEL_PREFIX) if self.is_text else None
+
 
 @dataclass(frozen=True, slots=True)
 class Backfill:
@@ -122,19 +141,26 @@ class Backfill:
 @dataclass(frozen=True, slots=True)
 class ModelState:
     """The lifecycle row. ``active`` answers searches; ``target`` (during a backfill) is written by
-    every job as well; ``retired`` tables are kept until ``vidx reindex --cleanup``."""
+    every job as well; ``text`` holds the words of the videos (the text pipeline's table, filled by
+    jobs of its own after a video's frames); ``retired`` tables are kept until ``vidx reindex --cleanup``."""
 
     active: ModelTable | None = None
     target: ModelTable | None = None
     backfill: Backfill | None = None
     retired: tuple[ModelTable, ...] = ()
     switched_at: datetime | None = None
+    text: ModelTable | None = None
     rev: int = 0
     updated_at: datetime | None = None
 
     def live(self) -> list[ModelTable]:
-        """The tables every index job writes: the active one first, then the target."""
+        """The frames tables every index job writes: the active one first, then the target."""
         return [t for t in (self.active, self.target) if t is not None]
+
+    def tables(self) -> list[ModelTable]:
+        """Every table a video's row speaks of: ``live``, then the text table (always last: a row's
+        first entry is the active model's)."""
+        return [*self.live(), *([self.text] if self.text is not None else [])]
 
     def evolve(self, **changes: Any) -> ModelState:
         return replace(self, **changes)
@@ -155,6 +181,7 @@ class ModelState:
             backfill=None if backfill is None else _backfill(backfill),
             retired=tuple(t for t in map(_table, data.get("retired") or []) if t is not None),
             switched_at=_time(data.get("switched_at")),
+            text=_table(data.get("text")),
             rev=int(row["rev"]),
             updated_at=row["updated_at"],
         )

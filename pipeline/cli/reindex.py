@@ -107,6 +107,8 @@ def status_lines(status: dict[str, Any]) -> list[str]:
             lines.append(line("switch", f"waits for {progress['waiting_for']}"))
         if progress and progress.get("auto"):
             lines.append(line("started by", "VIDX_REINDEX__AUTO (the app's configured model)"))
+    text = status.get("text")
+    lines.append(line("text", f"{text['model'].removeprefix('text:')} in {text['table']}" if text else "-"))
     retired = status.get("retired") or []
     lines.append(
         line("retired", ", ".join(f"{t['table']} ({t['model']})" for t in retired) if retired else "-")

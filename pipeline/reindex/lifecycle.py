@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from storage.errors import ModelConfigError, ReindexRefused, TransientError
 from storage.models import LEGACY_FRAMES, Backfill, ModelState, ModelTable
+from storage.texts import TEXT_PREFIX
 
 if TYPE_CHECKING:
     from pipeline.settings import Settings
@@ -107,6 +108,7 @@ def status_json(state: ModelState, configured: str | None = None, now: datetime 
         "active": model(state.active),
         "target": model(state.target),
         "retired": [model(t) for t in state.retired],
+        "text": model(state.text),
         "configured": configured,
         "switched_at": state.switched_at.isoformat() if state.switched_at else None,
         "progress": None,
@@ -162,6 +164,46 @@ class ModelLifecycle:
 
     # -- start-up ---------------------------------------------------------------------------------
     def preflight(self) -> ModelState:
+        """``preflight_model``, then ``preflight_text`` (see each).
+
+        Raises:
+            ModelConfigError: the configuration and the index disagree (the message says how to fix it).
+            ModelUnavailable: a model's configuration can't be read.
+            TransientError: the index can't be read or written.
+        """
+        return self.preflight_text(self.preflight_model())
+
+    def preflight_text(self, state: ModelState) -> ModelState:
+        """Hold the configured text pipeline (``text_pipeline_id``) against the index: name its table
+        when the index has none, and when the pipeline changed, a new table (the old one retired: the
+        text fill reads every video's words again; searches of words find the videos read so far). No
+        source on: no text table. A pipeline the index switched away from is followed, with a warning,
+        as a model is: a replica of the old configuration restarting mid-rollout must not switch back.
+
+        Raises:
+            TransientError: the index can't be read or written.
+        """
+        from pipeline.text.extract import text_pipeline_id
+
+        pid = text_pipeline_id(self._settings.text)
+        want = None if pid == "none" else pid
+        for _ in range(MAX_ROUNDS):
+            have = state.text.pipeline if state.text is not None else None
+            if have == want:
+                return state
+            if want is not None and have is not None and want in (t.pipeline for t in state.retired):
+                log.warning("the text pipeline %r was switched away from; the index reads words with %r", want, have)
+                return state
+            table = ModelTable.for_text(want) if want is not None else None
+            retired = state.retired + ((state.text,) if state.text is not None else ())
+            written = self._registry.write(state.evolve(text=table, retired=retired), state.rev)
+            if written is not None:
+                log.info("text pipeline: %s, in table %s", want or "none", table.table if table else "-")
+                return written
+            state = self._registry.read()
+        raise TransientError("the model lifecycle row kept changing at start-up")
+
+    def preflight_model(self) -> ModelState:
         """Hold the configured model against the index before the app starts: set the first model
         of an empty index, and refuse (``ModelConfigError``) a model whose dimension differs from its
         table's, or a configured model the index has never been on (unless ``reindex.auto``: then a
@@ -316,9 +358,10 @@ class ModelLifecycle:
             state = self._registry.read()
             # A backfill started meanwhile names its table in the state before any job creates it,
             # so a table listed above that belongs to a live model is in this state.
-            live = {t.table for t in state.live()}
+            live = {t.table for t in state.tables()}
             retired = [t.table for t in state.retired if t.table not in live]
-            strays = sorted(n for n in names if n.startswith(TABLE_PREFIX) and n not in live and n not in retired)
+            prefixes = (TABLE_PREFIX, TEXT_PREFIX)
+            strays = sorted(n for n in names if n.startswith(prefixes) and n not in live and n not in retired)
             if state.retired and self._registry.write(state.evolve(retired=()), state.rev) is None:
                 continue
             dropped = [n for n in [*retired, *strays] if n in names]

@@ -31,8 +31,12 @@ def dim_of(model: str) -> int:
     return DIMS[model]
 
 
+#: The models' tests run with no text pipeline (its table is the text tests' at the end).
+NO_TEXT = {"subtitles": False, "ocr": False, "speech": False}
+
+
 def settings(model: str = "model-a", auto: bool = False) -> Settings:
-    return Settings.model_validate({"model": {"id": model}, "reindex": {"auto": auto}})
+    return Settings.model_validate({"model": {"id": model}, "reindex": {"auto": auto}, "text": NO_TEXT})
 
 
 @pytest.fixture
@@ -419,3 +423,45 @@ def test_status_of_an_idle_and_an_empty_index() -> None:
         and idle["progress"] is None
         and idle["retired"] == [{"model": "m", "dim": 4, "table": "t"}]
     )
+
+
+# -- the text pipeline's table --------------------------------------------------------------------------
+
+
+def text_lifecycle(store: IndexStore, **text: Any) -> ModelLifecycle:
+    return ModelLifecycle(store, Settings.model_validate({"model": {"id": "model-a"}, "text": text}), dim_of)
+
+
+def test_preflight_names_a_text_table_for_the_configured_text_pipeline_after_the_models(store: IndexStore) -> None:
+    state = text_lifecycle(store).preflight()
+    assert state.text is not None and state.text.is_text and state.text.table.startswith("text-")
+    assert state.text.pipeline is not None and "ocr" in state.text.pipeline and "speech" in state.text.pipeline
+    assert state.tables() == [state.active, state.text] and state.live() == [state.active]
+    assert store.models.read() == state
+    assert text_lifecycle(store).preflight().rev == state.rev  # again: nothing changes
+
+
+def test_a_changed_text_pipeline_gets_a_new_table_and_retires_the_old(store: IndexStore) -> None:
+    first = text_lifecycle(store).preflight()
+    second = text_lifecycle(store, ocr_every_s=2.0).preflight()
+    assert second.text is not None and first.text is not None and second.text.table != first.text.table
+    assert first.text in second.retired and second.active == first.active
+    # A replica of the old configuration restarting mid-rollout follows the index: no switch back.
+    assert text_lifecycle(store).preflight() == second
+    off = text_lifecycle(store, ocr_every_s=2.0, subtitles=False, ocr=False, speech=False).preflight()
+    assert off.text is None and second.text in off.retired
+
+
+def test_cleanup_drops_retired_and_stray_text_tables_but_not_the_live_one(store: IndexStore) -> None:
+    from storage.texts import TextRow, TextTable, VideoText, text_table_name
+
+    first = text_lifecycle(store).preflight()
+    second = text_lifecycle(store, ocr=False).preflight()
+    assert first.text is not None and second.text is not None
+    stray = text_table_name("orphaned", "x1")
+    for name in (first.text.table, second.text.table, stray):
+        rows = [TextRow("v-t000000", 0.0, 1.0, "words", "ocr", 0.9)]
+        TextTable(store.db, name).replace_many([VideoText("v", "s3://b/v.mp4", "e1", "fp", "p", rows)])
+    dropped = text_lifecycle(store, ocr=False).cleanup()
+    assert sorted(dropped) == sorted([first.text.table, stray])
+    assert second.text.table in store.db.table_names()

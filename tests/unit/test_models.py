@@ -97,6 +97,7 @@ def full_state() -> ModelState:
         backfill=backfill,
         retired=(ModelTable("model-0", 4, LEGACY_FRAMES), ModelTable("model-z", 4, table_name("model-z", 4, "g0"))),
         switched_at=T0 - timedelta(days=1),
+        text=ModelTable.for_text("subtitles+speech:pocketsphinx/en-us"),
     )
 
 
@@ -111,6 +112,15 @@ def test_the_state_round_trips_through_the_registry_every_field(store: IndexStor
     assert read.evolve(rev=0, updated_at=None) == state
     assert read.backfill is not None and read.backfill.live_from.tzinfo is not None
     assert isinstance(read.retired, tuple) and read.live() == [state.active, state.target]
+    assert read.tables() == [state.active, state.target, state.text] and read.text is not None
+    assert read.text.is_text and read.text.pipeline == "subtitles+speech:pocketsphinx/en-us"
+
+
+def test_a_row_written_before_text_tables_reads_with_none() -> None:
+    data = json.loads(full_state().to_json())
+    del data["text"]
+    read = ModelState.from_row({"state": json.dumps(data), "rev": 3, "updated_at": None})
+    assert read.text is None and read.tables() == read.live()
 
 
 def test_an_idle_state_round_trips_with_nones(store: IndexStore) -> None:
