@@ -92,3 +92,14 @@ def _readings(key: str) -> list[str]:
 def fingerprint(version: str, model_id: str, sampling: Sampling) -> str:
     """What an index result depends on: content version, model and sampling (its label)."""
     return hashlib.sha256(f"{version}\x00{model_id}\x00{sampling.label}".encode()).hexdigest()[:32]
+
+
+def text_fingerprint(version: str, pipeline: str) -> str:
+    """What a video's text segments depend on: content version and text pipeline (its id carries the
+    OCR's own sampling; the frames' sampling is not in it, so a change of that reads no words again)."""
+    return hashlib.sha256(f"{version}\x00text\x00{pipeline}".encode()).hexdigest()[:32]
+
+
+def segment_id(video_id_: str, index: int) -> str:
+    """The ``index``-th text segment of a video (in ``TextExtractor``'s order: deterministic)."""
+    return f"{video_id_}-t{index:06d}"

@@ -11,7 +11,9 @@ from pathlib import Path
 from pipeline.settings import Settings, TextSettings
 from pipeline.text.segments import TextSegment, TextSource
 from storage.errors import CorruptVideo, LimitExceeded, NotAVideo
+from storage.ids import segment_id
 from storage.sampling import Sampling, SamplingStrategy
+from storage.texts import TextRow
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +28,23 @@ class TextExtraction:
 
     def of(self, source: TextSource) -> list[TextSegment]:
         return [s for s in self.segments if s.source is source]
+
+    def rows(self, video_id: str) -> list[TextRow]:
+        """The segments as a text table's rows, ids in this (time) order: two readings of one video
+        by one pipeline give the same rows."""
+        return [
+            TextRow(
+                segment_id(video_id, n),
+                s.start_s,
+                s.end_s,
+                s.text,
+                s.source.value,
+                s.confidence,
+                s.word_starts,
+                s.track,
+            )
+            for n, s in enumerate(self.segments)
+        ]
 
 
 def text_pipeline_id(text: TextSettings) -> str:

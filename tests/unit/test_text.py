@@ -137,3 +137,10 @@ def test_a_segment_that_makes_no_sense_is_refused(bad: dict[str, object]) -> Non
 def _only(**on: bool) -> Settings:
     sources = {"subtitles": False, "ocr": False, "speech": False, **on}
     return Settings(text=TextSettings(**sources))
+
+
+def test_two_readings_of_one_clip_give_the_same_rows(tmp_path: Path) -> None:
+    clip = subtitled_clip(tmp_path / "clip", CUES, seconds=8, fmt="srt")
+    first, second = (TextExtractor(_only(subtitles=True)).extract(clip).rows("vid") for _ in range(2))
+    assert first == second and [r.segment_id for r in first] == ["vid-t000000", "vid-t000001"]
+    assert first[0].source == "subtitle" and first[0].text == "Hello from the harbour"
