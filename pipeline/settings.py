@@ -305,6 +305,20 @@ class TextSettings(BaseModel):
     #: Speech by PocketSphinx (US English) on the first audio track.
     speech: bool = True
 
+    def pipeline_id(self) -> str:
+        """What decides a video's text segments ("none" with every source off): a change of it means
+        every video's words are read again (a new text table)."""
+        parts = []
+        if self.subtitles:
+            parts.append("subtitles")
+        if self.ocr:
+            parts.append(
+                f"ocr:tesseract/{self.ocr_language}/{self.ocr_every_s:g}s/c{self.ocr_min_confidence:g}/s{self.ocr_min_side}"
+            )
+        if self.speech:
+            parts.append("speech:pocketsphinx/en-us")
+        return "+".join(parts) or "none"
+
 
 class Settings(BaseSettings):
     """Everything configurable in vidx. Defaults run the local stack (``vidx up``)."""

@@ -75,7 +75,7 @@ def _picture(seconds: float, size: tuple[int, int], still: bool = False) -> list
     source = (
         f"color=c=0x203040:s={w}x{h}:r=10:d={seconds}"
         if still
-        else (f"gradients=s={w}x{h}:r=10:d={seconds}:speed=0.05:n=3")
+        else (f"gradients=s={w}x{h}:r=10:d={seconds}:speed=0.05:n=3:seed=1")
     )
     return ["-f", "lavfi", "-i", source]
 

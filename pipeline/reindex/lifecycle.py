@@ -183,9 +183,7 @@ class ModelLifecycle:
         Raises:
             TransientError: the index can't be read or written.
         """
-        from pipeline.text.extract import text_pipeline_id
-
-        pid = text_pipeline_id(self._settings.text)
+        pid = self._settings.text.pipeline_id()
         want = None if pid == "none" else pid
         for _ in range(MAX_ROUNDS):
             have = state.text.pipeline if state.text is not None else None

@@ -48,17 +48,8 @@ class TextExtraction:
 
 
 def text_pipeline_id(text: TextSettings) -> str:
-    """What decides a video's segments: a change of it means every video's text is read again."""
-    parts = []
-    if text.subtitles:
-        parts.append("subtitles")
-    if text.ocr:
-        parts.append(
-            f"ocr:tesseract/{text.ocr_language}/{text.ocr_every_s:g}s/c{text.ocr_min_confidence:g}/s{text.ocr_min_side}"
-        )
-    if text.speech:
-        parts.append("speech:pocketsphinx/en-us")
-    return "+".join(parts) or "none"
+    """``TextSettings.pipeline_id``: what decides a video's segments."""
+    return text.pipeline_id()
 
 
 class TextExtractor:

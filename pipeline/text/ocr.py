@@ -73,7 +73,7 @@ class OcrReader:
             raise OcrUnavailable("tesserocr is not installed") from exc
         self._tesserocr = tesserocr
         self._api = tesserocr.PyTessBaseAPI(
-            path=find_tessdata(tessdata, lang), lang=lang, psm=tesserocr.PSM.SPARSE_TEXT
+            path=find_tessdata(tessdata, lang), lang=lang, psm=tesserocr.PSM.AUTO
         )
         self._lock = threading.Lock()
         self._min_confidence = min_confidence

@@ -38,6 +38,7 @@ CAPABILITY_IMPORTS: dict[str, frozenset[str]] = {
     "embedding": frozenset(),
     "query": frozenset(),
     "reindex": frozenset(),
+    "text": frozenset({"media"}),
     "index": frozenset({"media", "embedding", "reindex"}),
     "upkeep": frozenset({"index", "reindex"}),
     "api": frozenset({"index", "query", "reindex", "upkeep"}),
