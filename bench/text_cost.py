@@ -51,7 +51,7 @@ def _clip(directory: Path, seconds: int) -> Path:
 
 def _run(source: str, clip: Path) -> dict[str, float]:
     on = {"subtitles": False, "ocr": False, "speech": False, source: True}
-    extractor = TextExtractor(Settings(text=TextSettings(**on)))
+    extractor = TextExtractor(Settings(text=TextSettings.model_validate(on)))
     cpu0, wall0 = time.process_time(), time.perf_counter()
     out = extractor.extract(clip)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0

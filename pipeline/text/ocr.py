@@ -72,9 +72,7 @@ class OcrReader:
         except ImportError as exc:  # pragma: no cover - a dependency of the package
             raise OcrUnavailable("tesserocr is not installed") from exc
         self._tesserocr = tesserocr
-        self._api = tesserocr.PyTessBaseAPI(
-            path=find_tessdata(tessdata, lang), lang=lang, psm=tesserocr.PSM.AUTO
-        )
+        self._api = tesserocr.PyTessBaseAPI(path=find_tessdata(tessdata, lang), lang=lang, psm=tesserocr.PSM.AUTO)
         self._lock = threading.Lock()
         self._min_confidence = min_confidence
         self._same_pixels = same_pixels
