@@ -29,7 +29,7 @@ import numpy as np
 
 from bench.common import save_section
 from infra.dev.textclips import SUBTITLE_FORMATS, VOICES, Cue, Line, Overlay, overlaid_clip, spoken_clip, subtitled_clip
-from pipeline.settings import Settings
+from pipeline.settings import Settings, TextSettings
 from pipeline.text.extract import TextExtractor
 from storage.config import S3Settings
 from storage.db import IndexDatabase
@@ -184,12 +184,13 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="vidx-relevance-") as tmp_name:
         tmp = Path(tmp_name)
         paths, truths = build_corpus(tmp, args.clips)
-        extractor = TextExtractor(Settings())
+        every_source = Settings(text=TextSettings(subtitles=True, ocr=True, speech=True))
         table = TextTable(IndexDatabase(S3Settings(), str(tmp / "db")), text_table_name("bench", "g1"))
         videos = []
-        for name, path in paths.items():
-            extraction = extractor.extract(path)
-            videos.append(VideoText(name, f"s3://bench/{name}", "v1", "fp", "bench", extraction.rows(name)))
+        with TextExtractor(every_source) as extractor:
+            for name, path in paths.items():
+                extraction = extractor.extract(path)
+                videos.append(VideoText(name, f"s3://bench/{name}", "v1", "fp", "bench", extraction.rows(name)))
         table.replace_many(videos)
         table.ensure_fts_index()
         text = {t: _moments(table.search(t.query, 20), t.query) for t in truths}

@@ -288,12 +288,14 @@ class ReindexSettings(BaseModel):
 
 
 class TextSettings(BaseModel):
-    """The words in a video (``pipeline.text``): which sources are read, and how."""
+    """The words in a video (``pipeline.text``): which sources are read, and how. Every source is off by
+    default while no job fills the text table (docs/design/text.md): the defaults will be chosen by
+    ``bench.relevance`` and ``bench.text_cost`` once they do."""
 
     #: Text subtitle tracks (SubRip, ASS/SSA, mov_text, WebVTT): no model, next to no cost.
-    subtitles: bool = True
+    subtitles: bool = False
     #: On-screen text by OCR (Tesseract) on frames sampled every ``ocr_every_s`` seconds.
-    ocr: bool = True
+    ocr: bool = False
     ocr_every_s: float = Field(default=1.0, gt=0)
     #: The folder holding ``<ocr_language>.traineddata`` (None: ``TESSDATA_PREFIX``, then Debian's).
     ocr_tessdata: str | None = None
@@ -302,8 +304,10 @@ class TextSettings(BaseModel):
     ocr_min_confidence: float = Field(default=60.0, ge=0, le=100)
     #: Frames are read at this short side at least (small captions read better larger).
     ocr_min_side: int = Field(default=720, ge=64)
+    #: Frames are read at this longest side at most.
+    ocr_max_side: int = Field(default=1920, ge=64)
     #: Speech by PocketSphinx (US English) on the first audio track.
-    speech: bool = True
+    speech: bool = False
 
     def pipeline_id(self) -> str:
         """What decides a video's text segments ("none" with every source off): a change of it means

@@ -184,7 +184,7 @@ class FrameTable:
         seen: dict[str, set[str]] = {}
         query = table.search().where(where).select(["video_id", "frame_id", "fingerprint", "uri"]).limit(None)
         for batch in query.to_batches():
-            _add_batch(found, seen, batch)
+            add_summary_batch(found, seen, batch)
         return found
 
     def summaries(self, batch_rows: int = 65_536) -> Iterator[tuple[str, FrameSummary]]:
@@ -199,7 +199,7 @@ class FrameTable:
             table.search().select(["video_id", "frame_id", "fingerprint", "uri"]).limit(None).to_batches(batch_rows)
         )
         for batch in reader:
-            _add_batch(by_video, seen, batch)
+            add_summary_batch(by_video, seen, batch)
         yield from by_video.items()
 
     @read_errors_are_transient
@@ -268,7 +268,7 @@ class FrameTable:
         return rows
 
 
-def _add_batch(found: dict[str, FrameSummary], seen: dict[str, set[str]], batch: pa.RecordBatch) -> None:
+def add_summary_batch(found: dict[str, FrameSummary], seen: dict[str, set[str]], batch: pa.RecordBatch) -> None:
     for vid, fid, fp, uri in zip(
         batch.column("video_id").to_pylist(),
         batch.column("frame_id").to_pylist(),

@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 import secrets
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -98,7 +98,7 @@ class ModelTable:
 
     @classmethod
     def for_text(cls, pipeline: str) -> ModelTable:
-        """The text table of text pipeline ``pipeline`` (``pipeline.text.extract.text_pipeline_id``): its
+        """The text table of text pipeline ``pipeline`` (``TextSettings.pipeline_id``): its
         "model" is ``text:<pipeline>``, it has no vectors (dim 0), and a new generation per switch."""
         from storage.texts import text_table_name
 
@@ -152,13 +152,16 @@ class ModelState:
     text: ModelTable | None = None
     rev: int = 0
     updated_at: datetime | None = None
+    #: Top-level keys of the stored row this version does not know (a newer release wrote them), as
+    #: JSON: written back as they were, so a rollback's writes keep what the newer release relies on.
+    unknown: str = field(default="{}", compare=False, repr=False)
 
     def live(self) -> list[ModelTable]:
         """The frames tables every index job writes: the active one first, then the target."""
         return [t for t in (self.active, self.target) if t is not None]
 
     def tables(self) -> list[ModelTable]:
-        """Every table a video's row speaks of: ``live``, then the text table (always last: a row's
+        """Every table the lifecycle names live: ``live``, then the text table (always last: a row's
         first entry is the active model's)."""
         return [*self.live(), *([self.text] if self.text is not None else [])]
 
@@ -167,15 +170,18 @@ class ModelState:
 
     def to_json(self) -> str:
         data = asdict(self)
-        data.pop("rev")
-        data.pop("updated_at")
-        return json.dumps(data, default=_iso, sort_keys=True)
+        for kept_out in ("rev", "updated_at", "unknown"):
+            data.pop(kept_out)
+        unknown = {k: v for k, v in json.loads(self.unknown).items() if k not in data}
+        return json.dumps({**unknown, **data}, default=_iso, sort_keys=True)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> ModelState:
         data = json.loads(row["state"])
         backfill = data.get("backfill")
+        known = {f.name for f in fields(cls)}
         return cls(
+            unknown=json.dumps({k: v for k, v in data.items() if k not in known}, sort_keys=True),
             active=_table(data.get("active")),
             target=_table(data.get("target")),
             backfill=None if backfill is None else _backfill(backfill),

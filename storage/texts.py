@@ -4,7 +4,7 @@ fingerprint of the result it belongs to like a frames table's rows, and a full-t
 Rows are replaced per video in one ``merge_insert`` (as ``storage.frames``), so readers never see half
 a video's segments. The full-text index keeps word positions (phrases) and neither drops stop words
 nor stems (an exact phrase is what the user typed); rows written after the index was built are found
-too (LanceDB scans the unindexed part) until the maintenance loop folds them in.
+too (LanceDB scans the unindexed part) until an optimize folds them in (no maintenance round does yet).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from storage.db import (
     sql_quote,
     write_errors_are_transient,
 )
-from storage.frames import FrameSummary, _add_batch
+from storage.frames import FrameSummary, add_summary_batch
 
 TEXT_PREFIX = "text-"
 FTS_INDEX = "text_idx"
@@ -103,6 +103,7 @@ class TextTable:
         self._db = db
         self.name = name
         self._table: Any = None
+        self._fts_seen = False
 
     def table(self, create: bool = False) -> Any | None:
         if self._table is None:
@@ -127,7 +128,6 @@ class TextTable:
             raise ValueError("two rows share a segment_id in one write")
         if any(r.source not in SOURCES for r in rows):
             raise ValueError(f"a segment's source is not one of {SOURCES}")
-        new = self._table is None and self._db.open(self.name) is None
         table = self.table(create=bool(rows))
         if table is None:
             return  # removals from a table never written: nothing to remove
@@ -139,10 +139,12 @@ class TextTable:
             .when_not_matched_by_source_delete(scope)
             .execute(_arrow_rows(videos), timeout=timeout)
         )
-        if new:
-            # At once, not at the maintenance loop's next round: without the index, a search scans
-            # with no tokenizer (case-sensitive, whole strings); with it, rows written later are
-            # searched with its tokenizer until they are folded in.
+        if not self._fts_seen and rows:
+            # At once, not at a maintenance round: without the index a search scans with no tokenizer
+            # (case-sensitive, whole strings); with it, rows written later are searched with its
+            # tokenizer until an optimize folds them in. Looked for on every write until seen, so a
+            # writer that died between its first merge and the index, or lost the race to build it,
+            # leaves no table without one.
             self.ensure_fts_index()
 
     # -- reads ------------------------------------------------------------------------------------
@@ -165,7 +167,7 @@ class TextTable:
         seen: dict[str, set[str]] = {}
         columns = {"video_id": "video_id", "frame_id": "segment_id", "fingerprint": "fingerprint", "uri": "uri"}
         for batch in table.search().where(where).select(columns).limit(None).to_batches():
-            _add_batch(found, seen, batch)
+            add_summary_batch(found, seen, batch)
         return found
 
     @write_errors_are_transient
@@ -177,9 +179,16 @@ class TextTable:
         if table is None or table.count_rows() == 0:
             return False
         if any(getattr(i, "name", None) == FTS_INDEX for i in table.list_indices()):
+            self._fts_seen = True
             return False
         config = FTS(with_position=True, remove_stop_words=False, stem=False)
-        table.create_index("text", config=config, name=FTS_INDEX)
+        try:
+            table.create_index("text", config=config, name=FTS_INDEX)
+        except Exception:
+            # Another writer built it first (or building failed): a later write looks again.
+            if not any(getattr(i, "name", None) == FTS_INDEX for i in table.list_indices()):
+                raise
+        self._fts_seen = True
         return True
 
     @read_errors_are_transient

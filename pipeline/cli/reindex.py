@@ -148,7 +148,10 @@ def reindex(
         bool, typer.Option("--abort", help="Stop the backfill and drop its table; the active model stays.")
     ] = False,
     cleanup: Annotated[
-        bool, typer.Option("--cleanup", help="Drop the tables of retired models (and of aborted backfills).")
+        bool,
+        typer.Option(
+            "--cleanup", help="Drop the tables of retired models and text pipelines (and of aborted backfills)."
+        ),
     ] = False,
     wait: Annotated[
         bool,

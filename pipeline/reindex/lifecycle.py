@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from storage.errors import ModelConfigError, ReindexRefused, TransientError
 from storage.models import LEGACY_FRAMES, Backfill, ModelState, ModelTable
-from storage.texts import TEXT_PREFIX
 
 if TYPE_CHECKING:
     from pipeline.settings import Settings
@@ -174,29 +173,32 @@ class ModelLifecycle:
         return self.preflight_text(self.preflight_model())
 
     def preflight_text(self, state: ModelState) -> ModelState:
-        """Hold the configured text pipeline (``text_pipeline_id``) against the index: name its table
-        when the index has none, and when the pipeline changed, a new table (the old one retired: the
-        text fill reads every video's words again; searches of words find the videos read so far). No
-        source on: no text table. A pipeline the index switched away from is followed, with a warning,
-        as a model is: a replica of the old configuration restarting mid-rollout must not switch back.
+        """Hold the configured text pipeline (``TextSettings.pipeline_id``) against the index: name its
+        table when the index has none, and when the pipeline changed, a new table (the old one retired:
+        every video's words are read again). A configuration with every source off writes nothing: it
+        only does not read words (the index keeps its table for replicas that do). A pipeline the
+        index switched away from (a retired one) is followed, with a warning, as a model is: a replica
+        of the old configuration restarting mid-rollout must not switch back (to return to it on
+        purpose, drop the retired tables first: ``vidx reindex --cleanup``).
 
         Raises:
             TransientError: the index can't be read or written.
         """
         pid = self._settings.text.pipeline_id()
-        want = None if pid == "none" else pid
+        if pid == "none":
+            return state
         for _ in range(MAX_ROUNDS):
             have = state.text.pipeline if state.text is not None else None
-            if have == want:
+            if have == pid:
                 return state
-            if want is not None and have is not None and want in (t.pipeline for t in state.retired):
-                log.warning("the text pipeline %r was switched away from; the index reads words with %r", want, have)
+            if pid in (t.pipeline for t in state.retired):
+                log.warning("the text pipeline %r was switched away from; the index reads words with %r", pid, have)
                 return state
-            table = ModelTable.for_text(want) if want is not None else None
+            table = ModelTable.for_text(pid)
             retired = state.retired + ((state.text,) if state.text is not None else ())
             written = self._registry.write(state.evolve(text=table, retired=retired), state.rev)
             if written is not None:
-                log.info("text pipeline: %s, in table %s", want or "none", table.table if table else "-")
+                log.info("text pipeline: %s, in table %s", pid, table.table)
                 return written
             state = self._registry.read()
         raise TransientError("the model lifecycle row kept changing at start-up")
@@ -349,8 +351,8 @@ class ModelLifecycle:
         raise TransientError("the model lifecycle row kept changing")
 
     def cleanup(self) -> list[str]:
-        """Drop the tables of retired models, and per-model tables no lifecycle names (left by an
-        aborted backfill's late writes). Returns the tables dropped."""
+        """Drop the tables of retired models and text pipelines, and per-model frames tables no
+        lifecycle names (left by an aborted backfill's late writes). Returns the tables dropped."""
         names = set(self._store.db.table_names())  # listed before the state is read: see below
         for _ in range(MAX_ROUNDS):
             state = self._registry.read()
@@ -358,8 +360,9 @@ class ModelLifecycle:
             # so a table listed above that belongs to a live model is in this state.
             live = {t.table for t in state.tables()}
             retired = [t.table for t in state.retired if t.table not in live]
-            prefixes = (TABLE_PREFIX, TEXT_PREFIX)
-            strays = sorted(n for n in names if n.startswith(prefixes) and n not in live and n not in retired)
+            # Text tables go only when retired: one the row no longer names may be the live one of a
+            # row an older release rewrote without its ``text`` (a rollback mid-rollout).
+            strays = sorted(n for n in names if n.startswith(TABLE_PREFIX) and n not in live and n not in retired)
             if state.retired and self._registry.write(state.evolve(retired=()), state.rev) is None:
                 continue
             dropped = [n for n in [*retired, *strays] if n in names]

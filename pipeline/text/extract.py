@@ -3,10 +3,11 @@ source could not read this video — why (the video's frames are indexed all the
 
 from __future__ import annotations
 
-import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.settings import Settings, TextSettings
 from pipeline.text.segments import TextSegment, TextSource
@@ -15,7 +16,9 @@ from storage.ids import segment_id
 from storage.sampling import Sampling, SamplingStrategy
 from storage.texts import TextRow
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from pipeline.text.ocr import OcrReader
+    from pipeline.text.speech import SpeechRecognizer
 
 
 @dataclass
@@ -54,13 +57,27 @@ def text_pipeline_id(text: TextSettings) -> str:
 
 class TextExtractor:
     """Reads a local video file's words with the sources ``settings.text`` turns on. Holds one OCR
-    engine and one speech decoder (made on first use): one thread at a time."""
+    engine and one speech decoder (made on first use): one thread at a time. ``close`` (or ``with``)
+    ends the OCR engine."""
 
-    def __init__(self, settings: Settings, *, ocr: object | None = None, speech: object | None = None) -> None:
+    def __init__(
+        self, settings: Settings, *, ocr: OcrReader | None = None, speech: SpeechRecognizer | None = None
+    ) -> None:
         self._settings = settings
         self._text = settings.text
         self._ocr = ocr
         self._speech = speech
+
+    def __enter__(self) -> TextExtractor:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._ocr is not None:
+            self._ocr.close()
+            self._ocr = None
 
     def extract(self, path: Path) -> TextExtraction:
         out = TextExtraction()
@@ -73,10 +90,13 @@ class TextExtractor:
         out.segments.sort(key=lambda s: (s.start_s, s.source.value))
         return out
 
-    def _run(self, out: TextExtraction, source: TextSource, read: object) -> None:
+    def _run(self, out: TextExtraction, source: TextSource, read: Callable[[], list[TextSegment]]) -> None:
+        """One source: its segments, or why it read none of this video. Only what the input decides is
+        kept as a reason (the readers convert their libraries' errors on bad input to these); a
+        transient failure, or a reader that can't start (``OcrUnavailable``), goes to the caller."""
         started = time.perf_counter()
         try:
-            out.segments.extend(read())  # type: ignore[operator]
+            out.segments.extend(read())
         except (CorruptVideo, NotAVideo, LimitExceeded) as exc:
             out.errors[source.value] = str(exc)
         finally:
@@ -95,15 +115,13 @@ class TextExtractor:
         if self._ocr is None:
             t = self._text
             self._ocr = OcrReader(t.ocr_tessdata, t.ocr_language, t.ocr_min_confidence, min_side=t.ocr_min_side)
-        reader: OcrReader = self._ocr  # type: ignore[assignment]
         sampling = Sampling(self._text.ocr_every_s, SamplingStrategy.INTERVAL)
-        frames = sample_frames(path, sampling, self._settings.limits, max_side=1920)
-        return reader.read_frames(frames, self._text.ocr_every_s)
+        frames = sample_frames(path, sampling, self._settings.limits, max_side=self._text.ocr_max_side)
+        return self._ocr.read_frames(frames, self._text.ocr_every_s)
 
     def _read_speech(self, path: Path) -> list[TextSegment]:
         from pipeline.text.speech import SpeechRecognizer
 
         if self._speech is None:
             self._speech = SpeechRecognizer(max_audio_s=self._settings.limits.max_duration_s)
-        recognizer: SpeechRecognizer = self._speech  # type: ignore[assignment]
-        return recognizer.read_file(path)
+        return self._speech.read_file(path)

@@ -17,9 +17,10 @@ class TextSource(StrEnum):
 class TextSegment:
     """``text`` shown or said from ``start_s`` to ``end_s`` (seconds on the player's timeline).
 
-    ``confidence``: 0..1 (subtitles: 1; OCR: the words' mean confidence; speech: the recogniser's mean
-    word posterior). ``word_starts``: when each word of ``text`` (split on whitespace) starts, where the
-    source knows it (speech), so a match points at the word rather than the segment's start; else empty.
+    ``confidence``: 0..1 (subtitles: 1; OCR: the words' mean confidence in the best-read frame of the
+    segment; speech: the recogniser's mean word posterior). ``word_starts``: when each word of ``text``
+    (split on whitespace) starts, where the source knows it (speech), so a match points at the word
+    rather than the segment's start; else empty.
     ``track``: which subtitle stream, as ``<index>`` or ``<index>:<language>`` (other sources: empty)."""
 
     start_s: float

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import av
 import numpy as np
+from numpy.typing import NDArray
 
 from pipeline.media.probe import open_container, timeline_zero
 from pipeline.text.segments import TextSegment, TextSource
+from storage.errors import CorruptVideo, ModelUnavailable
 
 RATE = 16_000
 #: PocketSphinx reports times in frames of 10 ms.
@@ -33,11 +35,11 @@ class SpeechStats:
     seconds: float = 0.0
 
 
-class SpeechUnavailable(RuntimeError):
+class SpeechUnavailable(ModelUnavailable):
     """pocketsphinx is missing (the text settings say speech is on)."""
 
 
-def read_audio(path: Path, max_s: float) -> tuple[np.ndarray, float]:
+def read_audio(path: Path, max_s: float) -> tuple[NDArray[np.int16], float]:
     """The first audio track of ``path`` as 16 kHz mono int16 samples (at most ``max_s`` seconds), and
     where its first sample lies on the player's timeline. No audio track: no samples.
 
@@ -50,23 +52,25 @@ def read_audio(path: Path, max_s: float) -> tuple[np.ndarray, float]:
         stream = container.streams.audio[0]
         zero = timeline_zero(container) or Fraction(0)
         start = float(stream.start_time * stream.time_base - zero) if stream.start_time and stream.time_base else 0.0
+        # Kept as it is, below 0 too (an audio track that starts before the picture): words said
+        # before 0 are dropped, the others keep their place on the timeline.
         resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE)
-        chunks: list[np.ndarray] = []
+        chunks: list[NDArray[np.int16]] = []
         total, limit = 0, int(max_s * RATE)
         try:
             for frame in container.decode(stream):
                 for out in resampler.resample(frame):
-                    chunk = out.to_ndarray().reshape(-1)
+                    chunk = np.asarray(out.to_ndarray(), dtype=np.int16).reshape(-1)
                     chunks.append(chunk)
                     total += len(chunk)
                 if total >= limit:
                     break
             else:
-                chunks.extend(o.to_ndarray().reshape(-1) for o in resampler.resample(None))
+                chunks.extend(np.asarray(o.to_ndarray(), dtype=np.int16).reshape(-1) for o in resampler.resample(None))
         except av.error.FFmpegError:
             pass  # a damaged tail: what decoded still counts
         pcm = np.concatenate(chunks).astype(np.int16) if chunks else np.zeros(0, np.int16)
-        return pcm[:limit], max(0.0, start)
+        return pcm[:limit], start
 
 
 class SpeechRecognizer:
@@ -87,7 +91,7 @@ class SpeechRecognizer:
         pcm, offset = read_audio(path, self._max_audio_s)
         return self.read_pcm(pcm, offset)
 
-    def read_pcm(self, pcm: np.ndarray, offset_s: float = 0.0) -> list[TextSegment]:
+    def read_pcm(self, pcm: NDArray[np.int16], offset_s: float = 0.0) -> list[TextSegment]:
         """The utterances of 16 kHz mono int16 ``pcm`` whose first sample is at ``offset_s``."""
         started = time.perf_counter()
         self.stats.audio_s += len(pcm) / RATE
@@ -103,19 +107,23 @@ class SpeechRecognizer:
 
     def _decode(self, pcm: bytes, at_s: float) -> TextSegment | None:
         d = self._decoder
-        d.start_utt()
-        d.process_raw(pcm, full_utt=True)
-        d.end_utt()
+        try:
+            d.start_utt()
+            d.process_raw(pcm, full_utt=True)
+            d.end_utt()
+        except RuntimeError as exc:  # pocketsphinx's own errors on audio it can't take
+            raise CorruptVideo(f"speech: the recogniser refused the audio ({exc})") from exc
         words: list[str] = []
         starts: list[float] = []
         probs: list[float] = []
         end = at_s
         for seg in d.seg():
             word = _ALT.sub("", seg.word).lower()
-            if word in _NOT_WORDS or word.startswith("++"):
+            at = at_s + seg.start_frame * _FRAME_S
+            if word in _NOT_WORDS or word.startswith("++") or at < 0:
                 continue
             words.append(word)
-            starts.append(round(at_s + seg.start_frame * _FRAME_S, 2))
+            starts.append(round(at, 2))
             probs.append(float(seg.prob))
             end = at_s + (seg.end_frame + 1) * _FRAME_S
         if not words:

@@ -5,6 +5,8 @@ skipped here."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 
@@ -31,23 +33,31 @@ def read_subtitles(path: Path, max_events: int = MAX_EVENTS) -> list[TextSegment
             return []
         zero = timeline_zero(container) or Fraction(0)
         events: dict[int, list[tuple[float, float | None, str]]] = {s.index: [] for s in streams}
-        kept = 0
-        for packet in container.demux(streams):
-            if packet.pts is None or packet.stream.time_base is None:
-                continue
-            try:
-                subtitles = packet.decode()
-            except av.error.FFmpegError:
-                continue  # one damaged event: the rest of the track still counts
-            tb = packet.stream.time_base
-            start = float(packet.pts * tb - zero)
-            duration = float(packet.duration * tb) if packet.duration else None
-            for subtitle in subtitles:
-                text = _text_of(subtitle)
-                if text and kept < max_events:
-                    events[packet.stream.index].append((start, duration, text))
-                    kept += 1
+        # A damaged container past some events: those read still count.
+        with contextlib.suppress(av.error.FFmpegError):
+            _read_events(container.demux(streams), zero, events, max_events)
         return [seg for s in streams for seg in _segments(events[s.index], _track(s))]
+
+
+def _read_events(
+    packets: Iterator[av.Packet], zero: Fraction, events: dict[int, list[tuple[float, float | None, str]]], limit: int
+) -> None:
+    kept = 0
+    for packet in packets:
+        if packet.pts is None or packet.stream.time_base is None:
+            continue
+        try:
+            subtitles = packet.decode()
+        except av.error.FFmpegError:
+            continue  # one damaged event: the rest of the track still counts
+        tb = packet.stream.time_base
+        start = float(packet.pts * tb - zero)
+        duration = float(packet.duration * tb) if packet.duration else None
+        for subtitle in subtitles:
+            text = _text_of(subtitle)
+            if text and kept < limit:
+                events[packet.stream.index].append((start, duration, text))
+                kept += 1
 
 
 def _text_of(subtitle: object) -> str:
@@ -70,10 +80,11 @@ def _segments(events: list[tuple[float, float | None, str]], track: str) -> list
     events.sort(key=lambda e: e[0])
     out: list[TextSegment] = []
     for i, (start, duration, text) in enumerate(events):
-        start = max(0.0, start)
         following = events[i + 1][0] if i + 1 < len(events) else None
         end = start + duration if duration else start + DEFAULT_EVENT_S
         if duration is None and following is not None:
             end = min(end, max(start, following))
-        out.append(TextSegment(start, end, text, TextSource.SUBTITLE, 1.0, track=track))
+        if end <= 0:
+            continue  # shown before the player's 0 only
+        out.append(TextSegment(max(0.0, start), end, text, TextSource.SUBTITLE, 1.0, track=track))
     return out

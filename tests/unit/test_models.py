@@ -295,3 +295,17 @@ def test_a_rows_entries_are_stored_as_they_always_were() -> None:
     stored = '[{"every_s": 1.0, "fingerprint": "fpa", "frames": 3, "model": "model-a", "table": "frames-a-1-8d-g"}]'
     assert row["indexes"] == stored
     assert VideoRecord.from_row(row).indexes == (entry,)
+
+
+def test_keys_a_newer_release_wrote_survive_this_release_s_writes(store: IndexStore) -> None:
+    """A rollback mid-rollout: this release rewrites the row (a backfill's progress, a cleanup) and
+    the newer release's keys are still there afterwards, as they were."""
+    state = full_state()
+    data = json.loads(state.to_json())
+    data["written_by_a_newer_release"] = {"table": "x-1", "n": 2}
+    read = ModelState.from_row({"state": json.dumps(data), "rev": 3, "updated_at": None})
+    assert read.evolve(rev=0) == state  # compares what this release knows
+    written = store.models.write(read.evolve(switched_at=T0), 0)
+    assert written is not None
+    again = json.loads(ModelState.from_row({"state": written.to_json(), "rev": 1, "updated_at": None}).to_json())
+    assert again["written_by_a_newer_release"] == {"table": "x-1", "n": 2}

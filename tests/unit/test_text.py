@@ -92,7 +92,7 @@ def test_a_clip_without_audio_has_no_speech(tmp_path: Path) -> None:
 def test_a_damaged_file_gives_each_source_a_reason_and_no_segments(tmp_path: Path) -> None:
     broken = tmp_path / "broken.mp4"
     broken.write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"\x17" * 4000)
-    out = TextExtractor(Settings()).extract(broken)
+    out = TextExtractor(_only(subtitles=True, ocr=True, speech=True)).extract(broken)
     assert out.segments == []
     assert set(out.errors) == {"subtitle", "ocr", "speech"}
     assert all("unreadable container" in reason for reason in out.errors.values()), out.errors
@@ -105,7 +105,7 @@ def test_sources_that_are_off_are_not_read(tmp_path: Path) -> None:
 
 
 def test_the_text_pipeline_id_changes_with_what_decides_the_segments() -> None:
-    base = TextSettings()
+    base = TextSettings(subtitles=True, ocr=True, speech=True)
     ids = {
         text_pipeline_id(base),
         text_pipeline_id(base.model_copy(update={"ocr": False})),
@@ -114,7 +114,7 @@ def test_the_text_pipeline_id_changes_with_what_decides_the_segments() -> None:
         text_pipeline_id(base.model_copy(update={"ocr_min_confidence": 70.0})),
     }
     assert len(ids) == 5
-    assert text_pipeline_id(TextSettings(subtitles=False, ocr=False, speech=False)) == "none"
+    assert text_pipeline_id(TextSettings()) == "none"  # every source off: the default for now
 
 
 def test_a_missing_ocr_model_is_a_clear_error(tmp_path: Path) -> None:
@@ -144,3 +144,22 @@ def test_two_readings_of_one_clip_give_the_same_rows(tmp_path: Path) -> None:
     first, second = (TextExtractor(_only(subtitles=True)).extract(clip).rows("vid") for _ in range(2))
     assert first == second and [r.segment_id for r in first] == ["vid-t000000", "vid-t000001"]
     assert first[0].source == "subtitle" and first[0].text == "Hello from the harbour"
+
+
+def test_ocr_reads_a_small_caption_that_comes_on_a_still_picture(tmp_path: Path) -> None:
+    """A lower third replacing a title on a held shot changes few pixels: it must still be read."""
+    overlays = [
+        Overlay(0.0, 4.9, "Quarterly Results", size=44),
+        Overlay(5.0, 10.0, "Speaker Jane Doe", size=22, y="h*0.85"),
+    ]
+    clip = overlaid_clip(tmp_path / "lower-third.mp4", overlays, 10, size=(1280, 720), still=True)
+    reader = OcrReader()
+    try:
+        segments = TextExtractor(_only(ocr=True), ocr=reader).extract(clip).segments
+    finally:
+        reader.close()
+    assert [(s.start_s, s.end_s, s.text) for s in segments] == [
+        (0.0, 5.0, "Quarterly Results"),
+        (5.0, 10.0, "Speaker Jane Doe"),
+    ]
+    assert reader.stats.read == 2

@@ -57,8 +57,18 @@ def test_words_phrases_and_sources_are_searched(table: TextTable, folded: bool) 
     assert [h.segment_id for h in table.search("quarterly revenue", 10, phrase=True)] == ["a-t000000"]
     assert [h.segment_id for h in table.search("architecture", 10, sources=["ocr"])] == ["a-t000001"]
     assert table.search("architecture", 10, sources=["speech", "subtitle"]) == []
-    [hit] = table.search("to be or not", 10) or [None]  # no stop words dropped: nothing matches these
-    assert hit is None
+
+
+def test_an_exact_word_is_what_matches_no_stop_word_dropped_and_nothing_stemmed(table: TextTable) -> None:
+    table.replace_many(
+        [_video("a", (1.0, "the tide grows", "subtitle")), _video("b", (2.0, "a tide grew", "subtitle"))]
+    )
+    # A stop-word list would drop "the" from the query (and match nothing, or everything).
+    assert [h.video_id for h in table.search("the", 10)] == ["a"]
+    # A stemmer would make "grow" match "grows" (and "grew" nothing else).
+    assert table.search("grow", 10) == []
+    assert [h.video_id for h in table.search("grew", 10)] == ["b"]
+    assert [h.video_id for h in table.search("the tide", 10, phrase=True)] == ["a"]
 
 
 def test_rows_written_after_the_index_are_found(table: TextTable) -> None:
