@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from events.config import AmqpSettings, VideoFilterSettings
 from pipeline.autoscale_settings import AutoscaleSettings as AutoscaleSettings
 from pipeline.media.settings import DecodeLimits, DecodeStrategy
+from pipeline.text.settings import TextSettings as TextSettings
 from storage.config import IndexSettings, S3Settings
 from storage.sampling import Sampling
 
@@ -285,43 +286,6 @@ class ReindexSettings(BaseModel):
     clock_skew_s: float = Field(default=30.0, ge=0, le=3600)
     #: Lease the coordinator takes (one worker at a time in the whole fleet).
     lease_ttl_s: float = Field(default=60.0, gt=0)
-
-
-class TextSettings(BaseModel):
-    """The words in a video (``pipeline.text``): which sources are read, and how. Every source is off by
-    default while no job fills the text table (docs/design/text.md): the defaults will be chosen by
-    ``bench.relevance`` and ``bench.text_cost`` once they do."""
-
-    #: Text subtitle tracks (SubRip, ASS/SSA, mov_text, WebVTT): no model, next to no cost.
-    subtitles: bool = False
-    #: On-screen text by OCR (Tesseract) on frames sampled every ``ocr_every_s`` seconds.
-    ocr: bool = False
-    ocr_every_s: float = Field(default=1.0, gt=0)
-    #: The folder holding ``<ocr_language>.traineddata`` (None: ``TESSDATA_PREFIX``, then Debian's).
-    ocr_tessdata: str | None = None
-    ocr_language: str = "eng"
-    #: Words Tesseract is less sure of than this (0..100) are dropped: textures read as letters.
-    ocr_min_confidence: float = Field(default=60.0, ge=0, le=100)
-    #: Frames are read at this short side at least (small captions read better larger).
-    ocr_min_side: int = Field(default=720, ge=64)
-    #: Frames are read at this longest side at most.
-    ocr_max_side: int = Field(default=1920, ge=64)
-    #: Speech by PocketSphinx (US English) on the first audio track.
-    speech: bool = False
-
-    def pipeline_id(self) -> str:
-        """What decides a video's text segments ("none" with every source off): a change of it means
-        every video's words are read again (a new text table)."""
-        parts = []
-        if self.subtitles:
-            parts.append("subtitles")
-        if self.ocr:
-            parts.append(
-                f"ocr:tesseract/{self.ocr_language}/{self.ocr_every_s:g}s/c{self.ocr_min_confidence:g}/s{self.ocr_min_side}"
-            )
-        if self.speech:
-            parts.append("speech:pocketsphinx/en-us")
-        return "+".join(parts) or "none"
 
 
 class Settings(BaseSettings):

@@ -175,17 +175,7 @@ class FrameTable:
     def summaries_in(self, uri_from: str, uri_to: str, *, include_from: bool) -> dict[str, FrameSummary]:
         """The summaries of the videos whose rows' ``uri`` lies in (``uri_from``, ``uri_to``] (``[``
         with ``include_from``): one filtered scan of four small columns, memory bounded by the range."""
-        table = self.table()
-        found: dict[str, FrameSummary] = {}
-        if table is None:
-            return found
-        lower = ">=" if include_from else ">"
-        where = f"uri {lower} {sql_quote(uri_from)} AND uri <= {sql_quote(uri_to)}"
-        seen: dict[str, set[str]] = {}
-        query = table.search().where(where).select(["video_id", "frame_id", "fingerprint", "uri"]).limit(None)
-        for batch in query.to_batches():
-            add_summary_batch(found, seen, batch)
-        return found
+        return summaries_in(self.table(), "frame_id", uri_from, uri_to, include_from=include_from)
 
     def summaries(self, batch_rows: int = 65_536) -> Iterator[tuple[str, FrameSummary]]:
         """Every video's summary, from one streamed scan of three columns. Memory grows with the
@@ -266,6 +256,23 @@ class FrameTable:
                 query = query.refine_factor(tuning.refine_factor)
         rows: list[dict[str, Any]] = query.to_list()
         return rows
+
+
+def summaries_in(
+    table: Any | None, id_column: str, uri_from: str, uri_to: str, *, include_from: bool
+) -> dict[str, FrameSummary]:
+    """Each video's summary over the rows of ``table`` whose ``uri`` lies in (``uri_from``, ``uri_to``]
+    (``[`` with ``include_from``), repeats told by ``id_column``: one filtered scan of four small columns."""
+    found: dict[str, FrameSummary] = {}
+    if table is None:
+        return found
+    lower = ">=" if include_from else ">"
+    where = f"uri {lower} {sql_quote(uri_from)} AND uri <= {sql_quote(uri_to)}"
+    seen: dict[str, set[str]] = {}
+    columns = {"video_id": "video_id", "frame_id": id_column, "fingerprint": "fingerprint", "uri": "uri"}
+    for batch in table.search().where(where).select(columns).limit(None).to_batches():
+        add_summary_batch(found, seen, batch)
+    return found
 
 
 def add_summary_batch(found: dict[str, FrameSummary], seen: dict[str, set[str]], batch: pa.RecordBatch) -> None:

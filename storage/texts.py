@@ -25,7 +25,7 @@ from storage.db import (
     sql_quote,
     write_errors_are_transient,
 )
-from storage.frames import FrameSummary, add_summary_batch
+from storage.frames import FrameSummary, summaries_in
 
 TEXT_PREFIX = "text-"
 FTS_INDEX = "text_idx"
@@ -158,17 +158,7 @@ class TextTable:
     @read_errors_are_transient
     def summaries_in(self, uri_from: str, uri_to: str, *, include_from: bool) -> dict[str, FrameSummary]:
         """As ``FrameTable.summaries_in``: each video's rows, fingerprints and repeated segment ids."""
-        table = self.table()
-        found: dict[str, FrameSummary] = {}
-        if table is None:
-            return found
-        lower = ">=" if include_from else ">"
-        where = f"uri {lower} {sql_quote(uri_from)} AND uri <= {sql_quote(uri_to)}"
-        seen: dict[str, set[str]] = {}
-        columns = {"video_id": "video_id", "frame_id": "segment_id", "fingerprint": "fingerprint", "uri": "uri"}
-        for batch in table.search().where(where).select(columns).limit(None).to_batches():
-            add_summary_batch(found, seen, batch)
-        return found
+        return summaries_in(self.table(), "segment_id", uri_from, uri_to, include_from=include_from)
 
     @write_errors_are_transient
     def ensure_fts_index(self) -> bool:

@@ -33,7 +33,7 @@ FORBIDDEN = {
 #: ``media``'s decode settings. docs/architecture.md draws the same arrows.
 TOP = "top"
 CAPABILITY_IMPORTS: dict[str, frozenset[str]] = {
-    TOP: frozenset({"media"}),
+    TOP: frozenset({"media", "text"}),
     "media": frozenset(),
     "embedding": frozenset(),
     "query": frozenset(),
