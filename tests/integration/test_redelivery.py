@@ -1,9 +1,9 @@
 """Redeliveries and crash loops through the real consumer: the Ray Serve app's IndexConsumer taking
 its tasks from RabbitMQ through Ray's Celery adapter (acks late).
 
-- A task whose consumer connection the broker closes five times while the task is unacknowledged is
-  redelivered each time and ends indexed, once: a redelivery is not a failed attempt (no crash
-  charged, nothing dead-lettered).
+- A task whose consumer connections the broker closes while the task is unacknowledged on them, until
+  the broker has redelivered it five times, ends indexed, once: a redelivery is not a failed attempt
+  (no crash charged, nothing dead-lettered).
 - A video whose consumer is SIGKILLed at every start is failed and dead-lettered (``crash_loop``)
   after ``serve.max_crashes`` deaths, instead of looping.
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -51,9 +52,12 @@ DROPS = 5
 UNACKED_TIMEOUT_S = 60.0
 #: Longest wait for the video to settle (indexed, or failed by the crash loop).
 SETTLE_TIMEOUT_S = 400.0
-#: Longest wait, after the last drop, for the broker's redelivery count to show every drop: a consumer
-#: reconnecting after five drops in a row can take longer than one drop's wait on a loaded machine.
-REDELIVERED_TIMEOUT_S = 180.0
+#: Longest wait, after a drop, for the broker's redelivery count to show it (the consumer reconnects and
+#: the management figures catch up); a drop that shows none missed the task.
+DROP_REDELIVERY_S = 60.0
+#: Bounds of the drops: at most this many, within this long after the upload.
+MAX_DROPS = 10
+DROPS_DEADLINE_S = 360.0
 #: Longest the crash-loop watcher runs.
 WATCH_TIMEOUT_S = 400.0
 POLL_S = 0.1
@@ -101,40 +105,53 @@ def test_a_task_redelivered_five_times_by_dropped_connections_is_indexed(
     started = time.monotonic()
     # Given a video whose job runs for a while
     services.minio_client().fput_object(host.bucket, key, str(big_video), content_type="video/mp4")
-    # When the broker closes the consumer's connections five times, each time while the task is
-    # unacknowledged on them (the first delivery, then each redelivery)
-    for drop in range(DROPS):
+    # When the broker closes the consumer's connections while the task is unacknowledged on them, until
+    # the broker has redelivered it five times. A drop can miss: a retry's new message may be in flight
+    # between two deliveries when the connection closes (the management figures lag by up to the stats
+    # interval), so drops go on, bounded in count and time, until five redeliveries are counted.
+    deadline = started + DROPS_DEADLINE_S
+    missed = 0
 
-        def unacked(drop: int = drop) -> bool:
-            info = queue_info(services, queue)
-            on_new = [n for n in consumer_connections(services, queue) if n not in closed]
-            return (
-                bool(on_new)
-                and int(info.get("messages_unacknowledged") or 0) >= 1
-                and (redeliveries(info) >= before + drop)
-            )
+    def state() -> str:
+        info = queue_info(services, queue)
+        record = _record(store, vid)
+        return (
+            f"{redeliveries(info) - before} redeliveries after {time.monotonic() - started:.1f}s and "
+            f"{len(drops_at)} drops ({missed} missed; at {', '.join(f'{t:.1f}s' for t in drops_at)}): video "
+            f"{record.status.value if record else 'no row'}, queue ready {info.get('messages_ready')} unacked "
+            f"{info.get('messages_unacknowledged')} consumers {info.get('consumers')}"
+        )
+
+    def unacked() -> bool:
+        info = queue_info(services, queue)
+        on_new = [n for n in consumer_connections(services, queue) if n not in closed]
+        return bool(on_new) and int(info.get("messages_unacknowledged") or 0) >= 1
+
+    def redelivered_past(count: int) -> bool:
+        return redeliveries(queue_info(services, queue)) > count
+
+    while redeliveries(queue_info(services, queue)) - before < DROPS:
+        if len(drops_at) >= MAX_DROPS or time.monotonic() > deadline:
+            raise AssertionError(f"the task was not redelivered {DROPS} times: {state()}")
 
         try:
-            eventually(unacked, f"the task to be unacknowledged before drop {drop + 1}", UNACKED_TIMEOUT_S, POLL_S)
+            what = f"the task to be unacknowledged before drop {len(drops_at) + 1}"
+            eventually(unacked, what, UNACKED_TIMEOUT_S, POLL_S)
         except AssertionError:
-            record = _record(store, vid)
-            status = record.status.value if record else "no row"
             raise AssertionError(
-                f"the task was not unacknowledged again before drop {drop + 1} (video {status} after "
-                f"{time.monotonic() - started:.1f}s): the job finished too soon, or the consumer stopped consuming"
+                f"the task was not unacknowledged again before drop {len(drops_at) + 1} ({state()}): the job "
+                "finished too soon, or the consumer stopped consuming"
             ) from None
-        names = [n for n in consumer_connections(services, queue) if n not in closed]
-        for name in names:
+        counted = redeliveries(queue_info(services, queue))
+        for name in [n for n in consumer_connections(services, queue) if n not in closed]:
             close_connection(services, name)
             closed.add(name)
         drops_at.append(time.monotonic() - started)
-    # Then the task is redelivered each time and the video ends indexed, once, with no crash charged
-    eventually(
-        lambda: redeliveries(queue_info(services, queue)) >= before + DROPS,
-        f"{DROPS} redeliveries",
-        REDELIVERED_TIMEOUT_S,
-        POLL_S,
-    )
+        try:  # the drop's redelivery, once the consumer is back and the broker's figures show it
+            eventually(partial(redelivered_past, counted), "a redelivery", DROP_REDELIVERY_S, POLL_S)
+        except AssertionError:
+            missed += 1
+    # Then the video ends indexed, once, with no crash charged
 
     def settled() -> bool:
         record = _record(store, vid)
@@ -149,10 +166,10 @@ def test_a_task_redelivered_five_times_by_dropped_connections_is_indexed(
     letters = _letters_of(host, vid)
     report(
         request,
-        f"redelivery dropped-connections: {len(closed)} consumer connections closed in {DROPS} drops, "
+        f"redelivery dropped-connections: {len(closed)} consumer connections closed in {len(drops_at)} drops, "
         f"redelivered {redelivered}, {record.status.value} with {summary.rows} frames (content has {frames}), "
         f"crashes {record.crashes}, dead letters {len(letters)}, {took_s:.1f}s",
-        f"  drops at {', '.join(f'{t:.1f}s' for t in drops_at)} after the upload",
+        f"  drops at {', '.join(f'{t:.1f}s' for t in drops_at)} after the upload ({missed} missed the task)",
     )
     assert redelivered >= DROPS
     assert record.status is VideoStatus.INDEXED and record.frames == frames
