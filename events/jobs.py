@@ -26,6 +26,9 @@ class JobSource(enum.StrEnum):
     REPLAY = "replay"
     #: A backfill re-embedding an indexed video with the model being switched to (``pipeline.reindex.backfill``).
     REINDEX = "reindex"
+    #: A text job: read the words of a video whose frames are in (``pipeline.index.words``), on the
+    #: text queue, submitted by the index job that settled the frames.
+    TEXT = "text"
 
 
 class IndexJob(BaseModel):

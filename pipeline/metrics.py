@@ -72,7 +72,21 @@ SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 SIZE_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
 
 #: The stages of ``pipeline.index.clock.StageClock`` one job reports; anything else counts as ``other``.
-STAGES = ("catalog", "head", "fetch", "cpu_wait", "decode", "embed", "thumbnails", "write")
+STAGES = (
+    "catalog",
+    "head",
+    "fetch",
+    "cpu_wait",
+    "decode",
+    "embed",
+    "thumbnails",
+    "write",
+    # A text job's (``pipeline.index.words``): the wait for a text slot, then each source's reading.
+    "text_wait",
+    "text_subtitle",
+    "text_ocr",
+    "text_speech",
+)
 
 JOBS = MetricDef("vidx_jobs", "Index jobs finished, by outcome", Kind.COUNTER, ("outcome",))
 JOB_SECONDS = MetricDef("vidx_job_seconds", "Wall time of one index job", Kind.HISTOGRAM, ("outcome",), SECONDS_BUCKETS)

@@ -161,15 +161,7 @@ class FrameTable:
     @read_errors_are_transient
     def summary(self, video_id: str) -> FrameSummary:
         """Rows, fingerprints and repeated ``frame_id``s of one video."""
-        table = self.table()
-        found = FrameSummary()
-        if table is None:
-            return found
-        rows = table.search().where(f"video_id = {sql_quote(video_id)}").select(["frame_id", "fingerprint", "uri"])
-        seen: set[str] = set()
-        for row in rows.limit(None).to_list():
-            _add(found, seen, row["frame_id"], row["fingerprint"], row["uri"])
-        return found
+        return summary_of(self.table(), "frame_id", video_id)
 
     @read_errors_are_transient
     def summaries_in(self, uri_from: str, uri_to: str, *, include_from: bool) -> dict[str, FrameSummary]:
@@ -256,6 +248,18 @@ class FrameTable:
                 query = query.refine_factor(tuning.refine_factor)
         rows: list[dict[str, Any]] = query.to_list()
         return rows
+
+
+def summary_of(table: Any | None, id_column: str, video_id: str) -> FrameSummary:
+    """One video's rows, fingerprints and repeated ids (told by ``id_column``) in ``table``."""
+    found = FrameSummary()
+    if table is None:
+        return found
+    rows = table.search().where(f"video_id = {sql_quote(video_id)}").select([id_column, "fingerprint", "uri"])
+    seen: set[str] = set()
+    for row in rows.limit(None).to_list():
+        _add(found, seen, row[id_column], row["fingerprint"], row["uri"])
+    return found
 
 
 def summaries_in(

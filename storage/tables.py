@@ -15,6 +15,7 @@ from storage.db import IndexDatabase
 from storage.frames import FRAMES, FrameTable
 from storage.leases import Leases
 from storage.models import ModelRegistry
+from storage.texts import TEXT_PREFIX, TextTable
 
 
 class IndexStore:
@@ -29,6 +30,7 @@ class IndexStore:
         self.models = ModelRegistry(self.db)
         self.leases = Leases(self.db)
         self._tables: dict[str, FrameTable] = {FRAMES: self.frames}
+        self._texts: dict[str, TextTable] = {}
         self._lock = threading.Lock()
 
     def frames_table(self, name: str) -> FrameTable:
@@ -38,6 +40,18 @@ class IndexStore:
             if table is None:
                 table = self._tables[name] = FrameTable(self.db, name)
             return table
+
+    def text_table(self, name: str) -> TextTable:
+        """The text table ``name`` (one handle per name, kept)."""
+        with self._lock:
+            table = self._texts.get(name)
+            if table is None:
+                table = self._texts[name] = TextTable(self.db, name)
+            return table
+
+    def table_for(self, name: str) -> FrameTable | TextTable:
+        """The table ``name`` of a catalog entry: a text table for ``text-*`` names, else a frames table."""
+        return self.text_table(name) if name.startswith(TEXT_PREFIX) else self.frames_table(name)
 
     def active_frames(self) -> FrameTable:
         """The active model's frames table, as the lifecycle row says now (``frames`` before any model is set)."""
@@ -49,3 +63,4 @@ class IndexStore:
         with self._lock:
             if name != FRAMES:
                 self._tables.pop(name, None)
+            self._texts.pop(name, None)

@@ -25,7 +25,7 @@ from storage.db import (
     sql_quote,
     write_errors_are_transient,
 )
-from storage.frames import FrameSummary, summaries_in
+from storage.frames import FrameSummary, summaries_in, summary_of
 
 TEXT_PREFIX = "text-"
 FTS_INDEX = "text_idx"
@@ -154,6 +154,15 @@ class TextTable:
         if table is None:
             return 0
         return int(table.count_rows(f"video_id = {sql_quote(video_id)}" if video_id else None))
+
+    @read_errors_are_transient
+    def summary(self, video_id: str) -> FrameSummary:
+        """As ``FrameTable.summary``: one video's rows, fingerprints and repeated segment ids."""
+        return summary_of(self.table(), "segment_id", video_id)
+
+    def replace(self, text: VideoText) -> None:
+        """Replace one video's segments (one commit; the ungrouped writer)."""
+        self.replace_many([text])
 
     @read_errors_are_transient
     def summaries_in(self, uri_from: str, uri_to: str, *, include_from: bool) -> dict[str, FrameSummary]:

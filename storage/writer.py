@@ -30,24 +30,33 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 from storage.errors import PermanentError, TransientError
-from storage.frames import VideoFrames
 from storage.grouped import CLOSE_TIMEOUT_S, STALL_AFTER_S, GroupedCommits, GroupPolicy
 
 log = logging.getLogger(__name__)
 
 
-class FrameWriter(Protocol):
-    """Replaces one video's frames and returns once they are durable (``FrameTable`` itself is the
-    ungrouped writer: one commit per call)."""
+class VideoRows(Protocol):
+    """One video's rows for one table: ``storage.frames.VideoFrames`` or ``storage.texts.VideoText``."""
 
-    def replace(self, frames: VideoFrames) -> None: ...
+    @property
+    def video_id(self) -> str: ...
+
+    @property
+    def rows(self) -> Sequence[object]: ...
+
+
+class FrameWriter(Protocol):
+    """Replaces one video's rows and returns once they are durable (``FrameTable`` and ``TextTable``
+    themselves are the ungrouped writers: one commit per call)."""
+
+    def replace(self, frames: Any) -> None: ...
 
 
 class GroupStore(Protocol):
-    def replace_many(self, videos: Sequence[VideoFrames], timeout: timedelta | None = None) -> None: ...
+    def replace_many(self, videos: Sequence[Any], timeout: timedelta | None = None) -> None: ...
 
 
 #: The least time a merge is given (and at least twice what the last commit took): a call with less left
@@ -57,7 +66,7 @@ MIN_COMMIT_S = 0.05
 
 @dataclass(eq=False, slots=True)
 class _Pending:
-    frames: VideoFrames
+    frames: VideoRows
     #: When the caller stops waiting (``time.monotonic``): after it, these rows must not land.
     deadline: float
     arrived: float = field(default_factory=time.monotonic)
@@ -115,7 +124,7 @@ class GroupedFrameWriter:
         c = self._grouped.counts  # a video's weight is its rows
         return WriterStats(commits=c.commits, videos=c.items, rows=c.weight, failed_commits=c.failed)
 
-    def replace(self, frames: VideoFrames) -> None:
+    def replace(self, frames: VideoRows) -> None:
         """Replace ``frames.video_id``'s rows with ``frames.rows``; returns once the commit holding them succeeded.
 
         Raises:

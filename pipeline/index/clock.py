@@ -30,6 +30,10 @@ class StageClock:
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
+    def add(self, name: str, seconds: float) -> None:
+        """Count ``seconds`` under ``name`` (time measured elsewhere, e.g. by a stage's own parts)."""
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
     def timed(self, name: str, items: Iterator[T]) -> Iterator[T]:
         """``items``, with the time spent producing each one counted under ``name``."""
         while True:

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from events.deadletters import DeadLetter, FailureKind
-from events.jobs import IndexJob
+from events.jobs import IndexJob, JobOp, JobSink, JobSource
 from pipeline.failures import FailureReason, failure_reason
 from pipeline.index.indexer import ConsumerKilled, JobResult
 from pipeline.metrics import Metrics
@@ -71,9 +71,13 @@ class IndexTaskHandler:
         metrics: Metrics | None = None,
         writers_health: Callable[[], str | None] = lambda: None,
         buckets: Collection[str] | None = None,
+        text_jobs: JobSink | None = None,
     ) -> None:
-        """``buckets``: the configured buckets; a job naming another is refused (None: any)."""
+        """``buckets``: the configured buckets; a job naming another is refused (None: any).
+        ``text_jobs``: the text queue, where a text job goes once an index job settled a video whose
+        words are due (``JobResult.text_due``); None: no text source is on."""
         self._runner = runner
+        self._text_jobs = text_jobs
         self._buckets = frozenset(buckets) if buckets is not None else None
         self._writers_health = writers_health
         self._dead_letters = dead_letters
@@ -169,6 +173,8 @@ class IndexTaskHandler:
             self._dead_letter(job, task, FailureKind.EXHAUSTED, reason)
             self._metrics.failed(failure_reason(exc), FailureKind.EXHAUSTED.value)
             return {"video_id": job.video_id, "outcome": "failed", "reason": reason}
+        if result.text_due and self._text_jobs is not None:
+            self._submit_text_job(job, task)
         return {
             "video_id": result.video_id,
             "outcome": result.outcome.value,
@@ -176,9 +182,26 @@ class IndexTaskHandler:
             "stages": result.stages,
         }
 
+    def _submit_text_job(self, job: IndexJob, task: TaskContext) -> None:
+        """The text job of a video whose frames are in. If the broker does not take it, the index task
+        is retried (its retry finds the frames in, and submits again); on its last attempt the frames
+        stand and the words wait for the next job of the video."""
+        assert self._text_jobs is not None
+        text = IndexJob(op=JobOp.INDEX, bucket=job.bucket, key=job.key, source=JobSource.TEXT)
+        try:
+            self._text_jobs.submit(text)
+        except TransientError as exc:
+            if task.retries < self._max_retries:
+                log.warning("the text job of %s was not submitted (%s): retrying the task", job.uri, exc)
+                raise
+            log.warning("the text job of %s was not submitted (%s); its words wait for its next job", job.uri, exc)
+
     def _record_failure(self, job: IndexJob, reason: str) -> None:
         """Best effort: the store that failed the job is often the one that is down. The dead letter
-        still goes out, and the scheduled check finds a row left ``indexing`` past its grace."""
+        still goes out, and the scheduled check finds a row left ``indexing`` past its grace. A text
+        job fails no video (its frames stand): its dead letter says why its words are missing."""
+        if job.source is JobSource.TEXT:
+            return
         try:
             self._runner.record_failure(job, reason)
         except TransientError as exc:

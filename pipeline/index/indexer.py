@@ -18,15 +18,17 @@ from pipeline.index.objects import ObjectSource, S3ObjectSource
 from pipeline.index.plan import IndexPlan, Step, claims, count_crashes, plan_index, plan_removal
 from pipeline.index.result import ConsumerKilled, JobResult, Outcome
 from pipeline.index.videostate import Attempt, JobRows, VideoStates, settling
+from pipeline.index.words import WordReader
 from pipeline.metrics import Metrics
 from pipeline.settings import Settings
 from storage.catalog import IN_FLIGHT, VideoRecord
 from storage.catalog_writer import CatalogWrites, PendingWrite
 from storage.errors import PermanentError, TransientError
 from storage.frames import FRAMES, FrameRow, VideoFrames
-from storage.models import ModelIndex, ModelTable
+from storage.models import TEXT_MODEL_PREFIX, ModelIndex, ModelTable
 from storage.s3 import ObjectHead
 from storage.tables import IndexStore
+from storage.texts import TextRow, VideoText
 from storage.writer import FrameWriter
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,8 @@ class Indexer:
         models_now: Callable[[], list[ModelTable]] | None = None,
         embedders: Embedders | None = None,
         writer_for: Callable[[str], FrameWriter] | None = None,
+        text_table: Callable[[], ModelTable | None] | None = None,
+        words: WordReader | None = None,
     ) -> None:
         """``writer`` replaces a video's frames (a ``GroupedFrameWriter`` shares commits between the
         jobs of one process; default: one commit per video); ``catalog_writes`` takes the catalog's
@@ -77,7 +81,10 @@ class Indexer:
         while dead counts as a crash). ``models`` gives the frames tables a job writes (the active
         model's, and during a backfill the target's: ``LiveModels.live``; default: ``frames``),
         ``models_now`` the same read afresh before a job settles; ``embedders`` embeds with each
-        and ``writer_for`` gives each table's writer (default: ``writer`` for ``frames``)."""
+        and ``writer_for`` gives each table's writer (default: ``writer`` for ``frames``). ``text_table``
+        gives the text table (None: no text source is on); an index job leaves it to a text job
+        (``JobResult.text_due``), and a text job (``JobSource.TEXT``) fills it with what ``words`` reads
+        once the video's frames are in at the object's version."""
         self._settings = settings
         self._embedders: Embedders = embedders or OneEmbedder(embedder)
         self._models = models or (lambda: [ModelTable(embedder.model_id, 0, FRAMES)])
@@ -88,9 +95,13 @@ class Indexer:
         )
         self._objects = objects or S3ObjectSource(settings.s3, settings.limits)
         default_writer: FrameWriter = writer or self._store.frames
-        self._writer_for = writer_for or (
-            lambda name: default_writer if name == FRAMES else self._store.frames_table(name)
-        )
+
+        def store_writer(name: str) -> FrameWriter:
+            return default_writer if name == FRAMES else self._store.table_for(name)
+
+        self._writer_for = writer_for or store_writer
+        self._text_table = text_table or (lambda: None)
+        self._words = words
         self._holder = holder
         self._holder_alive = holder_alive
         self._hooks = hooks
@@ -181,8 +192,9 @@ class Indexer:
 
     def _remove(self, job: IndexJob, seen: VideoRecord | None, clock: StageClock, dirty: JobRows) -> JobResult:
         with clock.stage("catalog"):
-            live = self._models()
-            rows = sum(self._store.frames_table(t.table).count(job.video_id) for t in live)
+            text = self._text_table()
+            live = [*self._models(), *([text] if text is not None else [])]
+            rows = sum(self._store.table_for(t.table).count(job.video_id) for t in live)
         step = plan_removal(seen, rows, settle=job.settle)
         if step is not Step.REMOVE:
             if step is Step.SETTLE_REMOVED:
@@ -213,7 +225,7 @@ class Indexer:
         dirty.tables.update(t.table for t in tables)
         with clock.stage("write"):
             for table in tables:
-                self._writer_for(table.table).replace(VideoFrames(job.video_id, job.uri, "", "", "", rows=[]))
+                self._writer_for(table.table).replace(_no_rows(job, table))
 
     def _index(
         self,
@@ -228,24 +240,46 @@ class Indexer:
         # A backfill job reads the lifecycle afresh: on a cache from before the backfill began it
         # would find nothing to add and hold a slot of the backfill's window until resubmitted.
         live = self._models_now() if job.source is JobSource.REINDEX else self._models()
-        holding = self._look(job.video_id, claims(seen, head.version, live, sampling), clock)
-        plan = plan_index(seen, head.version, live, sampling, holding=holding, settle=job.settle)
+        text = self._text_table()
+        words = job.source is JobSource.TEXT
+        if words and text is None:
+            log.info("%s: text job, but no text source is on now: nothing to read", job.uri)
+            return JobResult(job.video_id, Outcome.UNCHANGED)
+        tables = [*live, *([text] if text is not None else [])]
+        # An index job leaves the words to a text job; a text job leaves the frames to the index job.
+        deferred = {t.table for t in live} if words else {text.table} if text is not None else set()
+        holding = self._look(job.video_id, claims(seen, head.version, tables, sampling), clock)
+        text_due = text is not None and text.table not in holding
+        if words and live[0].table not in holding:
+            # The frames are not in at this version (yet): the index job that settles them asks for the
+            # words then (their rows follow the frames' version, never run ahead of it).
+            return JobResult(job.video_id, Outcome.UNCHANGED)
+        plan = plan_index(seen, head.version, tables, sampling, holding=holding, settle=job.settle, deferred=deferred)
         if plan.step is not Step.EMBED:
             if plan.step is Step.CONFIRM and seen is not None:
                 self._confirm(seen, plan, clock)
-            return JobResult(job.video_id, Outcome.UNCHANGED, frames=plan.kept[0].frames)
+            return JobResult(
+                job.video_id, Outcome.UNCHANGED, frames=plan.kept[0].frames, text_due=text_due and not words
+            )
         claim = self._claim(job, seen, plan, attempt, clock)
         # The claim commits (shared with other jobs' writes) while the object is fetched and embedded;
         # its outcome is in before any row is written or the failure recorded.
         self._hooks("fetch", job)
-        embedded, duration_s = self._embed(job, head, plan, claim, clock, dirty)
+        embedded: dict[str, list[FrameRow]] | dict[str, list[TextRow]]
+        if words:
+            embedded, duration_s = self._read_words(job, head, plan, claim, clock, dirty), None
+        else:
+            embedded, duration_s = self._embed(job, head, plan, claim, clock, dirty)
         if self._claimed(claim, clock, job) is None:
             raise _Lost("the row changed before it was claimed")
         # Overlapping jobs of one key: only one that saw the current version writes.
         self._hooks("recheck", job)
         self._still_at(job, head.version, clock, "the object changed while it was embedded")
         self._hooks("write", job)
-        written = self._write(job, head, plan, embedded, clock, dirty)
+        # A new version's frames make the words of the old one stale: they go with this write (the
+        # text job reads the new version's).
+        stale = [] if words or text is None or seen is None or seen.index_in(text.table) is None else [text]
+        written = self._write(job, head, plan, embedded, clock, dirty, clear=stale)
         self._hooks("written", job)
         with settling(dirty):
             self._finish(job, plan, written, duration_s, clock)
@@ -254,7 +288,9 @@ class Indexer:
         # The object may have changed between the check above and the commit, and the job for the
         # new version may already have finished: look once more, so the last writer converges.
         self._still_at(job, head.version, clock, "the object changed while its rows were written")
-        return JobResult(job.video_id, Outcome.INDEXED, frames=written[0].frames)
+        return JobResult(
+            job.video_id, Outcome.INDEXED, frames=plan.indexes(written)[0].frames, text_due=text_due and not words
+        )
 
     def _look(self, video_id: str, entries: Sequence[ModelIndex], clock: StageClock) -> frozenset[str]:
         """The tables of ``entries`` that hold exactly the rows their entry says (looked at, not trusted)."""
@@ -263,13 +299,13 @@ class Indexer:
 
     def _rows_hold(self, entry: ModelIndex, video_id: str) -> bool:
         """Whether the entry's table holds exactly its ``frames`` rows of the video, all of its fingerprint."""
-        summary = self._store.frames_table(entry.table).summary(video_id)
+        summary = self._store.table_for(entry.table).summary(video_id)
         fps = set(summary.fingerprints)
         return summary.rows == entry.frames and summary.duplicate_ids == 0 and fps <= {entry.fingerprint}
 
     def _confirm(self, seen: VideoRecord, plan: IndexPlan, clock: StageClock) -> None:
         # The row's own count is the active table's (a row a failed write unsettled says -1).
-        row = seen.evolve(fingerprint=plan.kept[0].fingerprint, frames=plan.kept[0].frames)
+        row = seen.evolve(fingerprint=plan.kept[0].fingerprint, frames=plan.kept[0].frames, indexes=plan.kept)
         with clock.stage("catalog"):
             if self._states.confirm(row, plan.version) is None:
                 raise _Lost("the row changed while it was confirmed")
@@ -312,6 +348,22 @@ class Indexer:
                 self._release(claimed, plan, clock)
             raise
 
+    def _read_words(
+        self, job: IndexJob, head: ObjectHead, plan: IndexPlan, claim: PendingWrite, clock: StageClock, dirty: JobRows
+    ) -> dict[str, list[TextRow]]:
+        """The text table's rows of the object's words. On a failure the row goes back as it was
+        (``_release``): the video stays searchable by its frames, and a text job never fails a video."""
+        if self._words is None:
+            raise TransientError("this process reads no words (no text stage)")
+        table = plan.need[0].table
+        try:
+            return {table: self._words.rows(head, job.video_id, clock)}
+        except BaseException:
+            claimed = self._claimed(claim, clock, job, best_effort=True)
+            if claimed is not None and not dirty.rows_changed:
+                self._release(claimed, plan, clock)
+            raise
+
     def _still_at(self, job: IndexJob, version: str, clock: StageClock, lost: str) -> None:
         with clock.stage("head"):
             current = self._objects.head(job.bucket, job.key)
@@ -323,19 +375,32 @@ class Indexer:
         job: IndexJob,
         head: ObjectHead,
         plan: IndexPlan,
-        embedded: dict[str, list[FrameRow]],
+        embedded: dict[str, list[FrameRow]] | dict[str, list[TextRow]],
         clock: StageClock,
         dirty: JobRows,
+        clear: Sequence[ModelTable] = (),
     ) -> tuple[ModelIndex, ...]:
-        """Replace the video's rows in each embedded table; returns once the commit holding them
-        succeeded (possibly shared with other jobs), with their entries."""
-        written = plan.written(embedded, len(next(iter(embedded.values()))))
+        """Replace the video's rows in each embedded table (and remove them from ``clear``); returns
+        once the commits holding them succeeded (possibly shared with other jobs), with their entries."""
+        written = plan.written({table: len(rows) for table, rows in embedded.items()})
         dirty.rows_changed = True  # from here on (the write may land even if the call fails)
         dirty.tables.update(e.table for e in written)
+        dirty.tables.update(t.table for t in clear)
         with clock.stage("write"):
             for e in written:
-                rows = VideoFrames(job.video_id, job.uri, head.version, e.fingerprint, e.model, embedded[e.table])
-                self._writer_for(e.table).replace(rows)
+                rows = embedded[e.table]
+                if e.model.startswith(TEXT_MODEL_PREFIX):
+                    pipeline = e.model.removeprefix(TEXT_MODEL_PREFIX)
+                    texts = [r for r in rows if isinstance(r, TextRow)]
+                    video = VideoText(job.video_id, job.uri, head.version, e.fingerprint, pipeline, texts)
+                    self._writer_for(e.table).replace(video)
+                else:
+                    frames = [r for r in rows if isinstance(r, FrameRow)]
+                    self._writer_for(e.table).replace(
+                        VideoFrames(job.video_id, job.uri, head.version, e.fingerprint, e.model, frames)
+                    )
+            for table in clear:
+                self._writer_for(table.table).replace(_no_rows(job, table))
         return written
 
     def _finish(
@@ -356,6 +421,8 @@ class Indexer:
             self._hooks("finish", job)
             first = indexes[0]
             fp, frames = first.fingerprint, first.frames
+            if duration_s is None:
+                duration_s = now.duration_s  # a text job's: the frames' job measured it
             finished = self._states.finish(
                 now, version=plan.version, fingerprint=fp, frames=frames, duration_s=duration_s, indexes=indexes
             )
@@ -390,3 +457,10 @@ class Indexer:
                     raise
                 log.warning("%s: the claim's write failed (%s)", job.uri, exc)
                 return None
+
+
+def _no_rows(job: IndexJob, table: ModelTable) -> VideoFrames | VideoText:
+    """What removes the video's rows from ``table``."""
+    if table.pipeline is not None:
+        return VideoText(job.video_id, job.uri, "", "", table.pipeline, rows=[])
+    return VideoFrames(job.video_id, job.uri, "", "", "", rows=[])

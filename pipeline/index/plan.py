@@ -8,12 +8,12 @@ is only ever acted on through the compare-and-set transitions of ``pipeline.inde
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pipeline.index.videostate import Attempt
 from storage.catalog import VideoRecord, VideoStatus
-from storage.ids import fingerprint
+from storage.ids import fingerprint, text_fingerprint
 from storage.models import ModelIndex, ModelTable
 from storage.sampling import Sampling
 
@@ -60,12 +60,12 @@ class IndexPlan:
             return frozenset()
         return frozenset(t.table for t in self.need if t.table != self.live[0].table)
 
-    def written(self, tables: Collection[str], frames: int) -> tuple[ModelIndex, ...]:
-        """The entries of the needed tables among ``tables`` (those embedded), ``frames`` rows each."""
+    def written(self, rows: Mapping[str, int]) -> tuple[ModelIndex, ...]:
+        """The entries of the needed tables among ``rows`` (those embedded or read), with their row counts."""
         return tuple(
-            ModelIndex(t.table, t.model, self.fingerprints[t.table], frames, self.sampling)
+            ModelIndex(t.table, t.model, self.fingerprints[t.table], rows[t.table], self.sampling)
             for t in self.need
-            if t.table in tables
+            if t.table in rows
         )
 
     def models_moved(self, fresh: Sequence[ModelTable], held: Collection[str]) -> bool:
@@ -89,8 +89,14 @@ class IndexPlan:
 
 
 def fingerprints(version: str, live: Sequence[ModelTable], sampling: Sampling) -> dict[str, str]:
-    """What each live table's rows of ``version`` carry, by table."""
-    return {t.table: fingerprint(version, t.model, sampling) for t in live}
+    """What each live table's rows of ``version`` carry, by table (a text table's: its pipeline's)."""
+    return {t.table: _fingerprint(version, t, sampling) for t in live}
+
+
+def _fingerprint(version: str, table: ModelTable, sampling: Sampling) -> str:
+    if table.pipeline is not None:
+        return text_fingerprint(version, table.pipeline)
+    return fingerprint(version, table.model, sampling)
 
 
 def claims(
@@ -113,10 +119,13 @@ def plan_index(
     *,
     holding: Collection[str],
     settle: bool,
+    deferred: Collection[str] = (),
 ) -> IndexPlan:
     """The plan for an object at ``version``, from the row as read (``seen``), the live tables (the
     active model's first) and the tables among ``claims`` whose rows were looked at and hold them.
     ``settle``: the job must write the row even when nothing changed (a `queued` mark may be in flight).
+    ``deferred``: live tables another job fills (an index job leaves the text table to the text job,
+    a text job the frames tables to the index job): kept when they hold this content, never needed.
 
     Raises:
         ValueError: no live table.
@@ -124,7 +133,7 @@ def plan_index(
     if not live:
         raise ValueError("a video is indexed into at least one table")
     kept = tuple(e for e in claims(seen, version, live, sampling) if e.table in holding)
-    need = tuple(t for t in live if t.table not in {k.table for k in kept})
+    need = tuple(t for t in live if t.table not in {k.table for k in kept} and t.table not in deferred)
     fps = fingerprints(version, live, sampling)
     base = IndexPlan(Step.EMBED, version, tuple(live), sampling, fps, kept, need)
     if seen is None or need:

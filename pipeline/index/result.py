@@ -26,5 +26,7 @@ class JobResult:
     outcome: Outcome
     frames: int = 0
     reason: str | None = None
+    #: The video's words are not in the text table at this version: a text job is to read them.
+    text_due: bool = False
     #: Seconds spent per stage (head, catalog, fetch, decode, embed, thumbnails, write).
     stages: dict[str, float] = field(default_factory=dict, compare=False)

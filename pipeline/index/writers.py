@@ -1,4 +1,5 @@
-"""One grouped frame writer per model's table, shared by the jobs of one consumer process."""
+"""One grouped writer per table (each model's frames table, the text table), shared by the jobs of one
+consumer process."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class FrameWriters:
             if table not in self._writers:
                 w = self._settings
                 self._writers[table] = GroupedFrameWriter(
-                    self._store.frames_table(table),
+                    self._store.table_for(table),
                     max_videos=w.group_max_videos,
                     max_rows=w.group_max_rows,
                     wait_s=w.group_wait_s,

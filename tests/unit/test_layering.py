@@ -39,7 +39,7 @@ CAPABILITY_IMPORTS: dict[str, frozenset[str]] = {
     "query": frozenset(),
     "reindex": frozenset(),
     "text": frozenset({"media"}),
-    "index": frozenset({"media", "embedding", "reindex"}),
+    "index": frozenset({"media", "embedding", "reindex", "text"}),
     "upkeep": frozenset({"index", "reindex"}),
     "api": frozenset({"index", "query", "reindex", "upkeep"}),
     "serve": frozenset({"api", "embedding", "index", "media", "query", "reindex", "upkeep"}),

@@ -91,7 +91,7 @@ def test_another_sampling_is_embedded_again() -> None:
 
 def test_the_entries_of_a_finished_job_follow_the_live_order_with_the_kept_ones() -> None:
     p = plan(row(VideoStatus.INDEXED, "e1", entry(TARGET)), live=(ACTIVE, TARGET))
-    written = p.written({ACTIVE.table}, 4)
+    written = p.written({ACTIVE.table: 4})
     assert written == (entry(ACTIVE),)
     assert p.indexes(written) == (entry(ACTIVE), entry(TARGET))
 

@@ -1,0 +1,212 @@
+"""Text jobs (``JobSource.TEXT``) through the real ``Indexer`` over a local LanceDB: an index job leaves a
+video's words to a text job (``text_due``), the text job fills the text table once the frames are in,
+and the rows follow the video's version (an overwrite clears the old words, a delete removes them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from events.jobs import IndexJob, JobOp, JobSource
+from infra.dev.samples import write_video
+from infra.dev.textclips import Cue, subtitled_clip
+from pipeline.index.clock import StageClock
+from pipeline.index.consumer import IndexTaskHandler, TaskContext
+from pipeline.index.indexer import Indexer, Outcome
+from pipeline.index.words import TextStage
+from pipeline.settings import Settings, TextSettings
+from storage.catalog import VideoStatus
+from storage.errors import TransientError
+from storage.ids import text_fingerprint
+from storage.models import ModelTable
+from storage.s3 import ObjectHead
+from storage.tables import IndexStore
+from storage.texts import TextRow
+from tests.unit.test_indexer import MeanColour, MemoryObjects
+
+CUES = [Cue(1.0, 2.5, "the harbour at dawn"), Cue(3.0, 4.0, "a red boat")]
+TEXT = ModelTable.for_text(TextSettings(subtitles=True).pipeline_id())
+
+
+class Parts:
+    def __init__(self, tmp_path: Path, *, text: ModelTable | None = TEXT) -> None:
+        self.settings = Settings(text=TextSettings(subtitles=True))
+        self.store = IndexStore(self.settings.s3, uri=str(tmp_path / "lance"))
+        self.objects = MemoryObjects()
+        self.text: ModelTable | None = text
+        self.words = TextStage(self.settings, self.objects, slots=1)
+        self.indexer = Indexer(
+            self.settings,
+            MeanColour(),
+            self.store,
+            self.objects,
+            text_table=lambda: self.text,
+            words=self.words,
+        )
+        self.tmp = tmp_path
+
+    def clip(self, key: str, cues: list[Cue], seconds: float = 5) -> None:
+        self.objects.put(key, subtitled_clip(self.tmp / key, cues, seconds=seconds, fmt="mov_text"))
+
+    def text_rows(self, key: str) -> list[str]:
+        table = self.store.text_table(TEXT.table).table()
+        if table is None:
+            return []
+        rows = table.search().where(f"video_id = '{job(key).video_id}'").select(["text"]).limit(None).to_list()
+        return sorted(r["text"] for r in rows)
+
+
+def job(key: str, source: JobSource = JobSource.EVENT, op: JobOp = JobOp.INDEX) -> IndexJob:
+    return IndexJob(op=op, bucket="videos", key=key, source=source)
+
+
+def test_an_index_job_leaves_the_words_to_a_text_job_which_adds_them_to_the_row(tmp_path: Path) -> None:
+    p = Parts(tmp_path)
+    p.clip("a.mp4", CUES)
+    # Given an index job that settled the frames
+    first = p.indexer.run(job("a.mp4"))
+    assert (first.outcome, first.text_due) == (Outcome.INDEXED, True)
+    record = p.store.catalog.get(job("a.mp4").video_id)
+    assert record is not None and record.status is VideoStatus.INDEXED and record.index_in(TEXT.table) is None
+    assert p.text_rows("a.mp4") == []
+    # When its text job runs
+    text = p.indexer.run(job("a.mp4", JobSource.TEXT))
+    # Then the words are in the text table and the row names them beside the frames
+    assert (text.outcome, text.text_due) == (Outcome.INDEXED, False)
+    assert p.text_rows("a.mp4") == ["a red boat", "the harbour at dawn"]
+    record = p.store.catalog.get(job("a.mp4").video_id)
+    assert record is not None and record.status is VideoStatus.INDEXED
+    entry = record.index_in(TEXT.table)
+    assert entry is not None and entry.frames == 2
+    assert entry.fingerprint == text_fingerprint(record.version or "", TEXT.pipeline or "")
+    assert record.frames == first.frames and record.duration_s == pytest.approx(5.0, abs=0.1)
+    # And another index or text job of the same content changes nothing and asks for no words
+    again = p.indexer.run(job("a.mp4"))
+    assert (again.outcome, again.text_due) == (Outcome.UNCHANGED, False)
+    assert p.indexer.run(job("a.mp4", JobSource.TEXT)).outcome is Outcome.UNCHANGED
+    assert p.objects.downloads == 2
+
+
+def test_a_text_job_before_the_frames_are_in_does_nothing(tmp_path: Path) -> None:
+    p = Parts(tmp_path)
+    p.clip("a.mp4", CUES)
+    assert p.indexer.run(job("a.mp4", JobSource.TEXT)).outcome is Outcome.UNCHANGED
+    assert p.store.catalog.get(job("a.mp4").video_id) is None and p.objects.downloads == 0
+
+
+def test_an_overwrite_clears_the_old_words_and_its_text_job_reads_the_new_ones(tmp_path: Path) -> None:
+    p = Parts(tmp_path)
+    p.clip("a.mp4", CUES)
+    p.indexer.run(job("a.mp4"))
+    p.indexer.run(job("a.mp4", JobSource.TEXT))
+    # When the object is overwritten and its index job runs
+    p.clip("a.mp4", [Cue(0.5, 1.5, "a green lighthouse")])
+    result = p.indexer.run(job("a.mp4"))
+    # Then the old words are gone with the old frames, and the row names no words until the text job
+    assert (result.outcome, result.text_due) == (Outcome.INDEXED, True)
+    assert p.text_rows("a.mp4") == []
+    record = p.store.catalog.get(job("a.mp4").video_id)
+    assert record is not None and record.index_in(TEXT.table) is None
+    p.indexer.run(job("a.mp4", JobSource.TEXT))
+    assert p.text_rows("a.mp4") == ["a green lighthouse"]
+
+
+def test_a_delete_removes_the_words_too(tmp_path: Path) -> None:
+    p = Parts(tmp_path)
+    p.clip("a.mp4", CUES)
+    p.indexer.run(job("a.mp4"))
+    p.indexer.run(job("a.mp4", JobSource.TEXT))
+    del p.objects.files["a.mp4"]
+    assert p.indexer.run(job("a.mp4", op=JobOp.DELETE)).outcome is Outcome.DELETED
+    assert p.text_rows("a.mp4") == [] and p.store.text_table(TEXT.table).count(job("a.mp4").video_id) == 0
+
+
+def test_a_video_without_words_gets_an_empty_entry_and_is_not_read_again(tmp_path: Path) -> None:
+    p = Parts(tmp_path)
+    p.objects.put("a.mp4", write_video(tmp_path / "plain.mp4", seconds=3, size=(64, 48)))
+    p.indexer.run(job("a.mp4"))
+    assert p.indexer.run(job("a.mp4", JobSource.TEXT)).outcome is Outcome.INDEXED
+    record = p.store.catalog.get(job("a.mp4").video_id)
+    assert record is not None and (entry := record.index_in(TEXT.table)) is not None and entry.frames == 0
+    assert p.indexer.run(job("a.mp4")).text_due is False
+
+
+class FailingWords:
+    def rows(self, head: ObjectHead, video_id: str, clock: StageClock) -> list[TextRow]:
+        raise TransientError("the OCR engine is busy")
+
+
+def test_a_failed_text_job_puts_the_row_back_searchable_and_fails_no_video(tmp_path: Path) -> None:
+    p = Parts(tmp_path)
+    p.clip("a.mp4", CUES)
+    p.indexer.run(job("a.mp4"))
+    before = p.store.catalog.get(job("a.mp4").video_id)
+    p.indexer._words = FailingWords()
+    with pytest.raises(TransientError):
+        p.indexer.run(job("a.mp4", JobSource.TEXT))
+    after = p.store.catalog.get(job("a.mp4").video_id)
+    assert before is not None and after is not None
+    assert after.status is VideoStatus.INDEXED and after.indexes == before.indexes and after.frames == before.frames
+
+
+def test_with_no_text_source_on_there_is_no_text_due(tmp_path: Path) -> None:
+    p = Parts(tmp_path, text=None)
+    p.clip("a.mp4", CUES)
+    assert p.indexer.run(job("a.mp4")).text_due is False
+    assert p.indexer.run(job("a.mp4", JobSource.TEXT)).outcome is Outcome.UNCHANGED
+
+
+class Sink:
+    def __init__(self, fail: bool = False) -> None:
+        self.jobs: list[IndexJob] = []
+        self.fail = fail
+
+    def submit(self, job: IndexJob) -> str:
+        if self.fail:
+            raise TransientError("broker down")
+        self.jobs.append(job)
+        return str(len(self.jobs))
+
+
+class DeadLetters:
+    def __init__(self) -> None:
+        self.letters: list[object] = []
+
+    def publish(self, letter: object) -> None:
+        self.letters.append(letter)
+
+
+def test_the_handler_submits_the_text_job_after_the_frames_and_retries_when_the_broker_refuses(
+    tmp_path: Path,
+) -> None:
+    p = Parts(tmp_path)
+    p.clip("a.mp4", CUES)
+    refusing = IndexTaskHandler(p.indexer, DeadLetters(), max_retries=3, text_jobs=Sink(fail=True))
+    payload = job("a.mp4").model_dump(mode="json")
+    # A refused text job retries the index task (its frames stand)
+    with pytest.raises(TransientError):
+        refusing.handle(payload, TaskContext("t1", retries=0))
+    record = p.store.catalog.get(job("a.mp4").video_id)
+    assert record is not None and record.status is VideoStatus.INDEXED
+    # The retry finds the frames in and submits the text job
+    sink = Sink()
+    handler = IndexTaskHandler(p.indexer, DeadLetters(), max_retries=3, text_jobs=sink)
+    assert handler.handle(payload, TaskContext("t1", retries=1))["outcome"] == "unchanged"
+    assert [(j.source, j.key) for j in sink.jobs] == [(JobSource.TEXT, "a.mp4")]
+    # The text job itself asks for no other
+    assert handler.handle(sink.jobs[0].model_dump(mode="json"), TaskContext("t2", retries=0))["outcome"] == "indexed"
+    assert len(sink.jobs) == 1 and p.text_rows("a.mp4") == ["a red boat", "the harbour at dawn"]
+
+
+def test_a_text_job_that_gives_up_fails_no_video(tmp_path: Path) -> None:
+    p = Parts(tmp_path)
+    p.clip("a.mp4", CUES)
+    p.indexer.run(job("a.mp4"))
+    p.indexer._words = FailingWords()
+    letters = DeadLetters()
+    handler = IndexTaskHandler(p.indexer, letters, max_retries=1, text_jobs=Sink())
+    answer = handler.handle(job("a.mp4", JobSource.TEXT).model_dump(mode="json"), TaskContext("t", retries=1))
+    assert answer["outcome"] == "failed" and len(letters.letters) == 1
+    record = p.store.catalog.get(job("a.mp4").video_id)
+    assert record is not None and record.status is VideoStatus.INDEXED
