@@ -146,6 +146,15 @@ class ServeSettings(BaseModel):
     index_queue: str = "vidx.index"
     failed_queue: str = "vidx.index.failed"
     unprocessable_queue: str = "vidx.index.unprocessable"
+    #: Text jobs (the words of a video whose frames are in), taken by the TextConsumer deployment, which
+    #: exists only while a text source is on (``text``); their dead letters go to ``failed_queue``.
+    text_queue: str = "vidx.text"
+    #: TextConsumer replicas (fixed), the text jobs one runs at once (Celery threads) and of those how
+    #: many read words at once (each slot keeps its own OCR engine and speech decoder).
+    text_consumer_replicas: int = Field(default=1, ge=1)
+    text_consumer_concurrency: int = Field(default=2, ge=1, le=64)
+    text_slots: int = Field(default=1, ge=1, le=64)
+    text_consumer_num_cpus: float = Field(default=0.25, ge=0)
     #: Celery result backend; empty means a file backend under ``state_dir``.
     backend_url: str = ""
     max_retries: int = Field(default=3, ge=0, le=20)

@@ -59,6 +59,7 @@ class Services:
             "VIDX_SERVE__INDEX_QUEUE": f"{prefix}.index",
             "VIDX_SERVE__FAILED_QUEUE": f"{prefix}.index.failed",
             "VIDX_SERVE__UNPROCESSABLE_QUEUE": f"{prefix}.index.unprocessable",
+            "VIDX_SERVE__TEXT_QUEUE": f"{prefix}.text",
             "VIDX_AMQP__QUEUE_TYPE": self.queue_type,
             "VIDX_AMQP__EVENT_DELIVERY": self.event_delivery,
         }

@@ -288,9 +288,8 @@ class Indexer:
         # The object may have changed between the check above and the commit, and the job for the
         # new version may already have finished: look once more, so the last writer converges.
         self._still_at(job, head.version, clock, "the object changed while its rows were written")
-        return JobResult(
-            job.video_id, Outcome.INDEXED, frames=plan.indexes(written)[0].frames, text_due=text_due and not words
-        )
+        frames = plan.kept[0].frames if words else written[0].frames
+        return JobResult(job.video_id, Outcome.INDEXED, frames=frames, text_due=text_due and not words)
 
     def _look(self, video_id: str, entries: Sequence[ModelIndex], clock: StageClock) -> frozenset[str]:
         """The tables of ``entries`` that hold exactly the rows their entry says (looked at, not trusted)."""
@@ -305,7 +304,11 @@ class Indexer:
 
     def _confirm(self, seen: VideoRecord, plan: IndexPlan, clock: StageClock) -> None:
         # The row's own count is the active table's (a row a failed write unsettled says -1).
-        row = seen.evolve(fingerprint=plan.kept[0].fingerprint, frames=plan.kept[0].frames, indexes=plan.kept)
+        # A live table's entry whose rows don't hold this content goes (the text table's, whose words
+        # a text job reads next); entries of other tables stay as they were.
+        live, held = {t.table for t in plan.live}, {k.table for k in plan.kept}
+        indexes = tuple(e for e in seen.indexes if e.table in held or e.table not in live)
+        row = seen.evolve(fingerprint=plan.kept[0].fingerprint, frames=plan.kept[0].frames, indexes=indexes)
         with clock.stage("catalog"):
             if self._states.confirm(row, plan.version) is None:
                 raise _Lost("the row changed while it was confirmed")

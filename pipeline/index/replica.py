@@ -12,7 +12,9 @@ from pipeline.index.consumer import IndexTaskHandler
 from pipeline.index.extract import Embedders
 from pipeline.index.holders import holder_alive, process_holder
 from pipeline.index.indexer import Indexer
-from pipeline.index.taskqueue import dead_letter_queue
+from pipeline.index.objects import S3ObjectSource
+from pipeline.index.taskqueue import CeleryJobSink, dead_letter_queue
+from pipeline.index.words import TextStage
 from pipeline.index.writers import FrameWriters
 from pipeline.metrics import Metrics
 from pipeline.reindex.lifecycle import LiveModels
@@ -37,10 +39,15 @@ def consumer_handler(
     else:
         embedders = HandleEmbedders(encoder, settings.model.embed_timeout_s)
     writers = FrameWriters(store, settings.writer)
+    objects = S3ObjectSource(settings.s3, settings.limits)
+    # Both consumers read words when a text source is on: a text job replayed from the dead letters
+    # lands on the index queue. The stage loads nothing until a text job comes.
+    text_on = settings.text.pipeline_id() != "none"
     indexer = Indexer(
         settings,
         embedders.for_model(settings.model.id),
         store,
+        objects,
         # The cluster's one catalog writer groups every replica's status writes into few commits.
         catalog_writes=HandleCatalogWrites(catalog_writer) if catalog_writer is not None else None,
         holder=process_holder(),
@@ -50,8 +57,16 @@ def consumer_handler(
         models_now=live.live_now,
         embedders=embedders,
         writer_for=writers,
+        text_table=live.text,
+        words=TextStage(settings, objects, settings.serve.text_slots) if text_on else None,
     )
     dead_letters = dead_letter_queue(settings)
     return IndexTaskHandler(
-        indexer, dead_letters, settings.serve.max_retries, metrics, writers.health, buckets=settings.s3.buckets
+        indexer,
+        dead_letters,
+        settings.serve.max_retries,
+        metrics,
+        writers.health,
+        buckets=settings.s3.buckets,
+        text_jobs=CeleryJobSink(settings, settings.serve.text_queue) if text_on else None,
     )

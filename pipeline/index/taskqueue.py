@@ -50,13 +50,14 @@ class QueueArgumentsAdapter(CeleryTaskProcessorAdapter):
         self._app.conf.update(task_queues=queues)
 
 
-def task_processor_config(settings: Settings) -> TaskProcessorConfig:
-    """One definition of the queue, shared by producers (router, API) and the consumer."""
+def task_processor_config(settings: Settings, queue: str | None = None) -> TaskProcessorConfig:
+    """One definition of the queue, shared by producers (router, API) and the consumer. ``queue``:
+    another task queue of the same shape (``serve.text_queue``); default: the index queue."""
     backend_url = settings.celery_backend_url
     if backend_url.startswith("file://"):
         Path(urlparse(backend_url).path).mkdir(parents=True, exist_ok=True)
     return TaskProcessorConfig(
-        queue_name=settings.serve.index_queue,
+        queue_name=queue or settings.serve.index_queue,
         adapter=f"{__name__}.{QueueArgumentsAdapter.__name__}",
         adapter_config=CeleryAdapterConfig(
             broker_url=settings.amqp.url.get_secret_value(),
@@ -79,7 +80,7 @@ def task_processor_config(settings: Settings) -> TaskProcessorConfig:
                 },
                 # Notice a dead broker connection in seconds, not minutes (the default is 120 s).
                 "broker_heartbeat": 10,
-                QUEUE_ARGUMENTS: index_queue_arguments(settings),
+                QUEUE_ARGUMENTS: index_queue_arguments(settings, queue),
             },
             task_custom_config={
                 # Permanent errors (corrupt file, over a limit) fail at once; the rest retry with backoff.
@@ -95,10 +96,11 @@ def task_processor_config(settings: Settings) -> TaskProcessorConfig:
     )
 
 
-def index_queue_arguments(settings: Settings) -> dict[str, dict[str, Any]]:
+def index_queue_arguments(settings: Settings, queue: str | None = None) -> dict[str, dict[str, Any]]:
     """Declaration arguments of the task queues, by name. Quorum: all three replicated; the index
-    queue dead-letters a task delivered ``amqp.delivery_limit`` times to the failed queue, where
-    ``vidx dlq`` lists it (reason ``delivery_limit`` in its ``x-death`` header) and can replay it."""
+    queue (or ``queue``, the text queue) dead-letters a task delivered ``amqp.delivery_limit`` times to
+    the failed queue, where ``vidx dlq`` lists it (reason ``delivery_limit`` in its ``x-death`` header)
+    and can replay it."""
     base = settings.amqp.queue_arguments
     index = dict(base)
     if settings.amqp.queue_type == "quorum":
@@ -108,7 +110,7 @@ def index_queue_arguments(settings: Settings) -> dict[str, dict[str, Any]]:
             "x-dead-letter-routing-key": settings.serve.failed_queue,
         }
     serve = settings.serve
-    return {serve.index_queue: index, serve.failed_queue: dict(base), serve.unprocessable_queue: dict(base)}
+    return {queue or serve.index_queue: index, serve.failed_queue: dict(base), serve.unprocessable_queue: dict(base)}
 
 
 def dead_letter_queue(settings: Settings) -> DeadLetterQueue:
@@ -139,10 +141,10 @@ def queueing_sink(
 
 
 class CeleryJobSink:
-    """Submits jobs to the index queue; ``submit`` returns the task id once the broker has it."""
+    """Submits jobs to the index queue (or ``queue``); ``submit`` returns the task id once the broker has it."""
 
-    def __init__(self, settings: Settings) -> None:
-        self._adapter: Any = instantiate_adapter_from_config(task_processor_config(settings))
+    def __init__(self, settings: Settings, queue: str | None = None) -> None:
+        self._adapter: Any = instantiate_adapter_from_config(task_processor_config(settings, queue))
 
     def submit(self, job: IndexJob) -> str:
         """Raises:

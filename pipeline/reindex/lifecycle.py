@@ -73,6 +73,10 @@ class LiveModels:
             raise TransientError("the index has no active model yet (the app sets it at start-up)")
         return live
 
+    def text(self) -> ModelTable | None:
+        """The text table (None: no text source is on), as last read."""
+        return self.state().text
+
     def live_now(self) -> list[ModelTable]:
         """``live`` read afresh, whatever the cache holds (an index job asks once before it settles).
 

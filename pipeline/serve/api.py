@@ -30,6 +30,7 @@ class Api:
         router: DeploymentHandle,
         upkeep: DeploymentHandle,
         consumer: DeploymentHandle,
+        text_consumer: DeploymentHandle | None = None,
     ) -> None:
         from pipeline.api.service import ApiService
         from pipeline.embedding.config import model_dim
@@ -48,6 +49,7 @@ class Api:
         self._upkeep = upkeep
         # Held so the consumer is part of the app graph (it takes work from the queue, not from here).
         self._consumer = consumer
+        self._text_consumer = text_consumer
 
     async def _replicas(self) -> dict[str, dict[str, int]]:
         """Replicas of each deployment of this app by state (``serve.status()``); {} when unknown."""

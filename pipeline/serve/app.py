@@ -3,7 +3,8 @@
 Api (FastAPI ingress) ──► Encoder (SigLIP, @serve.batch for images, texts and frame chunks)
 EventRouter (bucket events, pika) ──► index queue (RabbitMQ, Celery adapter)
 IndexConsumer (@task_consumer, scaled on queue depth) ──► Encoder (``split``) or its own model
-(``fused``), CatalogWriter, LanceDB on S3
+(``fused``), CatalogWriter, LanceDB on S3; text queue (a text job per indexed video)
+TextConsumer (@task_consumer on the text queue, only while a text source is on) ──► LanceDB on S3
 Upkeep (model preflight, maintenance, backfill, scheduled check) ──► index queue, LanceDB on S3
 """
 
@@ -42,6 +43,12 @@ def build_app(settings: Settings) -> Any:
         else None
     )
     consumer = consumer_deployment(settings, consumer_gpus).bind(settings, encoder, catalog_writer)
+    # Text jobs on their own deployment, so a video's frames never wait for its slowest text source.
+    text_consumer = (
+        consumer_deployment(settings, text=True).bind(settings, encoder, catalog_writer)
+        if settings.text.pipeline_id() != "none"
+        else None
+    )
     router = EventRouterDeployment.options(  # type: ignore[attr-defined]
         ray_actor_options={"num_cpus": s.router_num_cpus}, logging_config=logs
     ).bind(settings)
@@ -57,4 +64,4 @@ def build_app(settings: Settings) -> Any:
         backpressure_config=BackpressureConfig(status_code=503, retry_after_s=s.retry_after_s),
         logging_config=logs,
     )
-    return api.bind(settings, encoder, router, upkeep, consumer)
+    return api.bind(settings, encoder, router, upkeep, consumer, text_consumer)

@@ -161,6 +161,17 @@ def deployment_options(settings: Settings, gpu: bool) -> list[dict[str, Any]]:
         {"name": "EventRouter", "ray_actor_options": {"num_cpus": s.router_num_cpus}, **logs()},
         {"name": "Upkeep", "ray_actor_options": {"num_cpus": s.router_num_cpus}, **logs()},
     ]
+    if settings.text.pipeline_id() != "none":  # the TextConsumer exists only while a text source is on
+        options.append(
+            {
+                "name": "TextConsumer",
+                "num_replicas": s.text_consumer_replicas,
+                "max_ongoing_requests": s.text_consumer_concurrency,
+                "graceful_shutdown_timeout_s": s.drain_timeout_s + SHUTDOWN_MARGIN_S,
+                "ray_actor_options": {"num_cpus": s.text_consumer_num_cpus, "num_gpus": 0},
+                **logs(),
+            }
+        )
     if settings.writer.catalog_grouped:  # the deployment exists only then (a config may not name others)
         options.append({"name": "CatalogWriter", "ray_actor_options": {"num_cpus": s.router_num_cpus}, **logs()})
     return options

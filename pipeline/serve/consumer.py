@@ -1,5 +1,6 @@
 """The IndexConsumer deployment: Ray Serve's task consumer on the index queue, forwarding each task
-to its replica's ``IndexTaskHandler`` (``pipeline.index.replica``)."""
+to its replica's ``IndexTaskHandler`` (``pipeline.index.replica``); and the TextConsumer, the same on
+the text queue with its own replicas and CPUs (it exists only while a text source is on)."""
 
 from __future__ import annotations
 
@@ -19,23 +20,32 @@ from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
-#: The deployment's name in Serve's status, the metrics and the replicas' log files.
+#: The deployments' names in Serve's status, the metrics and the replicas' log files.
 NAME = "IndexConsumer"
+TEXT_NAME = "TextConsumer"
 
 
-def consumer_deployment(settings: Settings, num_gpus: float = 0.0) -> Any:
-    """The IndexConsumer class, decorated with the task-processor config built from ``settings``."""
+def consumer_deployment(settings: Settings, num_gpus: float = 0.0, *, text: bool = False) -> Any:
+    """The IndexConsumer class (``text``: the TextConsumer), decorated with the task-processor config
+    built from ``settings``."""
+    s = settings.serve
+    if text:
+        name, queue, concurrency, cpus = TEXT_NAME, s.text_queue, s.text_consumer_concurrency, s.text_consumer_num_cpus
+        replicas: dict[str, Any] = {"num_replicas": s.text_consumer_replicas}
+    else:
+        name, queue, concurrency, cpus = NAME, s.index_queue, s.consumer_concurrency, s.consumer_num_cpus
+        replicas = replica_options(settings, NAME)
 
     @serve.deployment(
-        name=NAME,
-        max_ongoing_requests=settings.serve.consumer_concurrency,
+        name=name,
+        max_ongoing_requests=concurrency,
         # Room for __del__ to drain the running tasks (Celery's warm shutdown stops new ones first).
-        graceful_shutdown_timeout_s=settings.serve.drain_timeout_s + SHUTDOWN_MARGIN_S,
-        ray_actor_options={"num_cpus": settings.serve.consumer_num_cpus, "num_gpus": num_gpus},
-        logging_config=logging_config(settings.serve.log_encoding),
-        **replica_options(settings, NAME),
+        graceful_shutdown_timeout_s=s.drain_timeout_s + SHUTDOWN_MARGIN_S,
+        ray_actor_options={"num_cpus": cpus, "num_gpus": num_gpus},
+        logging_config=logging_config(s.log_encoding),
+        **replicas,
     )
-    @task_consumer(task_processor_config=task_processor_config(settings))
+    @task_consumer(task_processor_config=task_processor_config(settings, queue))
     class IndexConsumer:
         def __init__(
             self, settings: Settings, encoder: DeploymentHandle, catalog_writer: DeploymentHandle | None = None
