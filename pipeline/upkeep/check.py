@@ -337,8 +337,9 @@ def build_checker(
     live = LiveModels(store.models, settings.reindex.live_refresh_s)
 
     def live_tables() -> list[ModelTable]:
-        # An index no app has started on yet has no lifecycle row: its one table is ``frames``.
-        return live.state().live() or [ModelTable(settings.model.id, 0, FRAMES)]
+        # An index no app has started on yet has no lifecycle row: its one table is ``frames``. The
+        # text table (while a text source is on) is held against the rows' entries like the others.
+        return live.state().tables() or [ModelTable(settings.model.id, 0, FRAMES)]
 
     return Checker(
         model_id=settings.model.id,
@@ -351,5 +352,5 @@ def build_checker(
         in_flight_grace_s=settings.check.in_flight_grace_s,
         new_object_grace_s=settings.check.new_object_grace_s,
         models=models or live_tables,
-        frames_for=store.frames_table,
+        frames_for=store.table_for,
     )

@@ -4,6 +4,8 @@ and the rows follow the video's version (an overwrite clears the old words, a de
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,13 +18,16 @@ from pipeline.index.consumer import IndexTaskHandler, TaskContext
 from pipeline.index.indexer import Indexer, Outcome
 from pipeline.index.words import TextStage
 from pipeline.settings import Settings, TextSettings
+from pipeline.upkeep.check import Checker, Finding
+from pipeline.upkeep.report import CheckReport
 from storage.catalog import VideoStatus
 from storage.errors import TransientError
-from storage.ids import text_fingerprint
+from storage.frames import FRAMES
+from storage.ids import segment_id, text_fingerprint
 from storage.models import ModelTable
 from storage.s3 import ObjectHead
 from storage.tables import IndexStore
-from storage.texts import TextRow
+from storage.texts import TextRow, VideoText
 from tests.unit.test_indexer import MeanColour, MemoryObjects
 
 CUES = [Cue(1.0, 2.5, "the harbour at dawn"), Cue(3.0, 4.0, "a red boat")]
@@ -210,3 +215,69 @@ def test_a_text_job_that_gives_up_fails_no_video(tmp_path: Path) -> None:
     assert answer["outcome"] == "failed" and len(letters.letters) == 1
     record = p.store.catalog.get(job("a.mp4").video_id)
     assert record is not None and record.status is VideoStatus.INDEXED
+
+
+class BucketListing:
+    """The checker's listing of a ``MemoryObjects`` bucket."""
+
+    def __init__(self, objects: MemoryObjects) -> None:
+        self._objects = objects
+
+    def pages(self, bucket: str, prefix: str, start_after: str | None) -> Iterator[list[ObjectHead]]:
+        keys = sorted(
+            k for k in self._objects.files if k.startswith(prefix) and (start_after is None or k > start_after)
+        )
+        heads = [self._objects.head(bucket, k) for k in keys]
+        yield [h for h in heads if h is not None]
+
+
+def check(p: Parts) -> CheckReport:
+    """``vidx check`` over the frames table and the text table, as ``build_checker`` wires it."""
+    frames = ModelTable(MeanColour.model_id, 0, FRAMES)
+    return Checker(
+        model_id=MeanColour.model_id,
+        sampling=p.settings.sampling.spec,
+        extensions=[".mp4"],
+        catalog=p.store.catalog,
+        frames=p.store.frames,
+        lister=BucketListing(p.objects),
+        sink=None,
+        in_flight_grace_s=60.0,
+        new_object_grace_s=60.0,
+        models=lambda: [frames, TEXT],
+        frames_for=p.store.table_for,
+    ).run(["videos"])
+
+
+def test_the_check_holds_the_text_table_against_the_rows_through_overwrites_and_deletes(tmp_path: Path) -> None:
+    p = Parts(tmp_path)
+    p.clip("a.mp4", CUES)
+    p.clip("b.mp4", CUES)
+    for key in ("a.mp4", "b.mp4"):
+        p.indexer.run(job(key))
+        p.indexer.run(job(key, JobSource.TEXT))
+    report = check(p)
+    assert (report.in_sync, report.inconsistencies) == (2, 0)
+    # An overwrite and a delete, each followed by its jobs, leave no words behind
+    p.clip("a.mp4", [Cue(0.5, 1.5, "a green lighthouse")])
+    p.indexer.run(job("a.mp4"))
+    p.indexer.run(job("a.mp4", JobSource.TEXT))
+    del p.objects.files["b.mp4"]
+    p.indexer.run(job("b.mp4", op=JobOp.DELETE))
+    report = check(p)
+    assert (report.in_sync, report.inconsistencies) == (1, 0)
+    # Words the row does not name are found: the old version's, planted back beside the new one's
+    a = job("a.mp4").video_id
+    record = p.store.catalog.get(a)
+    assert record is not None and record.version is not None
+    stale = VideoText(a, record.uri, "old", text_fingerprint("old", TEXT.pipeline or ""), TEXT.pipeline or "", [])
+    text = p.store.text_table(TEXT.table)
+    text.replace(replace(stale, rows=[TextRow(segment_id(a, 0), 0.0, 1.0, "the harbour at dawn", "subtitle", 1.0)]))
+    report = check(p)
+    assert report.counts[Finding.ROWS_MISMATCH] == 1 and report.models == {MeanColour.model_id: 0, TEXT.model: 1}
+    (found,) = report.found
+    assert found.video_id == a and TEXT.table in found.detail
+    # And a text job puts them right
+    p.indexer.run(job("a.mp4"))
+    p.indexer.run(job("a.mp4", JobSource.TEXT))
+    assert check(p).inconsistencies == 0 and p.text_rows("a.mp4") == ["a green lighthouse"]

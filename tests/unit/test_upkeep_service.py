@@ -103,12 +103,12 @@ def test_the_intake_takes_no_event_before_the_preflight_passed() -> None:
 
 
 class FakeTables:
-    """``IndexStore.frames_table``: a store per name that takes grouped replaces."""
+    """``IndexStore.table_for``: a store per name that takes grouped replaces."""
 
     def __init__(self) -> None:
         self.asked: list[str] = []
 
-    def frames_table(self, name: str) -> Any:
+    def table_for(self, name: str) -> Any:
         self.asked.append(name)
         return self
 
