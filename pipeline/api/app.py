@@ -277,8 +277,8 @@ def create_app(
         return VideoList(videos=[VideoOut.of(r) for r in records], next_cursor=encode_cursor(position))
 
     @app.get("/v1/search")
-    async def search_text(request: Request, q: str, k: int = 10) -> SearchResponse:
-        return await search.search_text(q, k, str(request.base_url))
+    async def search_text(request: Request, q: str, k: int = 10, sources: str | None = None) -> SearchResponse:
+        return await search.search_text(q, k, str(request.base_url), sources)
 
     @app.post(IMAGE_SEARCH_PATH)
     async def search_image(request: Request, image: Annotated[UploadFile, File()], k: int = 10) -> SearchResponse:

@@ -70,9 +70,14 @@ def search(
     text: Annotated[str | None, typer.Argument(help="What to look for, in words.")] = None,
     image: Annotated[Path | None, typer.Option("--image", help="Search with a picture instead.")] = None,
     k: Annotated[int, typer.Option("-k", help="How many moments.")] = 10,
+    sources: Annotated[
+        str | None,
+        typer.Option(help="Text search through these only: visual, subtitle, ocr, speech (comma separated)."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON.")] = False,
 ) -> None:
-    """Find the moments that best match a text or an image."""
+    """Find the moments that best match a text or an image. Words in quotes are an exact phrase; the
+    words a moment matched (subtitles, on-screen text, speech) are shown *marked*."""
     with errors():
         if (text is None) == (image is None):
             raise CliError("give either a TEXT or --image FILE")
@@ -84,31 +89,40 @@ def search(
                     "POST", "/v1/search/image", params={"k": k}, files={"image": (image.name, f, mime)}
                 )
         else:
-            answer = api.request("GET", "/v1/search", params={"q": text, "k": k})
+            params: dict[str, Any] = {"q": text, "k": k}
+            if sources is not None:
+                params["sources"] = sources
+            answer = api.request("GET", "/v1/search", params=params)
     if as_json:
         print_json(answer)
         return
     results = answer.get("results", [])
-    table(
-        [
-            Column("SCORE", right=True),
-            Column("VIDEO", fold=True),
-            Column("MOMENT"),
-            Column("BEST"),
-            Column("PLAY", fold=True),
-        ],
-        [
-            (
-                f"{r['score']:.3f}",
-                r["uri"],
-                f"{hms(r['start_s'], 1)}–{hms(r['end_s'], 1)}",
-                hms(r["ts_s"], 1),
-                r["video_url"],
-            )
-            for r in results
-        ],
-        empty="no moments found",
-    )
+    # With words among the results the scores are fused ranks (small numbers): one more digit.
+    worded = any(r.get("text") for r in results)
+    columns = [
+        Column("SCORE", right=True),
+        Column("VIDEO", fold=True),
+        Column("MOMENT"),
+        Column("BEST"),
+        Column("FOUND BY"),
+    ]
+    if worded:
+        columns.append(Column("WORDS", fold=True))
+    columns.append(Column("PLAY", fold=True))
+    rows = []
+    for r in results:
+        row = [
+            f"{r['score']:.4f}" if worded else f"{r['score']:.3f}",
+            r["uri"],
+            f"{hms(r['start_s'], 1)}–{hms(r['end_s'], 1)}",
+            hms(r["ts_s"], 1),
+            "+".join(r.get("sources") or ["visual"]),
+        ]
+        if worded:
+            row.append(marked(r.get("text") or "", r.get("text_marks") or []))
+        row.append(r["video_url"])
+        rows.append(tuple(row))
+    table(columns, rows, empty="no moments found")
     model = f", answered by {answer['model']}" if answer.get("model") else ""
     typer.echo(f"({len(results)} moments in {answer.get('took_ms', 0):.0f} ms{model})", err=True)
 
@@ -248,3 +262,14 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def marked(text: str, spans: list[list[int]]) -> str:
+    """``text`` with the matched words between asterisks (``spans``: [start, end) character offsets)."""
+    out, at = [], 0
+    for start, end in sorted((int(a), int(b)) for a, b in spans):
+        if start < at or end > len(text):
+            continue
+        out += [text[at:start], "*", text[start:end], "*"]
+        at = end
+    return "".join([*out, text[at:]])

@@ -1,4 +1,6 @@
-"""Query side: embed a text or an image with the same model, find nearest frames, merge moments."""
+"""Query side: embed a text or an image with the same model, find nearest frames, merge moments; a text
+query also searches the videos' words (the text table's full-text index) and the two lists are fused
+(``pipeline.query.hybrid``)."""
 
 from __future__ import annotations
 
@@ -16,19 +18,27 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from pydantic import BaseModel
 
 from pipeline.metrics import Metrics
+from pipeline.query.hybrid import VISUAL, Fused, TextMatch, TextQuery, fuse, parse_query, parse_sources, text_match
 from pipeline.query.links import MediaSigner, S3Links, media_signer
 from pipeline.query.moments import FrameHit, merge_moments
 from pipeline.settings import Settings
+from storage.catalog import VideoRecord
 from storage.errors import InvalidInput, LimitExceeded
 from storage.frames import FRAMES, FrameTable
+from storage.ids import frame_id, text_fingerprint
 from storage.models import ModelTable
 from storage.tables import IndexStore
+from storage.texts import SOURCES as TEXT_SOURCES
+from storage.texts import TextHit, TextTable
 
 #: Frames fetched per requested moment: neighbours of one moment collapse into it.
 CANDIDATES_PER_MOMENT = 20
 MAX_CANDIDATES = 2000
 #: Most matching frame times listed per moment (``hits_s``).
 MAX_HITS_PER_MOMENT = 50
+#: Segments fetched per requested moment from the words, and moments from the frames, before fusion.
+TEXT_CANDIDATES_PER_MOMENT = 3
+FUSION_MOMENTS_PER_MOMENT = 3
 #: Image formats a query may use. Pillow's other plugins stay off: some hand the file to outside
 #: programs (EPS runs Ghostscript) and rarely used decoders are where parser bugs live.
 QUERY_IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
@@ -45,6 +55,8 @@ class ActiveModel(Protocol):
 
     def active(self) -> ModelTable: ...
 
+    def text(self) -> ModelTable | None: ...
+
 
 class MomentOut(BaseModel):
     video_id: str
@@ -59,6 +71,15 @@ class MomentOut(BaseModel):
     #: candidates (best first): where else in the video the query matches (the page's timeline strip).
     duration_s: float | None = None
     hits_s: list[float] = []
+    #: What found the moment: ``visual`` (the frames), and the text sources whose words matched
+    #: (``subtitle``, ``ocr``, ``speech``). A search the words took part in scores by reciprocal rank
+    #: fusion; one of the frames alone by the best frame's similarity.
+    sources: list[str] = [VISUAL]
+    #: The matched words: the segment's text, which source it came from, and the [start, end) character
+    #: spans of the query's words in it (what the page and the CLI mark).
+    text: str | None = None
+    text_source: str | None = None
+    text_marks: list[tuple[int, int]] = []
 
 
 class SearchResponse(BaseModel):
@@ -143,24 +164,40 @@ class SearchService:
         finally:
             self._metrics.search(kind, time.perf_counter() - started, outcome)
 
-    async def search_text(self, q: str, k: int, base_url: str) -> SearchResponse:
+    async def search_text(self, q: str, k: int, base_url: str, sources: str | None = None) -> SearchResponse:
+        """``sources``: ``?sources=`` (comma separated ``visual``, ``subtitle``, ``ocr``, ``speech``; none: all)."""
         async with self._timed("text") as started:
-            return await self._search_text(q, k, base_url, started)
+            return await self._search_text(q, k, base_url, started, sources)
 
     async def search_image(self, data: bytes, k: int, base_url: str) -> SearchResponse:
         async with self._timed("image") as started:
             return await self._search_image(data, k, base_url, started)
 
-    async def _search_text(self, q: str, k: int, base_url: str, started: float) -> SearchResponse:
+    async def _search_text(
+        self, q: str, k: int, base_url: str, started: float, sources: str | None = None
+    ) -> SearchResponse:
         q = q.strip()
         if not q:
             raise InvalidInput("q must not be empty")
         if len(q) > self._settings.limits.max_query_chars:
             raise LimitExceeded(f"q exceeds max length {self._settings.limits.max_query_chars}")
         k = self.check_k(k)
+        try:
+            wanted = parse_sources(sources)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from exc
+        query = parse_query(q)
         model = await self._active()
-        vector = await self._encoder.embed_text(q, model.model)
-        return await self._respond(model, vector, k, base_url, started)
+        text = await self._text_table()
+        words = sorted(wanted & set(TEXT_SOURCES))
+        if text is None or not words or not query.terms:
+            if VISUAL not in wanted:
+                # Only text sources asked for, and no words are indexed (or the query has none).
+                return SearchResponse(results=[], took_ms=_took_ms(started), model=model.model)
+            vector = await self._encoder.embed_text(query.visual, model.model)
+            return await self._respond(model, vector, k, base_url, started)
+        visual = await self._encoder.embed_text(query.visual, model.model) if VISUAL in wanted else None
+        return await self._respond(model, visual, k, base_url, started, words=(text, query, words))
 
     async def _search_image(self, data: bytes, k: int, base_url: str, started: float) -> SearchResponse:
         limits = self._settings.limits
@@ -179,6 +216,11 @@ class SearchService:
         vector = await self._encoder.embed_image(rgb, model.model)
         return await self._respond(model, vector, k, base_url, started)
 
+    async def _text_table(self) -> ModelTable | None:
+        if self._models is None or not hasattr(self._models, "text"):
+            return None
+        return await asyncio.to_thread(self._models.text)
+
     async def _active(self) -> ModelTable:
         if self._models is None:
             return ModelTable(self._settings.model.id, 0, FRAMES)
@@ -188,52 +230,144 @@ class SearchService:
         return self._store.frames_table(model.table)
 
     async def _respond(
-        self, model: ModelTable, vector: NDArray[np.float32], k: int, base_url: str, started: float
+        self,
+        model: ModelTable,
+        vector: NDArray[np.float32] | None,
+        k: int,
+        base_url: str,
+        started: float,
+        words: tuple[ModelTable, TextQuery, list[str]] | None = None,
     ) -> SearchResponse:
-        limit = min(k * CANDIDATES_PER_MOMENT, MAX_CANDIDATES)
-        rows = await asyncio.to_thread(self.frames(model).search, vector, limit, self._settings.index)
+        """The moments of the frames nearest ``vector`` (None: the frames are not searched); with
+        ``words`` (the text table, the query, the text sources), fused with the segments that match."""
+        moments_k = k if words is None else k * FUSION_MOMENTS_PER_MOMENT
+        rows: list[dict[str, object]] = []
+        if vector is not None:
+            limit = min(moments_k * CANDIDATES_PER_MOMENT, MAX_CANDIDATES)
+            rows = await asyncio.to_thread(self.frames(model).search, vector, limit, self._settings.index)
         hits = [
             FrameHit(
-                frame_id=r["frame_id"],
-                video_id=r["video_id"],
-                uri=r["uri"],
-                ts_s=float(r["ts_s"]),
-                score=round(1.0 - float(r["_distance"]), 6),
+                frame_id=str(r["frame_id"]),
+                video_id=str(r["video_id"]),
+                uri=str(r["uri"]),
+                ts_s=float(r["ts_s"]),  # type: ignore[arg-type]
+                score=round(1.0 - float(r["_distance"]), 6),  # type: ignore[arg-type]
             )
             for r in rows
         ]
-        versions = {r["frame_id"]: r["version"] for r in rows}
+        versions = {str(r["frame_id"]): str(r["version"]) for r in rows}
         hits_s: dict[str, list[float]] = {}
         for hit in hits:  # best first
             hits_s.setdefault(hit.video_id, []).append(hit.ts_s)
-        records = await asyncio.to_thread(self._store.catalog.get_many, {h.video_id for h in hits}) if hits else {}
+        text_hits = []
+        if words is not None:
+            text, query, sources = words
+            table = self._store.text_table(text.table)
+            limit = min(k * TEXT_CANDIDATES_PER_MOMENT, MAX_CANDIDATES)
+            text_hits = await asyncio.to_thread(_search_words, table, query, limit, sources)
+        wanted = {h.video_id for h in hits} | {h.video_id for h in text_hits}
+        records = await asyncio.to_thread(self._store.catalog.get_many, wanted) if wanted else {}
         durations_s = {vid: r.duration_s for vid, r in records.items() if r.duration_s is not None}
         # Each video's frames were sampled at its own interval (the setting may have changed since).
         samplings = {vid: e.sampling for vid, r in records.items() if (e := r.index_in(model.table)) is not None}
         moments = merge_moments(
-            hits, self._settings.sampling.spec, k, durations_s=durations_s, sampling_by_video=samplings
+            hits, self._settings.sampling.spec, moments_k, durations_s=durations_s, sampling_by_video=samplings
         )
+        if words is None:
+            fused = [Fused(m.video_id, m.uri, m.start_s, m.end_s, m.ts_s, m.score, (VISUAL,), m) for m in moments]
+        else:
+            text, query, _ = words
+            matches = _current_matches(text_hits, records, text, query)
+            fused = [_rounded(f) for f in fuse(moments, matches, k)]
         results: list[MomentOut] = []
         base = base_url.rstrip("/")
-        for m in moments:
-            bucket, _, key = m.uri.removeprefix("s3://").partition("/")
+        for f in fused:
+            shown = self._shown_frame(f, model, records, versions)
+            if shown is None:
+                continue
+            frame, version = shown
+            bucket, _, key = f.uri.removeprefix("s3://").partition("/")
             link = await self.links.presign_get(bucket, key)
             # The content version is in the link: a video overwritten gets new thumbnail links.
-            thumbnail = self._thumbnails.sign(f"/v1/frames/{m.frame_id}/thumbnail", {"v": versions[m.frame_id]})
+            thumbnail = self._thumbnails.sign(f"/v1/frames/{frame}/thumbnail", {"v": version})
             results.append(
                 MomentOut(
-                    video_id=m.video_id,
-                    uri=m.uri,
-                    score=m.score,
-                    start_s=m.start_s,
-                    end_s=m.end_s,
-                    ts_s=m.ts_s,
+                    video_id=f.video_id,
+                    uri=f.uri,
+                    score=f.score,
+                    start_s=f.start_s,
+                    end_s=f.end_s,
+                    ts_s=f.ts_s,
                     thumbnail_url=base + thumbnail,
-                    # A media fragment makes players start at the best frame.
-                    video_url=f"{link}#t={m.ts_s:g}",
-                    duration_s=durations_s.get(m.video_id),
-                    hits_s=hits_s[m.video_id][:MAX_HITS_PER_MOMENT],
+                    # A media fragment makes players start at the best frame (or the matched words).
+                    video_url=f"{link}#t={f.ts_s:g}",
+                    duration_s=durations_s.get(f.video_id),
+                    hits_s=hits_s.get(f.video_id, [])[:MAX_HITS_PER_MOMENT],
+                    sources=list(f.sources),
+                    text=f.text.text if f.text else None,
+                    text_source=f.text.source if f.text else None,
+                    text_marks=list(f.text.marks) if f.text else [],
                 )
             )
-        took_ms = round((time.perf_counter() - started) * 1000, 2)
-        return SearchResponse(results=results, took_ms=took_ms, model=model.model)
+        return SearchResponse(results=results, took_ms=_took_ms(started), model=model.model)
+
+    def _shown_frame(
+        self, f: Fused, model: ModelTable, records: dict[str, VideoRecord], versions: dict[str, str]
+    ) -> tuple[str, str] | None:
+        """The frame whose thumbnail shows the moment, and its content version: the best frame of its
+        visual match, else the frame sampled at (or just before) the matched words (None: the video has
+        no frames in the active table, so nothing to show)."""
+        if f.visual is not None:
+            return f.visual.frame_id, versions[f.visual.frame_id]
+        record = records.get(f.video_id)
+        entry = record.index_in(model.table) if record is not None else None
+        if record is None or entry is None or entry.frames <= 0 or record.version is None:
+            return None
+        index = min(max(int(f.ts_s / entry.sampling.every_s + 1e-6), 0), entry.frames - 1)
+        return frame_id(f.video_id, index), record.version
+
+
+def _rounded(f: Fused) -> Fused:
+    """A fused score as the response shows it."""
+    return Fused(
+        f.video_id, f.uri, f.start_s, f.end_s, f.ts_s, round(f.score, 6), f.sources, visual=f.visual, text=f.text
+    )
+
+
+def _took_ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 2)
+
+
+def _search_words(table: TextTable, query: TextQuery, limit: int, sources: list[str]) -> list[TextHit]:
+    """The segments matching the query, best first: every quoted phrase (its words in order), or — with
+    none — any of its words (BM25)."""
+    if not query.phrases:
+        return table.search(" ".join(query.words), limit, sources)
+    found: dict[str, TextHit] = {}
+    scores: dict[str, float] = {}
+    for n, phrase in enumerate(query.phrases):
+        hits = {h.segment_id: h for h in table.search(phrase, limit, sources, phrase=True)}
+        found = hits if n == 0 else {sid: h for sid, h in found.items() if sid in hits}
+        for sid, h in hits.items():
+            scores[sid] = scores.get(sid, 0.0) + h.score
+    return sorted(found.values(), key=lambda h: -scores[h.segment_id])
+
+
+def _current_matches(
+    hits: list[TextHit], records: dict[str, VideoRecord], text: ModelTable, query: TextQuery
+) -> list[TextMatch]:
+    """The hits whose rows are the words of their video as the catalog has it now (its text entry, at
+    its version): words of an overwritten or deleted video's old version are never answered."""
+    pipeline = text.pipeline or ""
+    terms = query.terms
+    matches = []
+    for h in hits:
+        record = records.get(h.video_id)
+        entry = record.index_in(text.table) if record is not None else None
+        if record is None or entry is None or record.version != h.version:
+            continue
+        if entry.fingerprint != text_fingerprint(h.version, pipeline):
+            continue
+        ts, spans = text_match(h.text, h.start_s, h.end_s, h.word_starts, terms)
+        matches.append(TextMatch(h.video_id, h.uri, h.start_s, h.end_s, h.text, h.source, ts, spans))
+    return matches

@@ -52,6 +52,8 @@ class FakeApi:
     calls: list[str] = field(default_factory=list)
     lists: int = 0
     timeouts: list[float] = field(default_factory=list)
+    #: The query parameters of each search.
+    search_params: list[dict[str, str]] = field(default_factory=list)
 
     def put(self, uri: str, status: str, **kwargs: Any) -> None:
         self.rows[uri] = video_row(uri, status, **kwargs)
@@ -91,6 +93,15 @@ class FakeApi:
                 "thumbnail_url": "/v1/frames/v1-4/thumbnail",
                 "video_url": "http://127.0.0.1:9000/videos/clips/dog.mp4?X-Amz-Signature=abc#t=4.0",
             }
+            self.search_params.append(dict(params))
+            if "boat" in params.get("q", ""):  # a moment its words matched
+                result |= {
+                    "score": 0.0325,
+                    "sources": ["visual", "subtitle"],
+                    "text": "A red boat leaves",
+                    "text_source": "subtitle",
+                    "text_marks": [[2, 5], [6, 10]],
+                }
             return httpx.Response(200, json={"results": [result], "took_ms": 12.0})
         if path == "/v1/index":
             uri = json.loads(request.content)["uri"]

@@ -54,7 +54,7 @@ class FakeSearch:
         self.limits = limits
         self.images: list[bytes] = []
 
-    async def search_text(self, q: str, k: int, base_url: str) -> SearchResponse:
+    async def search_text(self, q: str, k: int, base_url: str, sources: str | None = None) -> SearchResponse:
         if self.fail:
             raise self.fail
         return SearchResponse(results=[MOMENT], took_ms=1.5, model="m")
@@ -261,6 +261,10 @@ def test_search_shapes() -> None:
         "video_url",
         "duration_s",
         "hits_s",
+        "sources",
+        "text",
+        "text_source",
+        "text_marks",
     }
     image = http.post("/v1/search/image", files={"image": ("q.png", b"png", "image/png")})
     assert image.status_code == 200 and image.json()["took_ms"] == 2.5
@@ -725,7 +729,7 @@ class GatedSearch(FakeSearch):
         self.gate = asyncio.Event()
         self.waiting = 0
 
-    async def search_text(self, q: str, k: int, base_url: str) -> SearchResponse:
+    async def search_text(self, q: str, k: int, base_url: str, sources: str | None = None) -> SearchResponse:
         self.waiting += 1
         await self.gate.wait()
         return await super().search_text(q, k, base_url)

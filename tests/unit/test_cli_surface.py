@@ -286,6 +286,27 @@ def test_the_listings_show_what_the_stand_ins_hold(stand_ins: dict[str, Any]) ->
     assert "X-Amz-Signature=abc" in search.stdout and "1 moments" in search.stderr
 
 
+def test_search_shows_what_found_each_moment_and_marks_the_words_it_matched(stand_ins: dict[str, Any]) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["search", '"red boat"', "--sources", "subtitle,visual"])
+    header, row = result.stdout.splitlines()[:2]
+    assert header.split() == ["SCORE", "VIDEO", "MOMENT", "BEST", "FOUND", "BY", "WORDS", "PLAY"]
+    assert row.split()[:5] == [
+        "0.0325",
+        "s3://videos/clips/dog.mp4",
+        "00:00:03.0–00:00:07.5",
+        "00:00:04.0",
+        "visual+subtitle",
+    ]
+    assert "A *red* *boat* leaves" in row
+    api = stand_ins["api"]
+    assert api.search_params[-1] == {"q": '"red boat"', "k": "10", "sources": "subtitle,visual"}
+    # A search the words took no part in has no WORDS column
+    plain = runner.invoke(app, ["search", "a dog"]).stdout.splitlines()
+    assert plain[0].split() == ["SCORE", "VIDEO", "MOMENT", "BEST", "FOUND", "BY", "PLAY"]
+    assert plain[1].split()[4] == "visual"
+
+
 @pytest.mark.parametrize(
     ("alias", "same_as"),
     [(["reconcile"], ["check", "--repair"]), (["reconcile", "--dry-run", "--verbose"], ["check"])],

@@ -174,6 +174,22 @@ function timeline(moment) {
   return strip;
 }
 
+// The matched words of a moment, the query's words in <mark> (built as nodes: the text is never HTML).
+function words(moment) {
+  const text = moment.text || "";
+  const line = el("div", { class: "words", title: `${moment.text_source || "words"}: ${text}` });
+  let at = 0;
+  for (const [start, end] of [...(moment.text_marks || [])].sort((a, b) => a[0] - b[0])) {
+    if (start < at || end > text.length) continue;
+    line.append(text.slice(at, start), el("mark", {}, text.slice(start, end)));
+    at = end;
+  }
+  line.append(text.slice(at));
+  return line;
+}
+
+const score = (m) => m.score.toFixed(m.text ? 4 : 3);  // fused ranks are small numbers
+
 function renderResults(response, what) {
   const list = $("#results");
   list.replaceChildren();
@@ -189,13 +205,14 @@ function renderResults(response, what) {
     const span = `${hms(m.start_s)}–${hms(m.end_s)}`;
     const open = el("button", { type: "button", class: "open", title: `Play from ${hms(m.start_s)}`, onclick: () => play(m) },
       el("img", { src: m.thumbnail_url, alt: `${videoName(m.uri)} at ${hms(m.ts_s)}`, loading: "lazy" }),
-      el("span", { class: "score" }, m.score.toFixed(3)),
+      el("span", { class: "score" }, score(m)),
       el("span", { class: "play" }, `▶ ${hms(m.start_s)}`));
     list.append(el("li", { class: "moment", dataset: { videoId: m.video_id, startS: String(m.start_s) } },
       open,
       el("div", { class: "meta" },
         el("div", { class: "name", title: m.uri }, videoName(m.uri)),
-        el("div", { class: "span" }, `${span} · best ${hms(m.ts_s)}`),
+        el("div", { class: "span" }, `${span} · best ${hms(m.ts_s)} · ${(m.sources || ["visual"]).join(" + ")}`),
+        ...(m.text ? [words(m)] : []),
         timeline(m))));
   }
 }
@@ -205,7 +222,8 @@ function play(moment) {
   // The presigned link with a media fragment: the player starts at the moment's first second.
   video.src = `${moment.video_url.split("#")[0]}#t=${moment.start_s}`;
   $("#player-title").textContent = videoName(moment.uri);
-  $("#player-span").textContent = `${hms(moment.start_s)}–${hms(moment.end_s)} · score ${moment.score.toFixed(3)}`;
+  $("#player-span").textContent = `${hms(moment.start_s)}–${hms(moment.end_s)} · score ${score(moment)}`;
+  $("#player-words").replaceChildren(...(moment.text ? [words(moment)] : []));
   $("#player").dataset.startS = String(moment.start_s);
   $("#player").showModal();
   video.play().catch(() => { /* autoplay refused: the controls are there */ });

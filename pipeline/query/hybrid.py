@@ -1,0 +1,162 @@
+"""Hybrid search's pure parts: what a query asks of the words (its terms, its quoted phrases), which
+words of a segment it matched, and the fusion of the visual moments with the text matches by
+reciprocal rank (each list's rank r counts 1/(RRF_K + r); a text match and a visual moment of one video
+that overlap in time are one moment, which both lists count)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
+
+from pipeline.query.moments import Moment
+
+#: Reciprocal rank fusion's constant (Cormack, Clarke and Büttcher, 2009): ranks past the first few
+#: weigh nearly alike, so a moment both lists find beats one either list ranks first alone.
+RRF_K = 60
+#: A text match and a visual moment of one video join when their spans come this close (seconds).
+JOIN_S = 1.0
+VISUAL = "visual"
+#: What ``?sources=`` may name: the visual search and each text source.
+SOURCES = (VISUAL, "subtitle", "ocr", "speech")
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+_PHRASE = re.compile(r'"([^"]*)"')
+
+
+@dataclass(frozen=True, slots=True)
+class TextQuery:
+    """A search's query as the text search reads it: the quoted phrases (each a run of words that must
+    appear in order, next to each other) and the free words; ``visual`` is the query for the image model
+    (the quotes taken out)."""
+
+    visual: str
+    phrases: tuple[str, ...]
+    words: tuple[str, ...]
+
+    @property
+    def terms(self) -> frozenset[str]:
+        """Every word the query names (lower case): what is marked in a matched segment."""
+        found = {w.lower() for w in self.words}
+        for phrase in self.phrases:
+            found.update(w.lower() for w in _WORD.findall(phrase))
+        return frozenset(found)
+
+
+def parse_query(q: str) -> TextQuery:
+    phrases = tuple(p.strip() for p in _PHRASE.findall(q) if _WORD.search(p))
+    rest = _PHRASE.sub(" ", q).replace('"', " ")
+    words = tuple(_WORD.findall(rest))
+    visual = " ".join(q.replace('"', " ").split())
+    return TextQuery(visual, phrases, words)
+
+
+def parse_sources(raw: str | None) -> frozenset[str]:
+    """``?sources=visual,subtitle,ocr,speech`` (any of them, comma separated; none: all).
+
+    Raises:
+        ValueError: a name that is not a source.
+    """
+    if raw is None or not raw.strip():
+        return frozenset(SOURCES)
+    names = {s.strip().lower() for s in raw.split(",") if s.strip()}
+    unknown = names - set(SOURCES)
+    if unknown:
+        raise ValueError(f"unknown sources {sorted(unknown)}: each of {', '.join(SOURCES)}")
+    return frozenset(names)
+
+
+def marks(text: str, terms: Collection[str]) -> list[tuple[int, int]]:
+    """The [start, end) character spans of ``text``'s words that are among ``terms`` (any case)."""
+    return [(m.start(), m.end()) for m in _WORD.finditer(text) if m.group().lower() in terms]
+
+
+@dataclass(frozen=True, slots=True)
+class TextMatch:
+    """One matched segment of a video's words, best first in its list."""
+
+    video_id: str
+    uri: str
+    start_s: float
+    end_s: float
+    text: str
+    source: str
+    #: When the first matched word is said (speech gives each word's start), else the segment's start.
+    ts_s: float
+    marks: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Fused:
+    """A moment of the fused list: the visual moment (None: found by its words only), the text match
+    (None: found by its picture only), its fused score and the sources that found it."""
+
+    video_id: str
+    uri: str
+    start_s: float
+    end_s: float
+    ts_s: float
+    score: float
+    sources: tuple[str, ...]
+    visual: Moment | None = None
+    text: TextMatch | None = None
+
+
+def text_match(
+    hit_text: str, start_s: float, end_s: float, word_starts: Sequence[float], terms: Collection[str]
+) -> tuple[float, tuple[tuple[int, int], ...]]:
+    """Where in a segment the query's words are: the time of the first matched word (its own start where
+    the source gives one per word, else the segment's) and the spans to mark."""
+    spans = tuple(marks(hit_text, terms))
+    ts = start_s
+    if spans and word_starts:
+        words = list(_WORD.finditer(hit_text))
+        first = next((n for n, m in enumerate(words) if m.group().lower() in terms), None)
+        if first is not None and first < len(word_starts):
+            ts = min(max(float(word_starts[first]), start_s), end_s)
+    return ts, spans
+
+
+def fuse(visual: Sequence[Moment], texts: Sequence[TextMatch], k: int) -> list[Fused]:
+    """The ``k`` best moments of both lists by reciprocal rank: a text match joins the best-ranked visual
+    moment of its video whose span comes within ``JOIN_S`` of it (at most one text match per visual
+    moment: the best); each list's rank r adds 1/(RRF_K + r). Ties: earlier video id, earlier time."""
+    fused: list[Fused] = []
+    joined: dict[int, int] = {}  # visual rank -> index in fused
+    for rank, m in enumerate(visual, start=1):
+        joined[rank] = len(fused)
+        fused.append(Fused(m.video_id, m.uri, m.start_s, m.end_s, m.ts_s, 1 / (RRF_K + rank), (VISUAL,), visual=m))
+    for rank, t in enumerate(texts, start=1):
+        score = 1 / (RRF_K + rank)
+        partner = next(
+            (r for r, m in enumerate(visual, start=1) if _near(m, t) and fused[joined[r]].text is None), None
+        )
+        if partner is None:
+            # Another source's words at the same time (the subtitle and the speech of one line) join too.
+            at = next((n for n, f in enumerate(fused) if f.visual is None and _near(f, t)), None)
+            if at is None:
+                fused.append(Fused(t.video_id, t.uri, t.start_s, t.end_s, t.ts_s, score, (t.source,), text=t))
+            else:
+                f = fused[at]
+                sources = f.sources if t.source in f.sources else (*f.sources, t.source)
+                fused[at] = replace(f, score=f.score + score, sources=sources)
+            continue
+        at = joined[partner]
+        both = fused[at]
+        fused[at] = replace(
+            both,
+            start_s=min(both.start_s, t.start_s),
+            end_s=max(both.end_s, t.end_s),
+            # The words point at the second: where they are said or shown, not the best-looking frame.
+            ts_s=t.ts_s,
+            score=both.score + score,
+            sources=(*both.sources, t.source),
+            text=t,
+        )
+    fused.sort(key=lambda f: (-f.score, f.video_id, f.start_s))
+    return fused[:k]
+
+
+def _near(a: Moment | Fused, t: TextMatch) -> bool:
+    """Whether a moment of ``t``'s video comes within ``JOIN_S`` of its span."""
+    return a.video_id == t.video_id and a.start_s - JOIN_S <= t.end_s and t.start_s <= a.end_s + JOIN_S
