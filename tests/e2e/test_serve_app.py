@@ -36,6 +36,10 @@ MOMENT_KEYS = {
     "video_url",
     "duration_s",
     "hits_s",
+    "sources",
+    "text",
+    "text_source",
+    "text_marks",
 }
 VIDEO_KEYS = {"video_id", "uri", "status", "error", "frames", "duration_s", "model", "models", "updated_at"}
 
