@@ -12,7 +12,7 @@ import time
 
 from bench import report
 
-BENCHMARKS = ["decode", "encode", "write", "search", "e2e", "cpu", "events", "ack"]
+BENCHMARKS = ["decode", "encode", "write", "search", "e2e", "cpu", "events", "ack", "relevance", "text_cost"]
 #: Run by ``--full`` (or named in ``--only``) only.
 FULL_ONLY = ["search_10m"]
 

@@ -1,39 +1,46 @@
-"""Relevance of the words in a video: ``python -m bench.relevance [--clips N]``.
+"""Relevance of the words in a video, through the search endpoint: ``python -m bench.relevance [--clips N]``.
 
 A corpus with known answers, made by ``infra.dev.textclips``: clips with a muxed subtitle track
 (SubRip, ASS, WebVTT, mov_text in turn), clips with captions drawn over a moving picture (fonts, sizes,
 positions, colours and boxes varied) and clips with Flite speech (its four voices in turn). Each cue,
-caption and sentence is a query of its two rarest words; its right moment is its clip at its start,
-within ±1 s.
+caption and sentence is a query of its two rarest words; its right moment is its clip, with the player
+starting (the moment's ``ts_s``) within ±1 s of the words.
 
-This first version measures the text side at the library level: every clip read by ``TextExtractor``
-(every source on, as a video would be), its rows in one local text table (``storage.texts``), each
-query searched there (``TextTable.search``: BM25 over all sources). A hit's moment is its segment's
-start, or for speech the start of the first query word it holds; hits of one clip within 1 s of each
-other are one moment. Reported: recall@1 and recall@5 per source of the query, beside visual-only
-recall on the same queries: SigLIP text-to-frame cosine over the same clips' frames sampled every 1 s —
-with the tiny random checkpoint this machine has (no real weights can be installed here), so it is what
-chance gives, not what a real SigLIP would. Through the product's search endpoint (hybrid fusion) once
-that exists. Writes the ``relevance`` section of bench/results/latest.json."""
+Every clip goes through the product's indexing: the ``Indexer``'s index job (frames embedded by the tiny
+SigLIP checkpoint, the only one this machine can have) and its text job (``TextStage``: every source on)
+into a local LanceDB. Every query is then asked of ``GET /v1/search`` (the API app in this process,
+``create_app`` over the ``SearchService`` the Api deployment serves, called through HTTP by Starlette's
+test client) three ways on the same queries: every source (the hybrid search people get), the words only
+(``sources=subtitle,ocr,speech``) and the pictures only (``sources=visual``: with random weights, what
+chance gives, not what a real SigLIP would). Reported: recall@1 and @5 per source of the query for
+each. Writes the ``relevance`` section of bench/results/latest.json."""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import random
-import re
+import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from bench.common import save_section
+from events.jobs import IndexJob, JobOp, JobSource
 from infra.dev.textclips import SUBTITLE_FORMATS, VOICES, Cue, Line, Overlay, overlaid_clip, spoken_clip, subtitled_clip
+from pipeline.index.indexer import Indexer
+from pipeline.index.result import Outcome
+from pipeline.index.words import TextStage
 from pipeline.settings import Settings, TextSettings
-from pipeline.text.extract import TextExtractor
-from storage.config import S3Settings
-from storage.db import IndexDatabase
-from storage.texts import TextHit, TextTable, VideoText, text_table_name
+from storage.frames import FRAMES
+from storage.models import ModelTable
+from storage.s3 import ObjectHead
+from storage.tables import IndexStore
 
 #: Words the phrases are made of: each phrase takes three, so two rare ones identify it.
 VOCABULARY = [
@@ -80,6 +87,7 @@ VOCABULARY = [
     "amber",
 ]
 CLIP_SECONDS = 16
+BUCKET = "bench"
 #: How far a moment may be from the right one and still count.
 TOLERANCE_S = 1.0
 STYLES = [
@@ -125,93 +133,153 @@ def build_corpus(directory: Path, clips: int, seed: int = 7) -> tuple[dict[str, 
     return paths, truths
 
 
-def _moments(hits: list[TextHit], query: str) -> list[tuple[str, float]]:
-    """(clip, time) moments in rank order; a speech hit points at the first query word it holds."""
-    words = set(query.lower().split())
-    out: list[tuple[str, float]] = []
-    for h in hits:
-        t = h.start_s
-        if h.word_starts:
-            tokens = [re.sub(r"\W", "", w).lower() for w in h.text.split()]
-            at = next((i for i, w in enumerate(tokens) if w in words), None)
-            t = h.word_starts[at] if at is not None and at < len(h.word_starts) else t
-        if not any(c == h.video_id and abs(t - s) <= TOLERANCE_S for c, s in out):
-            out.append((h.video_id, t))
-    return out
+class LocalObjects:
+    """The bucket as the indexer sees it: clip name -> file (``ObjectSource``)."""
+
+    def __init__(self, paths: dict[str, Path]) -> None:
+        self._paths = paths
+
+    def head(self, bucket: str, key: str) -> ObjectHead | None:
+        path = self._paths.get(key)
+        if path is None:
+            return None
+        etag = hashlib.md5(path.read_bytes()).hexdigest()
+        return ObjectHead(bucket, key, path.stat().st_size, etag, None, "video/mp4", None)
+
+    def download(self, head: ObjectHead, dest: Path) -> int:
+        shutil.copyfile(self._paths[head.key], dest)
+        return dest.stat().st_size
 
 
-def _recall(ranked: dict[Truth, list[tuple[str, float]]], source: str, k: int) -> float:
+class QueryEncoder:
+    """The Encoder deployment's query side, in this process."""
+
+    def __init__(self, encoder: Any) -> None:
+        self._encoder = encoder
+
+    async def embed_text(self, text: str, model_id: str | None = None) -> NDArray[np.float32]:
+        return self._encoder.embed_texts([text])[0]
+
+    async def embed_image(self, rgb: NDArray[np.uint8], model_id: str | None = None) -> NDArray[np.float32]:
+        return self._encoder.embed_images([rgb])[0]
+
+
+class Live:
+    """``LiveModels`` of the bench's index: the tiny model's frames table and the text table."""
+
+    def __init__(self, active: ModelTable, text: ModelTable) -> None:
+        self._active, self._text = active, text
+
+    def active(self) -> ModelTable:
+        return self._active
+
+    def text(self) -> ModelTable:
+        return self._text
+
+
+class NoJobs:
+    def submit(self, job: IndexJob) -> str:
+        raise NotImplementedError
+
+
+async def _no_stats() -> dict[str, Any]:
+    return {}
+
+
+def _recall(ranked: dict[Truth, list[dict[str, Any]]], source: str, k: int) -> float:
+    """Of the queries of ``source``, the share whose right moment is among the first ``k``."""
     wanted = [t for t in ranked if t.source == source]
-    found = sum(1 for t in wanted if any(c == t.clip and abs(s - t.start_s) <= TOLERANCE_S for c, s in ranked[t][:k]))
+    found = sum(1 for t in wanted if any(_right(t, m) for m in ranked[t][:k]))
     return round(found / len(wanted), 3) if wanted else 0.0
 
 
-def _visual(paths: dict[str, Path], truths: list[Truth], tmp: Path) -> dict[Truth, list[tuple[str, float]]]:
-    """Visual-only moments: the tiny SigLIP's text embedding against every sampled frame's."""
+def _right(truth: Truth, moment: dict[str, Any]) -> bool:
+    return bool(moment["uri"].endswith(f"/{truth.clip}") and abs(moment["ts_s"] - truth.start_s) <= TOLERANCE_S)
+
+
+def index_corpus(paths: dict[str, Path], tmp: Path) -> tuple[Settings, IndexStore, Any, Live, dict[str, float]]:
+    """Every clip indexed by the product's index job then its text job; seconds per stage summed."""
     from infra.dev.tinymodel import build_tiny_siglip
     from pipeline.embedding.siglip import SiglipEncoder
-    from pipeline.media.decode import sample_frames
 
-    settings = Settings()
     model = build_tiny_siglip(tmp / "tiny", seed=0)
-    encoder = SiglipEncoder(settings.model.model_copy(update={"id": str(model)}))
-    keys: list[tuple[str, float]] = []
-    vectors = []
-    for name, path in paths.items():
-        frames = list(sample_frames(path, settings.sampling.spec, settings.limits))
-        vectors.append(encoder.embed_images([f.rgb for f in frames]))
-        keys += [(name, f.ts_s) for f in frames]
-    frames_v = np.concatenate(vectors)
-    queries = encoder.embed_texts([t.query for t in truths])
-    out: dict[Truth, list[tuple[str, float]]] = {}
-    for truth, q in zip(truths, queries, strict=True):
-        order = np.argsort(-(frames_v @ q))
-        ranked: list[tuple[str, float]] = []
-        for i in order:
-            c, s = keys[int(i)]
-            if not any(c == c2 and abs(s - s2) <= TOLERANCE_S for c2, s2 in ranked):
-                ranked.append((c, s))
-            if len(ranked) >= 5:
-                break
-        out[truth] = ranked
-    return out
+    settings = Settings(text=TextSettings(subtitles=True, ocr=True, speech=True))
+    settings = settings.model_copy(update={"model": settings.model.model_copy(update={"id": str(model)})})
+    encoder = SiglipEncoder(settings.model)
+    store = IndexStore(settings.s3, uri=str(tmp / "db"))
+    active = ModelTable(encoder.model_id, encoder.dim, FRAMES)
+    text = ModelTable.for_text(settings.text.pipeline_id())
+    objects = LocalObjects({f"{name}.mp4": path for name, path in paths.items()})
+    words = TextStage(settings, objects, slots=1)
+    indexer = Indexer(settings, encoder, store, objects, text_table=lambda: text, words=words)
+    seconds: dict[str, float] = {}
+    try:
+        for name in paths:
+            for source in (JobSource.EVENT, JobSource.TEXT):
+                result = indexer.run(IndexJob(op=JobOp.INDEX, bucket=BUCKET, key=f"{name}.mp4", source=source))
+                if result.outcome is not Outcome.INDEXED:
+                    raise RuntimeError(f"{name}: the {source.value} job ended {result.outcome.value}")
+                for stage, took in result.stages.items():
+                    seconds[stage] = seconds.get(stage, 0.0) + took
+    finally:
+        words.close()
+    store.text_table(text.table).ensure_fts_index()
+    return settings, store, encoder, Live(active, text), seconds
 
 
 def main(argv: list[str] | None = None) -> None:
+    from fastapi.testclient import TestClient
+
+    from pipeline.api.app import create_app
+    from pipeline.query.search import SearchService
+
     parser = argparse.ArgumentParser(prog="python -m bench.relevance", description=__doc__)
     parser.add_argument("--clips", type=int, default=8, help="clips of each kind")
     args = parser.parse_args(argv)
+    ways = {"hybrid": None, "words": "subtitle,ocr,speech", "visual": "visual"}
+    ranked: dict[str, dict[Truth, list[dict[str, Any]]]] = {way: {} for way in ways}
     with tempfile.TemporaryDirectory(prefix="vidx-relevance-") as tmp_name:
         tmp = Path(tmp_name)
+        started = time.monotonic()
         paths, truths = build_corpus(tmp, args.clips)
-        every_source = Settings(text=TextSettings(subtitles=True, ocr=True, speech=True))
-        table = TextTable(IndexDatabase(S3Settings(), str(tmp / "db")), text_table_name("bench", "g1"))
-        videos = []
-        with TextExtractor(every_source) as extractor:
-            for name, path in paths.items():
-                extraction = extractor.extract(path)
-                videos.append(VideoText(name, f"s3://bench/{name}", "v1", "fp", "bench", extraction.rows(name)))
-        table.replace_many(videos)
-        table.ensure_fts_index()
-        text = {t: _moments(table.search(t.query, 20), t.query) for t in truths}
-        visual = _visual(paths, truths, tmp)
+        built_s = time.monotonic() - started
+        started = time.monotonic()
+        settings, store, encoder, live, stages = index_corpus(paths, tmp)
+        indexed_s = time.monotonic() - started
+        service = SearchService(settings, store, QueryEncoder(encoder), models=live)
+        app = create_app(settings, service, store, NoJobs(), _no_stats)
+        with TestClient(app) as http:
+            for way, sources in ways.items():
+                for truth in truths:
+                    params: dict[str, Any] = {"q": truth.query, "k": 5}
+                    if sources is not None:
+                        params["sources"] = sources
+                    resp = http.get("/v1/search", params=params)
+                    resp.raise_for_status()
+                    ranked[way][truth] = resp.json()["results"]
     metrics: dict[str, float] = {"clips": len(paths), "queries": len(truths)}
     for source in ("subtitle", "ocr", "speech"):
         for k in (1, 5):
-            metrics[f"{source}_recall{k}"] = _recall(text, source, k)
-            metrics[f"{source}_visual_recall{k}"] = _recall(visual, source, k)
+            metrics[f"{source}_recall{k}"] = _recall(ranked["hybrid"], source, k)
+            metrics[f"{source}_words_recall{k}"] = _recall(ranked["words"], source, k)
+            metrics[f"{source}_visual_recall{k}"] = _recall(ranked["visual"], source, k)
         print(
-            f"{source:8s} recall@1 {metrics[f'{source}_recall1']:.3f}  @5 {metrics[f'{source}_recall5']:.3f}   "
-            f"visual-only @1 {metrics[f'{source}_visual_recall1']:.3f}  @5 {metrics[f'{source}_visual_recall5']:.3f}"
+            f"{source:8s} hybrid recall@1 {metrics[f'{source}_recall1']:.3f}  @5 {metrics[f'{source}_recall5']:.3f}   "
+            f"words only @5 {metrics[f'{source}_words_recall5']:.3f}   "
+            f"visual-only @1 {metrics[f'{source}_visual_recall1']:.3f}  @5 {metrics[f'{source}_visual_recall5']:.3f}",
+            flush=True,
         )
+    text_s = {k: round(v, 1) for k, v in stages.items() if k.startswith("text_")}
     notes = [
         f"{args.clips} clips of each kind, {CLIP_SECONDS} s each: subtitle tracks (SubRip, ASS, WebVTT, mov_text in "
         "turn, 4 cues each), captions drawn over a moving picture (4 styles of font, size, colour, box and "
         "position, 3 captions each), Flite speech (4 voices, 2 sentences each). A query is two words of its "
-        "cue, caption or sentence; right: its clip, within 1 s of its start.",
-        "Text side at the library level (TextExtractor with every source on, one local text table, BM25 over "
-        "all sources); visual-only: the tiny random SigLIP's text-to-frame cosine on the same clips, i.e. "
-        "chance (no real weights here). Not yet through the product's search endpoint.",
+        "cue, caption or sentence; right: its clip, the moment's ts_s (where the player starts) within 1 s of "
+        "the words.",
+        "Each clip indexed by the Indexer's index job (tiny SigLIP) and its text job (every source on), then "
+        "each query asked of GET /v1/search (the API app in process): every source (hybrid: reciprocal rank "
+        "fusion), the words only, the pictures only (random weights: chance, no real ones can be installed).",
+        f"corpus built in {built_s:.0f} s, indexed in {indexed_s:.0f} s (text stages, s: {text_s}).",
     ]
     save_section("relevance", metrics, notes)
 
