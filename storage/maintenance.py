@@ -153,11 +153,14 @@ class IndexMaintainer:
         holder: str | None = None,
         clock: Callable[[], float] = time.time,
         tables: Callable[[], list[str]] | None = None,
+        text_tables: Callable[[], list[str]] | None = None,
     ) -> None:
         """``tables`` names the frames tables to keep up (the live models', active first); by
-        default ``frames``."""
+        default ``frames``. ``text_tables`` the text tables (the live one): each round builds a missing
+        full-text index and, past ``optimize_min_unindexed_rows`` rows it does not cover, folds them in."""
         self._store = store
         self._tables = tables or (lambda: [FRAMES])
+        self._text_tables = text_tables or (lambda: [])
         self._settings = settings
         self._loop = LeasedLoop(
             "index-maintenance",
@@ -191,7 +194,25 @@ class IndexMaintainer:
         names = self._tables()
         ensure_scalar_indexes(self._store, [n for n in names if n != FRAMES])
         results = [self._table_round(self._store.frames_table(name), started) for name in names]
+        for name in self._text_tables():
+            self._text_round(name)
         return results[0]
+
+    def _text_round(self, name: str) -> None:
+        """A text table's upkeep: its full-text index built if missing, then rows it does not cover
+        yet folded in once there are ``optimize_min_unindexed_rows`` of them (a search scans those)."""
+        text = self._store.text_table(name)
+        if text.table() is None:
+            return
+        if text.ensure_fts_index():
+            log.info("full-text index built on %s", name)
+            return
+        unindexed = text.unindexed_rows()
+        if unindexed is None or unindexed < max(1, self._settings.optimize_min_unindexed_rows):
+            return
+        started = time.monotonic()
+        text.optimize(self._settings.keep_versions_s)
+        log.info("optimized %s: %d unindexed rows folded in %.1fs", name, unindexed, time.monotonic() - started)
 
     def _table_round(self, frames: FrameTable, started: float) -> RoundResult:
         s = self._settings

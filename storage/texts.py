@@ -191,6 +191,23 @@ class TextTable:
         return True
 
     @read_errors_are_transient
+    def unindexed_rows(self) -> int | None:
+        """Rows the full-text index does not cover yet (searched by a scan until an optimize folds them
+        in); None: no table, or no index yet."""
+        table = self.table()
+        if table is None:
+            return None
+        stats = table.index_stats(FTS_INDEX)
+        return None if stats is None else int(stats.num_unindexed_rows)
+
+    @write_errors_are_transient
+    def optimize(self, keep_versions_s: float) -> None:
+        """Compact, fold new rows into the full-text index, drop versions older than ``keep_versions_s``."""
+        table = self.table()
+        if table is not None:
+            table.optimize(cleanup_older_than=timedelta(seconds=keep_versions_s))
+
+    @read_errors_are_transient
     def search(
         self, query: str, limit: int, sources: Sequence[str] = SOURCES, *, phrase: bool = False
     ) -> list[TextHit]:

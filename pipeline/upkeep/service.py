@@ -86,7 +86,12 @@ class UpkeepServices:
             metrics=metrics,
         )
         services: dict[str, BackgroundService] = {
-            MAINTENANCE: IndexMaintainer(store, settings.index, tables=lambda: [t.table for t in live.live()]),
+            MAINTENANCE: IndexMaintainer(
+                store,
+                settings.index,
+                tables=lambda: [t.table for t in live.live()],
+                text_tables=lambda: [t.table for t in (live.text(),) if t is not None],
+            ),
             BACKFILL: backfill,
         }
         if c.interval_s > 0:

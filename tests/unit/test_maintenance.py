@@ -13,8 +13,10 @@ from numpy.typing import NDArray
 from storage.catalog import VIDEOS, VideoRecord, VideoStatus
 from storage.config import IndexSettings, S3Settings
 from storage.frames import FrameRow, VideoFrames
+from storage.ids import segment_id
 from storage.maintenance import Action, IndexMaintainer, create_vector_index, optimize, vector_index_state
 from storage.tables import IndexStore
+from storage.texts import TextRow, VideoText
 
 DIM = 16
 SETTINGS = IndexSettings(ann_min_rows=400, rows_per_partition=256, nprobes=4, refine_factor=5, search_consistency_s=0)
@@ -187,3 +189,24 @@ def test_compaction_merges_the_small_fragments_each_commit_left(store: IndexStor
     assert len(store.db.open(VIDEOS).to_lance().get_fragments()) == 1  # type: ignore[union-attr]
     assert store.frames.count() == 36 and store.catalog.get("c3") is not None
     assert [r["frame_id"] for r in store.frames.search(probe(), 5, SETTINGS)] == before
+
+
+def _words(video_id: str, *lines: str) -> VideoText:
+    rows = [TextRow(segment_id(video_id, n), float(n), n + 1.0, line, "subtitle", 1.0) for n, line in enumerate(lines)]
+    return VideoText(video_id, f"s3://videos/{video_id}.mp4", "e1", "fp", "subtitles", rows)
+
+
+def test_a_round_keeps_the_text_tables_full_text_index_and_folds_new_words_in(store: IndexStore) -> None:
+    text = store.text_table("text-abc-g1")
+    maintainer = IndexMaintainer(store, SETTINGS, text_tables=lambda: [text.name])
+    maintainer.run_once()  # no table yet: nothing to do
+    assert text.table() is None
+    text.replace_many([_words("v1", "a red boat leaves the harbour")])
+    assert text.unindexed_rows() == 0  # the first write built the index
+    # Words written after the index are searched by a scan until a round folds them in
+    text.replace_many([_words("v2", "the lighthouse keeper lives alone", "a red kite")])
+    assert text.unindexed_rows() == 2
+    maintainer.run_once()
+    assert text.unindexed_rows() == 0
+    assert {h.video_id for h in text.search("red", 10)} == {"v1", "v2"}
+    assert [h.text for h in text.search("lighthouse keeper", 10, phrase=True)] == ["the lighthouse keeper lives alone"]
