@@ -1,5 +1,6 @@
 """The app's background upkeep in one process, each service under its own name: the model preflight,
-then index maintenance, the backfill coordinator and the scheduled check (the Upkeep deployment
+then index maintenance, the backfill coordinator, the text backfill (while a text source is on) and the
+scheduled check (the Upkeep deployment
 holds one ``UpkeepServices``; it has a single replica, and the leases each service takes in the index
 database cover the overlap while Serve replaces it)."""
 
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 #: The services' names, as logged and reported by ``running``.
 MAINTENANCE = "maintenance"
 BACKFILL = "backfill"
+TEXT_BACKFILL = "text-backfill"
 SCHEDULED_CHECK = "scheduled-check"
 
 
@@ -55,6 +57,7 @@ class UpkeepServices:
         from pipeline.index.taskqueue import CeleryJobSink, queueing_sink
         from pipeline.reindex.backfill import BackfillCoordinator
         from pipeline.reindex.lifecycle import LiveModels, ModelLifecycle
+        from pipeline.reindex.text_backfill import TextBackfill
         from pipeline.upkeep.check import build_checker
         from storage.maintenance import IndexMaintainer
         from storage.tables import IndexStore
@@ -94,6 +97,15 @@ class UpkeepServices:
             ),
             BACKFILL: backfill,
         }
+        if settings.text.pipeline_id() != "none":  # the words of videos indexed before a text source was on
+            services[TEXT_BACKFILL] = TextBackfill(
+                store,
+                CeleryJobSink(settings, settings.serve.text_queue),
+                interval_s=r.interval_s,
+                max_outstanding=r.max_outstanding,
+                resubmit_after_s=r.resubmit_after_s,
+                lease_ttl_s=r.lease_ttl_s,
+            )
         if c.interval_s > 0:
             services[SCHEDULED_CHECK] = check
         return cls(ModelLifecycle(store, settings, dim_of).preflight, services, check, metrics)

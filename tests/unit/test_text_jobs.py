@@ -17,6 +17,7 @@ from pipeline.index.clock import StageClock
 from pipeline.index.consumer import IndexTaskHandler, TaskContext
 from pipeline.index.indexer import Indexer, Outcome
 from pipeline.index.words import TextStage
+from pipeline.reindex.text_backfill import MAX_SUBMITS, TextBackfill
 from pipeline.settings import Settings, TextSettings
 from pipeline.upkeep.check import Checker, Finding
 from pipeline.upkeep.report import CheckReport
@@ -24,7 +25,7 @@ from storage.catalog import VideoStatus
 from storage.errors import TransientError
 from storage.frames import FRAMES
 from storage.ids import segment_id, text_fingerprint
-from storage.models import ModelTable
+from storage.models import ModelState, ModelTable
 from storage.s3 import ObjectHead
 from storage.tables import IndexStore
 from storage.texts import TextRow, VideoText
@@ -281,3 +282,52 @@ def test_the_check_holds_the_text_table_against_the_rows_through_overwrites_and_
     p.indexer.run(job("a.mp4"))
     p.indexer.run(job("a.mp4", JobSource.TEXT))
     assert check(p).inconsistencies == 0 and p.text_rows("a.mp4") == ["a green lighthouse"]
+
+
+def test_the_text_backfill_reads_the_words_of_videos_indexed_before_a_text_source_was_on(tmp_path: Path) -> None:
+    # Given two videos indexed while no text source was on
+    p = Parts(tmp_path, text=None)
+    p.clip("a.mp4", CUES)
+    p.clip("b.mp4", [Cue(0.5, 1.5, "a green lighthouse")])
+    for key in ("a.mp4", "b.mp4"):
+        assert p.indexer.run(job(key)).text_due is False
+    # When a text source is turned on (the start-up names the text table)
+    p.text = TEXT
+    assert p.store.models.write(ModelState(active=ModelTable(MeanColour.model_id, 0, FRAMES), text=TEXT), 0)
+    now = [0.0]
+    sink = Sink()
+    backfill = TextBackfill(
+        p.store, sink, interval_s=1, max_outstanding=1, resubmit_after_s=60, lease_ttl_s=10, clock=lambda: now[0]
+    )
+    # Then rounds submit a text job per video, one out at a time
+    first = backfill.round()
+    assert first is not None and (first.total, first.need, first.submitted) == (2, 2, 1)
+    assert backfill.round().submitted == 0  # type: ignore[union-attr]  # its job is out, within resubmit_after_s
+    p.indexer.run(sink.jobs[0])
+    second = backfill.round()
+    assert second is not None and (second.done, second.need, second.submitted) == (1, 1, 1)
+    p.indexer.run(sink.jobs[1])
+    # And once every video has its words the rounds stop walking the catalog
+    last = backfill.round()
+    assert last is not None and (last.done, last.need) == (2, 0)
+    assert backfill.round() is None
+    assert sorted(j.key for j in sink.jobs) == ["a.mp4", "b.mp4"] and {j.source for j in sink.jobs} == {JobSource.TEXT}
+    assert p.text_rows("b.mp4") == ["a green lighthouse"]
+
+
+def test_the_text_backfill_gives_a_video_whose_text_jobs_fail_a_bounded_number_of_tries(tmp_path: Path) -> None:
+    p = Parts(tmp_path, text=None)
+    p.clip("a.mp4", CUES)
+    p.indexer.run(job("a.mp4"))
+    p.text = TEXT
+    assert p.store.models.write(ModelState(active=ModelTable(MeanColour.model_id, 0, FRAMES), text=TEXT), 0)
+    now = [0.0]
+    sink = Sink()
+    backfill = TextBackfill(
+        p.store, sink, interval_s=1, max_outstanding=8, resubmit_after_s=60, lease_ttl_s=10, clock=lambda: now[0]
+    )
+    for _ in range(MAX_SUBMITS + 2):
+        backfill.round()
+        now[0] += 61  # its job never lands
+    assert len(sink.jobs) == MAX_SUBMITS
+    assert backfill.round() is None  # nothing left this process can do: the dead letters say why
