@@ -34,6 +34,10 @@ class AutoscaleSettings(BaseModel):
     #: ``serve.consumer_concurrency``, what one replica holds at once (prefetch multiplier 1: its
     #: prefetch is its working set), so a replica is added as soon as tasks wait for a slot.
     consumer_target_per_replica: int | None = Field(default=None, ge=1)
+    #: The TextConsumer (only while a text source is on), scaled on the text queue's depth the same way;
+    #: its target per replica is ``serve.text_consumer_concurrency``.
+    text_min_replicas: int = Field(default=1, ge=1)
+    text_max_replicas: int = Field(default=2, ge=1)
     encoder_min_replicas: int = Field(default=1, ge=1)
     encoder_max_replicas: int = Field(default=2, ge=1)
     #: Calls (frame chunks and queries) in flight per Encoder replica that Ray aims for: enough
@@ -43,7 +47,7 @@ class AutoscaleSettings(BaseModel):
     @model_validator(mode="after")
     def _bounds(self) -> AutoscaleSettings:
         """Raises ValueError when a deployment's min replicas exceed its max."""
-        for name in ("consumer", "encoder"):
+        for name in ("consumer", "text", "encoder"):
             if getattr(self, f"{name}_min_replicas") > getattr(self, f"{name}_max_replicas"):
                 raise ValueError(f"autoscale.{name}_min_replicas must not exceed autoscale.{name}_max_replicas")
         return self

@@ -342,24 +342,21 @@ class QueueDepthPolicy:
         return desired, {"vidx_backlog": backlog}
 
 
-def consumer_policy(settings: Settings) -> AutoscalingPolicy:
-    """The IndexConsumer's policy, pickled here with its reader: the credentials stay out of
-    ``policy_kwargs``, which Ray logs and shows in the app's config."""
+def consumer_policy(settings: Settings, *, text: bool = False) -> AutoscalingPolicy:
+    """The IndexConsumer's policy (``text``: the TextConsumer's, on the text queue), pickled here with its
+    reader: the credentials stay out of ``policy_kwargs``, which Ray logs and shows in the app's config."""
     from ray import cloudpickle
     from ray.serve.config import AutoscalingPolicy
 
-    a = settings.autoscale
-    target = a.consumer_target_per_replica or settings.serve.consumer_concurrency
-    bounds = ScaleBounds(
-        a.consumer_min_replicas,
-        a.consumer_max_replicas,
-        target,
-        a.upscale_delay_s,
-        a.downscale_delay_s,
-        a.starting_hold_s,
-    )
+    a, s = settings.autoscale, settings.serve
+    if text:
+        queue, low, high, target = s.text_queue, a.text_min_replicas, a.text_max_replicas, s.text_consumer_concurrency
+    else:
+        target = a.consumer_target_per_replica or s.consumer_concurrency
+        queue, low, high = s.index_queue, a.consumer_min_replicas, a.consumer_max_replicas
+    bounds = ScaleBounds(low, high, target, a.upscale_delay_s, a.downscale_delay_s, a.starting_hold_s)
     reader = management_queue_depth(
-        settings.amqp.url.get_secret_value(), settings.amqp.management_url, settings.serve.index_queue, a.poll_timeout_s
+        settings.amqp.url.get_secret_value(), settings.amqp.management_url, queue, a.poll_timeout_s
     )
     policy = QueueDepthPolicy(reader, bounds, a.poll_interval_s)
     module = sys.modules[__name__]
@@ -372,7 +369,7 @@ def consumer_policy(settings: Settings) -> AutoscalingPolicy:
 
 
 def replica_options(settings: Settings, deployment: str) -> dict[str, Any]:
-    """``num_replicas`` or ``autoscaling_config`` for ``IndexConsumer``/``Encoder``. Ray applies its
+    """``num_replicas`` or ``autoscaling_config`` for ``IndexConsumer``/``TextConsumer``/``Encoder``. Ray applies its
     delays to a custom policy's answer too, so the consumer's are 0 (the policy has its own)."""
     from ray.serve.config import AutoscalingConfig
 
@@ -386,6 +383,17 @@ def replica_options(settings: Settings, deployment: str) -> dict[str, Any]:
             upscale_delay_s=0,
             downscale_delay_s=0,
             policy=consumer_policy(settings),
+        )
+        return {"autoscaling_config": config}
+    if deployment == "TextConsumer":
+        if not a.enabled:
+            return {"num_replicas": s.text_consumer_replicas}
+        config = AutoscalingConfig(
+            min_replicas=a.text_min_replicas,
+            max_replicas=a.text_max_replicas,
+            upscale_delay_s=0,
+            downscale_delay_s=0,
+            policy=consumer_policy(settings, text=True),
         )
         return {"autoscaling_config": config}
     if not a.enabled:

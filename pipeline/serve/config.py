@@ -165,7 +165,7 @@ def deployment_options(settings: Settings, gpu: bool) -> list[dict[str, Any]]:
         options.append(
             {
                 "name": "TextConsumer",
-                "num_replicas": s.text_consumer_replicas,
+                **({} if settings.autoscale.enabled else {"num_replicas": s.text_consumer_replicas}),
                 "max_ongoing_requests": s.text_consumer_concurrency,
                 "graceful_shutdown_timeout_s": s.drain_timeout_s + SHUTDOWN_MARGIN_S,
                 "ray_actor_options": {"num_cpus": s.text_consumer_num_cpus, "num_gpus": 0},

@@ -31,10 +31,9 @@ def consumer_deployment(settings: Settings, num_gpus: float = 0.0, *, text: bool
     s = settings.serve
     if text:
         name, queue, concurrency, cpus = TEXT_NAME, s.text_queue, s.text_consumer_concurrency, s.text_consumer_num_cpus
-        replicas: dict[str, Any] = {"num_replicas": s.text_consumer_replicas}
     else:
         name, queue, concurrency, cpus = NAME, s.index_queue, s.consumer_concurrency, s.consumer_num_cpus
-        replicas = replica_options(settings, NAME)
+    replicas = replica_options(settings, name)
 
     @serve.deployment(
         name=name,

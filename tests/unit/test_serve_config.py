@@ -211,6 +211,32 @@ def test_the_builder_builds_the_app_the_config_describes(tmp_path: Path) -> None
             assert c.backpressure_config.model_dump() == options["backpressure_config"], name
     consumer = built["IndexConsumer"]._deployment_config.autoscaling_config
     assert (consumer.policy.policy_function, consumer.max_replicas) == (POLICY_PATH, 6)
+    assert "TextConsumer" not in built  # no text source on
+
+
+@pytest.mark.parametrize("autoscale", [True, False])
+def test_with_a_text_source_on_the_app_has_a_text_consumer_on_the_text_queue(tmp_path: Path, autoscale: bool) -> None:
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+    from ray.serve._private.build_app import build_app
+    from ray.serve._private.utils import import_attr
+
+    settings = Settings(
+        state_dir=tmp_path,
+        text={"subtitles": True},
+        serve={"text_consumer_replicas": 2, "text_consumer_concurrency": 3},
+        autoscale={"enabled": autoscale, "text_max_replicas": 5},
+    )
+    config = serve_config(settings)
+    app_config = config["applications"][0]
+    app = call_user_app_builder_with_args_if_necessary(import_attr(app_config["import_path"]), app_config["args"])
+    built = {d.name: d for d in build_app(app, name=app_config["name"]).deployments}
+    text = built["TextConsumer"]._deployment_config
+    assert text.max_ongoing_requests == 3 and deployments(config)["TextConsumer"]["max_ongoing_requests"] == 3
+    if autoscale:
+        assert (text.autoscaling_config.min_replicas, text.autoscaling_config.max_replicas) == (1, 5)
+        assert "num_replicas" not in deployments(config)["TextConsumer"]
+    else:
+        assert text.num_replicas == 2 == deployments(config)["TextConsumer"]["num_replicas"]
 
 
 def test_embed_rewrites_only_the_serve_config_block() -> None:
