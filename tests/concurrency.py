@@ -3,9 +3,12 @@ bucket) on threads over a few keys, with seeded random interleavings of upload, 
 re-upload of identical bytes, redelivery (the same task twice at once), retry after a transient
 error and restart after a consumer died mid-job, random pauses at every step boundary of every
 job, and faults inside catalog writes (a landed write whose reply is lost, a write that lands after
-its caller gave up). After every job has run to completion (at-least-once: an aborted job is run again), the
-invariant checker (``pipeline.upkeep.check``) must find nothing and every key must be indexed exactly at
-its current bytes, or gone. For the keys the product leaves to the scheduled check (a task dead-lettered,
+its caller gave up). Text jobs race too: each index job that settles a video whose words are due starts
+one (as its handler submits it), and stray text jobs come at random moments (a redelivered or late one);
+their reader is a cheap stand-in whose segments depend on the bytes. After every job has run to
+completion (at-least-once: an aborted job is run again), the invariant checker (``pipeline.upkeep.check``,
+the text table held like the frames) must find nothing and every key must be indexed exactly at its
+current bytes, its words too, or gone. For the keys the product leaves to the scheduled check (a task dead-lettered,
 or a write whose caller gave up that landed after every job of the key last read the row, as the row's
 last word), the checker's repair pass runs first; any other key must be right without it.
 
@@ -29,16 +32,22 @@ import numpy as np
 from numpy.typing import NDArray
 
 from events.jobs import IndexJob, JobOp, JobSource
+from pipeline.index.clock import StageClock
 from pipeline.index.indexer import STEPS, Indexer
 from pipeline.index.objects import ObjectSource, S3ObjectSource
+from pipeline.reindex.text_backfill import TextBackfill
 from pipeline.settings import Settings
 from pipeline.upkeep.check import Checker
 from pipeline.upkeep.sources import S3PageLister
 from storage.catalog import Catalog, VideoRecord, VideoStatus
 from storage.catalog_writer import CatalogWrites, GroupedCatalogWriter, PendingWrite
 from storage.errors import TransientError
-from storage.ids import fingerprint, video_id
+from storage.frames import FRAMES
+from storage.ids import fingerprint, segment_id, text_fingerprint, video_id
+from storage.models import ModelState, ModelTable
+from storage.s3 import ObjectHead
 from storage.tables import IndexStore
+from storage.texts import TextRow
 from storage.writer import GroupedFrameWriter
 
 #: Pauses injected at step boundaries (and between bucket operations): one with probability
@@ -58,6 +67,10 @@ GIVE_UP_P = 0.15
 SCHEDULE_TIMEOUT_S = 120.0
 #: Seconds to wait for the outcome of a write whose caller gave up on it before the repair pass looks.
 LATE_WRITE_WAIT_S = 30.0
+#: Share of operations followed by a stray text job of the key (redelivered, or late for an older version).
+STRAY_TEXT_P = 0.3
+#: The text table of the schedules (its pipeline named for the stand-in reader).
+TEXT = ModelTable.for_text("harness-words")
 #: The catalog writer's commit interval here: short, so schedules stay quick yet writes of racing jobs share commits.
 CATALOG_INTERVAL_S = 0.05
 
@@ -71,6 +84,21 @@ class ColourEmbedder:
         means = np.stack([img.reshape(-1, 3).mean(axis=0) for img in images]).astype(np.float32) + 1.0
         vectors = np.concatenate([means, means**2 / 255.0], axis=1)
         return (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+
+
+class StandInWords:
+    """A text job's reader: the object's words as segments that depend on its bytes (video "a" has one,
+    "b" two), at no cost."""
+
+    def __init__(self, segments_of: dict[str, int]) -> None:
+        self._segments_of = segments_of
+
+    def rows(self, head: ObjectHead, video_id_: str, clock: StageClock) -> list[TextRow]:
+        n = self._segments_of[head.version]
+        return [
+            TextRow(segment_id(video_id_, i), float(i), i + 1.0, f"words {i} of {head.version}", "subtitle", 1.0)
+            for i in range(n)
+        ]
 
 
 class Abort(Exception):
@@ -171,6 +199,8 @@ class World:
     catalog_writer: GroupedCatalogWriter | None = None
     #: What the jobs write through: ``catalog_writer`` with faults inside writes.
     catalog_writes: FaultyWrites | None = None
+    #: The text segments of each version (by ETag): what a text job writes.
+    segments_of: dict[str, int] = field(default_factory=dict)
 
     def close(self) -> None:
         for writer in self.writers:
@@ -191,7 +221,10 @@ def world(settings: Settings, minio: object, videos: dict[str, Path]) -> Iterato
         name: sum(1 for _ in sample_frames(path, settings.sampling.spec, settings.limits, max_side=64))
         for name, path in videos.items()
     }
+    import hashlib
+
     w = World(settings, settings.s3.upload_bucket, data, frames_of, minio)
+    w.segments_of = {hashlib.md5(body).hexdigest(): n + 1 for n, body in enumerate(data[name] for name in sorted(data))}
     for _ in range(2):
         store = IndexStore(settings.s3)
         w.stores.append(store)
@@ -199,6 +232,12 @@ def world(settings: Settings, minio: object, videos: dict[str, Path]) -> Iterato
     w.objects = S3ObjectSource(settings.s3, settings.limits)
     w.catalog_writer = GroupedCatalogWriter(IndexStore(settings.s3).catalog, min_interval_s=CATALOG_INTERVAL_S)
     w.catalog_writes = FaultyWrites(w.catalog_writer)
+    # The lifecycle row the text backfill reads: the jobs' frames table active, the schedules' text table live.
+    registry = w.stores[0].models
+    if registry.read().text is None:
+        registry.write(
+            ModelState(active=ModelTable(ColourEmbedder.model_id, 0, FRAMES), text=TEXT), registry.read().rev
+        )
     try:
         yield w
     finally:
@@ -231,10 +270,28 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
     retries: list[tuple[IndexJob, str, str | None]] = []
     lost: list[str] = []
     given_up: list[IndexJob] = []
+    text_jobs: list[IndexJob] = []
     #: When a round of a job last began reading each video's row.
     read_at: dict[str, float] = {}
     jobs = 0
     deadline = time.monotonic() + SCHEDULE_TIMEOUT_S
+
+    def launch_text_jobs() -> None:
+        """The text jobs the settled index jobs submitted so far (each once, at most one abort among them)."""
+        with lock:
+            batch, text_jobs[:] = list(text_jobs), []
+        for text in batch:
+            launch(text, uuid.uuid4().hex, rng.choice(STEPS) if rng.random() < 0.3 else None)
+
+    def _join_all() -> None:
+        """Every thread joined, and the text jobs they submitted run too, until none is left (bounded)."""
+        for _ in range(MAX_TRIES):
+            _join(threads, deadline)
+            with lock:
+                if not text_jobs:
+                    return
+            launch_text_jobs()
+        _join(threads, deadline)
 
     def put(key: str, name: str) -> None:
         body = w.videos[name]
@@ -265,11 +322,16 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
             holder=holder,
             holder_alive=lambda h: h not in dead,
             hooks=hooks,
+            text_table=lambda: TEXT,
+            words=StandInWords(w.segments_of),
         )
 
         def body() -> None:
             try:
-                indexer.run(job, task_id)
+                result = indexer.run(job, task_id)
+                if result.text_due:  # its handler submits the text job: it runs as soon as a thread takes it
+                    with lock:
+                        text_jobs.append(job.model_copy(update={"source": JobSource.TEXT, "op": JobOp.INDEX}))
             except Abort:
                 died = job_rng.random() < 0.5  # the consumer died (a restart elsewhere) or the attempt failed
                 with lock:
@@ -303,8 +365,12 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
         launch(job, task_id, abort_at)
         if rng.random() < 0.3:
             launch(job, task_id, None)  # redelivered while the first delivery still runs
+        if rng.random() < STRAY_TEXT_P:
+            stray = IndexJob(op=JobOp.INDEX, bucket=w.bucket, key=key, source=JobSource.TEXT)
+            launch(stray, uuid.uuid4().hex, rng.choice(STEPS) if rng.random() < 0.3 else None)
+        launch_text_jobs()
         pause(rng)
-    _join(threads, deadline)
+    _join_all()
     lost.clear()
     # At least once: every attempt that failed or died runs again until it completes (bounded).
     for _ in range(MAX_TRIES):
@@ -314,7 +380,7 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
         threads.clear()
         for job, task_id, holder in batch:
             launch(job, task_id, None, holder)
-        _join(threads, deadline)
+        _join_all()
     # The scheduled check's repair pass, as it would run later, where the product leaves a key to it: a
     # task given up (a dead letter), or a write whose caller gave up on it that landed after every job
     # of the key last read the row (no job could know of it) and is the row's last word. Whatever is
@@ -342,6 +408,12 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
         repairer = _checker(w, sink)
         repairer.run([w.bucket], prefix=prefix, repair=True)
         repairer.stuck(repair=True)
+        # And the text backfill's round, as it would run later: a video whose text job was given up gets
+        # another (its index job is not redone when the row and the tables agree).
+        words = _ListSink()
+        store = w.stores[0]
+        TextBackfill(store, words, interval_s=1, max_outstanding=1000, resubmit_after_s=1, lease_ttl_s=10).round()
+        sink.jobs += [j for j in words.jobs if j.key.startswith(prefix)]
         for _ in range(MAX_TRIES):
             batch = [(job, uuid.uuid4().hex, None) for job in sink.jobs] + list(retries)
             sink.jobs.clear()
@@ -351,7 +423,7 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
             threads.clear()
             for job, task_id, holder in batch:
                 launch(job, task_id, None, holder)
-            _join(threads, deadline)
+            _join_all()
     violations += [f"a job still failed after {MAX_TRIES} tries: {j.uri}" for j, _, _ in retries]
     violations += [msg for _key, msg in _violations(w, prefix, names)]
     return Outcome(seed, keys, jobs, violations, repaired=repaired)
@@ -362,7 +434,7 @@ class _ListSink:
         self.jobs: list[IndexJob] = []
 
     def submit(self, job: IndexJob) -> str:
-        if not any(j.key == job.key for j in self.jobs):
+        if not any((j.key, j.source) == (job.key, job.source) for j in self.jobs):
             self.jobs.append(job)
         return "repair"
 
@@ -380,6 +452,8 @@ def _checker(w: World, sink: _ListSink | None) -> Checker:
         sink=sink,
         in_flight_grace_s=0,
         new_object_grace_s=0,
+        models=lambda: [ModelTable(ColourEmbedder.model_id, 0, FRAMES), TEXT],
+        frames_for=store.table_for,
     )
 
 
@@ -426,6 +500,20 @@ def _violations(w: World, prefix: str, names: list[str]) -> list[tuple[str | Non
         if record is None or record.status is not VideoStatus.INDEXED or record.fingerprint != want or rows != frames:
             said = f"{record.status.value} {record.fingerprint}" if record else "no row"
             found.append((key, f"{key}: at {head.version}, catalog {said}, {rows} rows (want indexed, {frames} rows)"))
+            continue
+        # Its words: read at this version, as many as the bytes have, and the row says so
+        words = store.text_table(TEXT.table).summary(vid)
+        entry = record.index_in(TEXT.table)
+        want_text = text_fingerprint(head.version, TEXT.pipeline or "")
+        segments = w.segments_of[head.version]
+        if (
+            entry is None
+            or entry.fingerprint != want_text
+            or words.rows != segments
+            or set(words.fingerprints) != {want_text}
+        ):
+            said = f"entry {entry.fingerprint if entry else '-'}, rows {dict(words.fingerprints)}"
+            found.append((key, f"{key}: at {head.version}, words {said} (want {segments} of {want_text})"))
     return found
 
 

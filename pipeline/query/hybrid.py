@@ -145,9 +145,9 @@ def fuse(visual: Sequence[Moment], texts: Sequence[TextMatch], k: int) -> list[F
         both = fused[at]
         fused[at] = replace(
             both,
-            start_s=min(both.start_s, t.start_s),
-            end_s=max(both.end_s, t.end_s),
-            # The words point at the second: where they are said or shown, not the best-looking frame.
+            # The words pin the moment down: where they are said or shown, not the frames' looser span.
+            start_s=t.start_s,
+            end_s=t.end_s,
             ts_s=t.ts_s,
             score=both.score + score,
             sources=(*both.sources, t.source),

@@ -1,6 +1,7 @@
 """The web page in a real browser (Debian's Chromium, headless, driven by Playwright) over the real
 Ray Serve app, MinIO and RabbitMQ, with API keys on: the key prompt, a text query's grid of moments,
-the player at the moment's second, image search by file, and a video uploaded from the page going
+the player at the moment's second, image search by file, a moment found by its words (a subtitle track)
+showing them with the query's marked, and a video uploaded from the page going
 ``queued → indexing → indexed``, the dead letters, and the Model tab following a model switch.
 Screenshots are kept as test artifacts (``VIDX_ARTIFACTS_DIR``, else
 pytest's temp dir) and, with ``VIDX_UPDATE_SCREENSHOTS=1``, written to docs/img/."""
@@ -94,7 +95,13 @@ def site(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.Temp
 
     api_key, admin_key = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     # A model switch the Model tab's test starts never completes before it aborts it.
-    env = {"VIDX_API_KEY": api_key, "VIDX_ADMIN_KEY": admin_key, "VIDX_REINDEX__CLOCK_SKEW_S": "3600"}
+    # Subtitles on: a moment found by its words shows them, the query's marked.
+    env = {
+        "VIDX_API_KEY": api_key,
+        "VIDX_ADMIN_KEY": admin_key,
+        "VIDX_REINDEX__CLOCK_SKEW_S": "3600",
+        "VIDX_TEXT__SUBTITLES": "true",
+    }
     media = tmp_path_factory.mktemp("media")
     artifacts = Path(os.environ.get("VIDX_ARTIFACTS_DIR") or tmp_path_factory.mktemp("screenshots"))
     artifacts.mkdir(parents=True, exist_ok=True)
@@ -251,6 +258,47 @@ def test_the_page_is_public_but_nothing_it_shows_is(site: Site) -> None:
     assert (
         site.http.post("/v1/search/image", files={"image": ("q.png", buf.getvalue(), "image/png")}).status_code == 401
     )
+
+
+def test_a_moment_found_by_its_words_shows_them_with_the_querys_marked(site: Site, tmp_path: Path) -> None:
+    from infra.dev.textclips import Cue, subtitled_clip
+
+    cues = [Cue(1.0, 3.0, "Welcome aboard"), Cue(4.0, 6.5, "the lighthouse keeper waves from the rocks")]
+    clip = subtitled_clip(tmp_path / "lighthouse tour", cues, 8, "mov_text")
+    key = "lighthouse tour.mp4"
+    site.services.minio_client().fput_object(site.bucket, key, str(clip), content_type="video/mp4")
+    vid = video_id(site.bucket, key)
+    auth = {"Authorization": f"Bearer {site.api_key}"}
+
+    def worded() -> bool:
+        found = site.http.get("/v1/search", params={"q": "lighthouse keeper", "sources": "subtitle"}, headers=auth)
+        return found.status_code == 200 and any(m["video_id"] == vid for m in found.json()["results"])
+
+    eventually(worded, "the video's words to be searchable", INDEX_TIMEOUT_S)
+    page = site.page(site.api_key)
+    page.fill("#q", '"lighthouse keeper"')
+    page.press("#q", "Enter")
+    moment = page.locator(f"#results .moment[data-video-id='{vid}']").first
+    moment.wait_for(timeout=UI_TIMEOUT_MS)
+    # Under the thumbnail: what found it, and its words with the query's marked
+    assert "subtitle" in moment.locator(".span").inner_text()
+    assert moment.locator(".words").inner_text() == "the lighthouse keeper waves from the rocks"
+    assert moment.locator(".words mark").all_inner_texts() == ["lighthouse", "keeper"]
+    assert moment.get_attribute("data-start-s") == "4"
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#results img')].every(i => i.complete && i.naturalWidth > 0)",
+        timeout=UI_TIMEOUT_MS,
+    )
+    site.shot(page, "web-text-search.png")
+    # And in the player, from the second the words come
+    moment.locator("button.open").click()
+    page.locator("#player").wait_for(state="visible", timeout=UI_TIMEOUT_MS)
+    assert page.locator("#player-words mark").all_inner_texts() == ["lighthouse", "keeper"]
+    page.wait_for_function("() => document.querySelector('#player-video').readyState >= 2", timeout=UI_TIMEOUT_MS)
+    page.evaluate("document.querySelector('#player-video').pause()")
+    assert abs(page.evaluate("document.querySelector('#player-video').currentTime") - 4.0) < 0.5
+    site.shot(page, "web-text-player.png")
+    page.context.close()
 
 
 def test_the_model_tab_follows_a_switch_and_search_says_which_model_answered(site: Site, tmp_path: Path) -> None:
