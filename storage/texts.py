@@ -29,6 +29,10 @@ from storage.frames import FrameSummary, summaries_in, summary_of
 
 TEXT_PREFIX = "text-"
 FTS_INDEX = "text_idx"
+#: A fuzzy search: an exact word counts this many times a word one letter away; each query word is
+#: expanded to at most this many near words.
+FUZZY_EXACT_BOOST = 3.0
+FUZZY_EXPANSIONS = 20
 #: What a segment's source may be (``pipeline.text.segments.TextSource``).
 SOURCES = ("subtitle", "ocr", "speech")
 
@@ -209,17 +213,27 @@ class TextTable:
 
     @read_errors_are_transient
     def search(
-        self, query: str, limit: int, sources: Sequence[str] = SOURCES, *, phrase: bool = False
+        self, query: str, limit: int, sources: Sequence[str] = SOURCES, *, phrase: bool = False, fuzzy: bool = False
     ) -> list[TextHit]:
         """The ``limit`` segments that best match ``query`` (BM25; ``phrase``: its words in order, next to
-        each other), of the given ``sources``, best first. Rows not yet in the index are searched too."""
-        from lancedb.query import MatchQuery, PhraseQuery
+        each other; ``fuzzy``: a word also matches one a letter away, scored below the exact one — OCR and
+        speech misread a letter or a sound now and then), of the given ``sources``, best first. Rows not
+        yet in the index are searched too."""
+        from lancedb.query import BooleanQuery, MatchQuery, Occur, PhraseQuery
 
         table = self.table()
         if table is None or not query.strip() or not sources:
             return []
-        kind: Any = PhraseQuery if phrase else MatchQuery  # pydantic models: mypy reads their defaults as required
-        fts = kind(query, "text")
+        # pydantic models: mypy reads their defaults as required
+        match: Any = MatchQuery
+        if phrase:
+            fts: Any = PhraseQuery(query, "text")  # type: ignore[call-arg]
+        elif fuzzy:
+            exact = match(query, "text", boost=FUZZY_EXACT_BOOST)
+            near = match(query, "text", fuzziness=1, prefix_length=1, max_expansions=FUZZY_EXPANSIONS)
+            fts = BooleanQuery([(Occur.SHOULD, exact), (Occur.SHOULD, near)])
+        else:
+            fts = match(query, "text")
         search = table.search(fts, query_type="fts")
         if set(sources) != set(SOURCES):
             search = search.where(f"source IN ({', '.join(sql_quote(s) for s in sources)})", prefilter=True)

@@ -66,9 +66,26 @@ def parse_sources(raw: str | None) -> frozenset[str]:
     return frozenset(names)
 
 
-def marks(text: str, terms: Collection[str]) -> list[tuple[int, int]]:
-    """The [start, end) character spans of ``text``'s words that are among ``terms`` (any case)."""
-    return [(m.start(), m.end()) for m in _WORD.finditer(text) if m.group().lower() in terms]
+def marks(text: str, terms: Collection[str], *, near: bool = False) -> list[tuple[int, int]]:
+    """The [start, end) character spans of ``text``'s words that are among ``terms`` (any case); ``near``:
+    also those one letter away from one (same first letter), as a fuzzy search matches them."""
+    return [(m.start(), m.end()) for m in _WORD.finditer(text) if _matches(m.group().lower(), terms, near)]
+
+
+def _matches(word: str, terms: Collection[str], near: bool) -> bool:
+    if word in terms:
+        return True
+    return near and any(t[:1] == word[:1] and _one_edit(word, t) for t in terms)
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` differ by one letter changed, added or dropped."""
+    if abs(len(a) - len(b)) > 1 or a == b:
+        return False
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b, strict=True)) == 1
+    short, long_ = (a, b) if len(a) < len(b) else (b, a)
+    return any(long_[:i] + long_[i + 1 :] == short for i in range(len(long_)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,15 +120,21 @@ class Fused:
 
 
 def text_match(
-    hit_text: str, start_s: float, end_s: float, word_starts: Sequence[float], terms: Collection[str]
+    hit_text: str,
+    start_s: float,
+    end_s: float,
+    word_starts: Sequence[float],
+    terms: Collection[str],
+    *,
+    near: bool = False,
 ) -> tuple[float, tuple[tuple[int, int], ...]]:
     """Where in a segment the query's words are: the time of the first matched word (its own start where
-    the source gives one per word, else the segment's) and the spans to mark."""
-    spans = tuple(marks(hit_text, terms))
+    the source gives one per word, else the segment's) and the spans to mark (``near``: as ``marks``)."""
+    spans = tuple(marks(hit_text, terms, near=near))
     ts = start_s
     if spans and word_starts:
         words = list(_WORD.finditer(hit_text))
-        first = next((n for n, m in enumerate(words) if m.group().lower() in terms), None)
+        first = next((n for n, m in enumerate(words) if _matches(m.group().lower(), terms, near)), None)
         if first is not None and first < len(word_starts):
             ts = min(max(float(word_starts[first]), start_s), end_s)
     return ts, spans

@@ -264,7 +264,8 @@ class SearchService:
             text, query, sources = words
             table = self._store.text_table(text.table)
             limit = min(k * TEXT_CANDIDATES_PER_MOMENT, MAX_CANDIDATES)
-            text_hits = await asyncio.to_thread(_search_words, table, query, limit, sources)
+            fuzzy = self._settings.text.search_fuzzy
+            text_hits = await asyncio.to_thread(_search_words, table, query, limit, sources, fuzzy)
         wanted = {h.video_id for h in hits} | {h.video_id for h in text_hits}
         records = await asyncio.to_thread(self._store.catalog.get_many, wanted) if wanted else {}
         durations_s = {vid: r.duration_s for vid, r in records.items() if r.duration_s is not None}
@@ -277,7 +278,7 @@ class SearchService:
             fused = [Fused(m.video_id, m.uri, m.start_s, m.end_s, m.ts_s, m.score, (VISUAL,), m) for m in moments]
         else:
             text, query, _ = words
-            matches = _current_matches(text_hits, records, text, query)
+            matches = _current_matches(text_hits, records, text, query, self._settings.text.search_fuzzy)
             fused = [_rounded(f) for f in fuse(moments, matches, k)]
         results: list[MomentOut] = []
         base = base_url.rstrip("/")
@@ -338,11 +339,11 @@ def _took_ms(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 2)
 
 
-def _search_words(table: TextTable, query: TextQuery, limit: int, sources: list[str]) -> list[TextHit]:
+def _search_words(table: TextTable, query: TextQuery, limit: int, sources: list[str], fuzzy: bool) -> list[TextHit]:
     """The segments matching the query, best first: every quoted phrase (its words in order), or — with
-    none — any of its words (BM25)."""
+    none — any of its words (BM25; ``fuzzy``: near words too, below exact ones)."""
     if not query.phrases:
-        return table.search(" ".join(query.words), limit, sources)
+        return table.search(" ".join(query.words), limit, sources, fuzzy=fuzzy)
     found: dict[str, TextHit] = {}
     scores: dict[str, float] = {}
     for n, phrase in enumerate(query.phrases):
@@ -354,7 +355,7 @@ def _search_words(table: TextTable, query: TextQuery, limit: int, sources: list[
 
 
 def _current_matches(
-    hits: list[TextHit], records: dict[str, VideoRecord], text: ModelTable, query: TextQuery
+    hits: list[TextHit], records: dict[str, VideoRecord], text: ModelTable, query: TextQuery, fuzzy: bool
 ) -> list[TextMatch]:
     """The hits whose rows are the words of their video as the catalog has it now (its text entry, at
     its version): words of an overwritten or deleted video's old version are never answered."""
@@ -368,6 +369,6 @@ def _current_matches(
             continue
         if entry.fingerprint != text_fingerprint(h.version, pipeline):
             continue
-        ts, spans = text_match(h.text, h.start_s, h.end_s, h.word_starts, terms)
+        ts, spans = text_match(h.text, h.start_s, h.end_s, h.word_starts, terms, near=fuzzy and not query.phrases)
         matches.append(TextMatch(h.video_id, h.uri, h.start_s, h.end_s, h.text, h.source, ts, spans))
     return matches

@@ -26,6 +26,9 @@ class TextSettings(BaseModel):
     ocr_max_side: int = Field(default=1920, ge=64)
     #: Speech by PocketSphinx (US English) on the first audio track.
     speech: bool = False
+    #: A search's words also match words one letter away (same first letter), below exact ones: OCR and
+    #: speech misread a letter or a sound now and then. Words in quotes always match exactly.
+    search_fuzzy: bool = True
 
     def pipeline_id(self) -> str:
         """What decides a video's text segments ("none" with every source off): a change of it means

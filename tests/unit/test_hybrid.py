@@ -42,6 +42,12 @@ def test_the_matched_words_are_marked_whatever_their_case() -> None:
     assert [text[a:b] for a, b in marks(text, {"red", "boat"})] == ["Red", "boat", "red"]
 
 
+def test_a_fuzzy_search_marks_the_words_a_letter_away_too() -> None:
+    text = "Architecture Reviev, a preview, Review"
+    assert [text[a:b] for a, b in marks(text, {"review"})] == ["Review"]
+    assert [text[a:b] for a, b in marks(text, {"review"}, near=True)] == ["Reviev", "Review"]  # not "preview"
+
+
 def test_a_spoken_match_points_at_its_first_matched_word() -> None:
     ts, spans = text_match("we leave at dawn", 10.0, 14.0, (10.0, 10.4, 11.0, 12.5), {"dawn"})
     assert ts == 12.5 and spans == ((12, 16),)

@@ -85,3 +85,24 @@ def test_a_bad_write_is_refused(table: TextTable) -> None:
     with pytest.raises(ValueError, match="twice"):
         table.replace_many([_video("a", (1.0, "x", "ocr")), _video("a", (2.0, "y", "ocr"))])
     assert table.search("x", 10) == [] and table.count() == 0
+
+
+def test_a_fuzzy_search_finds_a_word_misread_by_a_letter_below_the_exact_one(table: TextTable) -> None:
+    table.replace_many([_video("c", (0.0, "first write builds the index", "ocr"))])
+    table.replace_many(
+        [
+            _video("a", (1.0, "Architecture Reviev", "ocr")),  # OCR read a "w" as a "v"
+            _video("b", (4.0, "the architecture review board", "subtitle")),
+            _video("d", (2.0, "a lantern in the orchard", "speech")),
+        ]
+    )
+    # Near words are looked up in the index only: rows it does not cover yet match exactly (until
+    # index maintenance folds them in)
+    assert [h.video_id for h in table.search("review", 10, fuzzy=True)] == ["b"]
+    table.optimize(keep_versions_s=3600)
+    assert [h.video_id for h in table.search("review", 10)] == ["b"]
+    fuzzy = table.search("review", 10, fuzzy=True)
+    assert [h.video_id for h in fuzzy] == ["b", "a"] and fuzzy[0].score > fuzzy[1].score
+    assert [h.video_id for h in table.search("reviews", 10, fuzzy=True)] == ["b"]  # two letters from "reviev"
+    # The first letter is kept: a word a letter away at its start is another word
+    assert table.search("xeview", 10, fuzzy=True) == []
