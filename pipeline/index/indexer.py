@@ -278,7 +278,9 @@ class Indexer:
         self._hooks("write", job)
         # A new version's frames make the words of the old one stale: they go with this write (the
         # text job reads the new version's).
-        stale = [] if words or text is None or seen is None or seen.index_in(text.table) is None else [text]
+        stale: list[ModelTable] = []
+        if text is not None and not words and text_due and seen is not None and seen.index_in(text.table):
+            stale = [text]
         written = self._write(job, head, plan, embedded, clock, dirty, clear=stale)
         self._hooks("written", job)
         with settling(dirty):

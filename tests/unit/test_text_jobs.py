@@ -23,7 +23,7 @@ from pipeline.upkeep.check import Checker, Finding
 from pipeline.upkeep.report import CheckReport
 from storage.catalog import VideoStatus
 from storage.errors import TransientError
-from storage.frames import FRAMES
+from storage.frames import FRAMES, VideoFrames
 from storage.ids import segment_id, text_fingerprint
 from storage.models import ModelState, ModelTable
 from storage.s3 import ObjectHead
@@ -331,3 +331,19 @@ def test_the_text_backfill_gives_a_video_whose_text_jobs_fail_a_bounded_number_o
         now[0] += 61  # its job never lands
     assert len(sink.jobs) == MAX_SUBMITS
     assert backfill.round() is None  # nothing left this process can do: the dead letters say why
+
+
+def test_frames_embedded_again_at_the_same_version_keep_the_words(tmp_path: Path) -> None:
+    p = Parts(tmp_path)
+    p.clip("a.mp4", CUES)
+    p.indexer.run(job("a.mp4"))
+    p.indexer.run(job("a.mp4", JobSource.TEXT))
+    # The frames rows are lost (the words are not): the next job embeds the frames again
+    vid = job("a.mp4").video_id
+    p.store.frames.replace(VideoFrames(vid, "s3://videos/a.mp4", "", "", "", rows=[]))
+    result = p.indexer.run(job("a.mp4"))
+    assert (result.outcome, result.text_due) == (Outcome.INDEXED, False)
+    record = p.store.catalog.get(vid)
+    assert record is not None and (entry := record.index_in(TEXT.table)) is not None and entry.frames == 2
+    assert p.text_rows("a.mp4") == ["a red boat", "the harbour at dawn"]
+    assert check(p).inconsistencies == 0
