@@ -261,12 +261,15 @@ class Indexer:
             return JobResult(
                 job.video_id, Outcome.UNCHANGED, frames=plan.kept[0].frames, text_due=text_due and not words
             )
-        claim = self._claim(job, seen, plan, attempt, clock)
+        claim, give_up = self._claim(job, seen, plan, attempt, clock)
         # The claim commits (shared with other jobs' writes) while the object is fetched and embedded;
         # its outcome is in before any row is written or the failure recorded.
         self._hooks("fetch", job)
         embedded: dict[str, list[FrameRow]] | dict[str, list[TextRow]]
-        if words:
+        if words and give_up:
+            none_found: list[TextRow] = []
+            embedded, duration_s = {plan.need[0].table: none_found}, None
+        elif words:
             embedded, duration_s = self._read_words(job, head, plan, claim, clock, dirty), None
         else:
             embedded, duration_s = self._embed(job, head, plan, claim, clock, dirty)
@@ -317,23 +320,31 @@ class Indexer:
 
     def _claim(
         self, job: IndexJob, seen: VideoRecord | None, plan: IndexPlan, attempt: Attempt | None, clock: StageClock
-    ) -> PendingWrite:
-        """Start the claim (``indexing`` this version), unless the consumer keeps dying on the video.
+    ) -> tuple[PendingWrite, bool]:
+        """Start the claim (``indexing`` this version), unless the consumer keeps dying on the video;
+        with it, whether a text job is to give up reading this video's words (its consumer died
+        ``max_crashes`` times on them: it settles them as none found, so no job reads them again).
 
         Raises:
-            ConsumerKilled: ``max_crashes`` reached.
+            ConsumerKilled: ``max_crashes`` reached by an index job.
         """
         self._hooks("claim", job)
         with clock.stage("catalog"):
             crashes = count_crashes(seen, attempt, self._holder, self._holder_alive)
-            if crashes >= self._settings.serve.max_crashes:
+            give_up = crashes >= self._settings.serve.max_crashes
+            if give_up and job.source is JobSource.TEXT:
+                log.warning(
+                    "%s: the consumer died %d times reading this video's words: settled as none found", job.uri, crashes
+                )
+            elif give_up:
                 raise ConsumerKilled(
                     f"the consumer died {crashes} times while indexing this video (killed, out of memory or crashed)"
                 )
             model, label = plan.live[0].model, plan.sampling.label
-            return self._states.claim_async(
+            claim = self._states.claim_async(
                 job, seen, version=plan.version, model=model, sampling=label, attempt=attempt, crashes=crashes
             )
+            return claim, give_up
 
     def _embed(
         self, job: IndexJob, head: ObjectHead, plan: IndexPlan, claim: PendingWrite, clock: StageClock, dirty: JobRows

@@ -347,3 +347,50 @@ def test_frames_embedded_again_at_the_same_version_keep_the_words(tmp_path: Path
     assert record is not None and (entry := record.index_in(TEXT.table)) is not None and entry.frames == 2
     assert p.text_rows("a.mp4") == ["a red boat", "the harbour at dawn"]
     assert check(p).inconsistencies == 0
+
+
+def test_a_text_job_whose_consumer_keeps_dying_settles_the_words_as_none_found(tmp_path: Path) -> None:
+    p = Parts(tmp_path)
+    p.clip("a.mp4", CUES)
+    p.indexer.run(job("a.mp4"))
+    vid = job("a.mp4").video_id
+    max_crashes = p.settings.serve.max_crashes
+    words_job = job("a.mp4", JobSource.TEXT)
+    # Its consumer dies reading the words (an OCR engine crashing on a frame), each start a new process
+    for n in range(max_crashes):
+
+        def die_reading(step: str, _job: IndexJob) -> None:
+            if step == "fetch":
+                raise RuntimeError("consumer killed")  # the process dies here, holding the claim
+
+        dying = Indexer(
+            p.settings,
+            MeanColour(),
+            p.store,
+            p.objects,
+            holder=f"proc:gone{n}",
+            holder_alive=lambda h: False,
+            hooks=die_reading,
+            text_table=lambda: TEXT,
+            words=p.words,
+        )
+        with pytest.raises(RuntimeError):
+            dying.run(words_job, task_id="t-words")
+    # The next start gives up reading: the words are settled as none found, the frames stand
+    survivor = Indexer(
+        p.settings,
+        MeanColour(),
+        p.store,
+        p.objects,
+        holder="proc:last",
+        holder_alive=lambda h: False,
+        text_table=lambda: TEXT,
+        words=FailingWords(),
+    )
+    assert survivor.run(words_job, task_id="t-words").outcome is Outcome.INDEXED
+    record = p.store.catalog.get(vid)
+    assert record is not None and record.status is VideoStatus.INDEXED and record.frames > 0
+    assert (entry := record.index_in(TEXT.table)) is not None and entry.frames == 0
+    # And no job asks for them again at this version
+    assert p.indexer.run(job("a.mp4")).text_due is False
+    assert check(p).inconsistencies == 0
