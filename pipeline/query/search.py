@@ -243,7 +243,7 @@ class SearchService:
         moments_k = k if words is None else k * FUSION_MOMENTS_PER_MOMENT
         rows: list[dict[str, object]] = []
         if vector is not None:
-            limit = min(moments_k * CANDIDATES_PER_MOMENT, MAX_CANDIDATES)
+            limit = min(k * CANDIDATES_PER_MOMENT, MAX_CANDIDATES)  # as many frames as a visual search reads
             rows = await asyncio.to_thread(self.frames(model).search, vector, limit, self._settings.index)
         hits = [
             FrameHit(
