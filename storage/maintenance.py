@@ -30,6 +30,8 @@ LEASE = "maintenance"
 #: Columns looked up by id, per table: a BTREE index each, so a lookup or a merge on the key reads
 #: the index instead of scanning every fragment.
 SCALAR_INDEXES = {"videos": ("video_id",), "frames": ("video_id", "frame_id")}
+#: A text table's: a video's words are read, replaced and removed by these.
+TEXT_SCALAR_INDEXES = ("video_id", "segment_id")
 #: Name LanceDB gives the index on ``frames.vector``.
 VECTOR_INDEX = "vector_idx"
 
@@ -99,11 +101,18 @@ def create_vector_index(store: IndexStore, settings: IndexSettings, frames: Fram
     table.create_index("vector", config=config, replace=True, name=VECTOR_INDEX)
 
 
-def ensure_scalar_indexes(store: IndexStore, frames_tables: Sequence[str] = ()) -> list[str]:
+def ensure_scalar_indexes(
+    store: IndexStore, frames_tables: Sequence[str] = (), text_tables: Sequence[str] = ()
+) -> list[str]:
     """Create the ``SCALAR_INDEXES`` a table lacks (new rows are folded in by ``optimize``; every
-    table of ``frames_tables`` gets those of ``frames``); returns the ``table.column`` names created."""
+    table of ``frames_tables`` gets those of ``frames``, every one of ``text_tables`` ``TEXT_SCALAR_INDEXES``);
+    returns the ``table.column`` names created."""
     created = []
-    wanted = {**SCALAR_INDEXES, **{name: SCALAR_INDEXES[FRAMES] for name in frames_tables}}
+    wanted = {
+        **SCALAR_INDEXES,
+        **{name: SCALAR_INDEXES[FRAMES] for name in frames_tables},
+        **{name: TEXT_SCALAR_INDEXES for name in text_tables},
+    }
     for name, columns in wanted.items():
         table = store.db.open(name)
         if table is None:
@@ -191,10 +200,10 @@ class IndexMaintainer:
         return RoundResult(Action.SKIPPED_NOT_LEADER) if result is None else result
 
     def _full_round(self, started: float) -> RoundResult:
-        names = self._tables()
-        ensure_scalar_indexes(self._store, [n for n in names if n != FRAMES])
+        names, texts = self._tables(), self._text_tables()
+        ensure_scalar_indexes(self._store, [n for n in names if n != FRAMES], texts)
         results = [self._table_round(self._store.frames_table(name), started) for name in names]
-        for name in self._text_tables():
+        for name in texts:
             self._text_round(name)
         return results[0]
 

@@ -141,8 +141,8 @@ class Backfill:
 @dataclass(frozen=True, slots=True)
 class ModelState:
     """The lifecycle row. ``active`` answers searches; ``target`` (during a backfill) is written by
-    every job as well; ``text`` is the text pipeline's table, for the words of the videos (no job fills
-    it yet: docs/design/text.md); ``retired`` tables are kept until ``vidx reindex --cleanup``."""
+    every job as well; ``text`` is the text pipeline's table, for the words of the videos (text jobs fill
+    it: docs/design/text.md); ``retired`` tables are kept until ``vidx reindex --cleanup``."""
 
     active: ModelTable | None = None
     target: ModelTable | None = None

@@ -4,7 +4,7 @@ fingerprint of the result it belongs to like a frames table's rows, and a full-t
 Rows are replaced per video in one ``merge_insert`` (as ``storage.frames``), so readers never see half
 a video's segments. The full-text index keeps word positions (phrases) and neither drops stop words
 nor stems (an exact phrase is what the user typed); rows written after the index was built are found
-too (LanceDB scans the unindexed part) until an optimize folds them in (no maintenance round does yet).
+too (LanceDB scans the unindexed part: exact words only) until index maintenance folds them in.
 """
 
 from __future__ import annotations

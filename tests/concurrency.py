@@ -260,6 +260,7 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
     import io
 
     rng = random.Random(seed)
+    text_rng = random.Random(f"text-{seed}")
     if w.catalog_writes is not None:
         w.catalog_writes.reseed(seed)
     prefix = f"sched-{seed}-{uuid.uuid4().hex[:6]}/"
@@ -277,11 +278,12 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
     deadline = time.monotonic() + SCHEDULE_TIMEOUT_S
 
     def launch_text_jobs() -> None:
-        """The text jobs the settled index jobs submitted so far (each once, at most one abort among them)."""
+        """The text jobs the settled index jobs submitted so far, each once (each may abort at a step)."""
         with lock:
             batch, text_jobs[:] = list(text_jobs), []
         for text in batch:
-            launch(text, uuid.uuid4().hex, rng.choice(STEPS) if rng.random() < 0.3 else None)
+            abort_at = text_rng.choice(STEPS) if text_rng.random() < 0.3 else None
+            launch(text, uuid.uuid4().hex, abort_at, draw=text_rng)
 
     def _join_all() -> None:
         """Every thread joined, and the text jobs they submitted run too, until none is left (bounded)."""
@@ -297,11 +299,15 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
         body = w.videos[name]
         w.minio.put_object(w.bucket, key, io.BytesIO(body), len(body), content_type="video/mp4")  # type: ignore[attr-defined]
 
-    def launch(job: IndexJob, task_id: str, abort_at: str | None, holder: str | None = None) -> None:
+    def launch(
+        job: IndexJob, task_id: str, abort_at: str | None, holder: str | None = None, draw: random.Random = rng
+    ) -> None:
+        """``draw``: where the job's choices come from (the text jobs' own, so that how many of them the
+        threads' timing makes does not shift the schedule's main sequence: a seed replays)."""
         nonlocal jobs
         jobs += 1
-        job_rng = random.Random(rng.random())
-        n = rng.randrange(len(w.stores))
+        job_rng = random.Random(draw.random())
+        n = draw.randrange(len(w.stores))
         holder = holder or f"proc:sched:{uuid.uuid4().hex[:8]}"
 
         def hooks(step: str, _job: IndexJob) -> None:

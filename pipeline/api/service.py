@@ -57,7 +57,7 @@ class ApiService:
         self._bulk_sink = queueing_sink(settings, self._store, marks)
         a, s = settings.amqp, settings.serve
         queues = {"events": a.events_queue, "index": s.index_queue, "failed": s.failed_queue, "parked": a.parked_queue}
-        if settings.text.pipeline_id() != "none":  # the text jobs' backlog, while a text source is on
+        if settings.text.on:  # the text jobs' backlog, while a text source is on
             queues["text"] = s.text_queue
         self._queues = QueueDepths({role: queue_depth(name) for role, name in queues.items()}, s.stats_timeout_s)
         self._node_metrics = NodeMetrics(ray_node_endpoints, s.metrics_node_timeout_s)

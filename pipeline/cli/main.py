@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import mimetypes
+import unicodedata
 import webbrowser
 from pathlib import Path
 from typing import Annotated, Any
@@ -97,15 +98,12 @@ def search(
         print_json(answer)
         return
     results = answer.get("results", [])
-    # With words among the results the scores are fused ranks (small numbers): one more digit.
+    # With words among the results the scores are fused ranks (small numbers): one more digit, and
+    # what found each moment (the frames, a text source) and the words it matched.
     worded = any(r.get("text") for r in results)
-    columns = [
-        Column("SCORE", right=True),
-        Column("VIDEO", fold=True),
-        Column("MOMENT"),
-        Column("BEST"),
-        Column("FOUND BY"),
-    ]
+    columns = [Column("SCORE", right=True), Column("VIDEO", fold=True), Column("MOMENT"), Column("BEST")]
+    if worded:
+        columns.append(Column("FOUND BY"))
     if worded:
         columns.append(Column("WORDS", fold=True))
     columns.append(Column("PLAY", fold=True))
@@ -116,9 +114,9 @@ def search(
             r["uri"],
             f"{hms(r['start_s'], 1)}–{hms(r['end_s'], 1)}",
             hms(r["ts_s"], 1),
-            "+".join(r.get("sources") or ["visual"]),
         ]
         if worded:
+            row.append("+".join(r.get("sources") or ["visual"]))
             row.append(marked(r.get("text") or "", r.get("text_marks") or []))
         row.append(r["video_url"])
         rows.append(tuple(row))
@@ -260,12 +258,10 @@ def main() -> None:
     app()
 
 
-if __name__ == "__main__":
-    main()
-
-
 def marked(text: str, spans: list[list[int]]) -> str:
-    """``text`` with the matched words between asterisks (``spans``: [start, end) character offsets)."""
+    """``text`` with the matched words between asterisks (``spans``: [start, end) character offsets);
+    control characters (a subtitle track is the uploader's) are shown as spaces, never sent to the terminal."""
+    text = "".join(" " if unicodedata.category(c) == "Cc" else c for c in text)
     out, at = [], 0
     for start, end in sorted((int(a), int(b)) for a, b in spans):
         if start < at or end > len(text):
@@ -273,3 +269,7 @@ def marked(text: str, spans: list[list[int]]) -> str:
         out += [text[at:start], "*", text[start:end], "*"]
         at = end
     return "".join([*out, text[at:]])
+
+
+if __name__ == "__main__":
+    main()

@@ -242,8 +242,9 @@ class Indexer:
         live = self._models_now() if job.source is JobSource.REINDEX else self._models()
         text = self._text_table()
         words = job.source is JobSource.TEXT
-        if words and text is None:
-            log.info("%s: text job, but no text source is on now: nothing to read", job.uri)
+        if words and (text is None or self._words is None):
+            # Before any claim: a text job this process can't run (no source on here) leaves the row alone.
+            log.info("%s: text job, but this process reads no words (no text source on): nothing to do", job.uri)
             return JobResult(job.video_id, Outcome.UNCHANGED)
         tables = [*live, *([text] if text is not None else [])]
         # An index job leaves the words to a text job; a text job leaves the frames to the index job.
@@ -280,10 +281,9 @@ class Indexer:
         self._still_at(job, head.version, clock, "the object changed while it was embedded")
         self._hooks("write", job)
         # A new version's frames make the words of the old one stale: they go with this write (the
-        # text job reads the new version's).
-        stale: list[ModelTable] = []
-        if text is not None and not words and text_due and seen is not None and seen.index_in(text.table):
-            stale = [text]
+        # text job reads the new version's), as do words a text job wrote and did not settle.
+        due = text is not None and not words and text_due and _may_hold_words(seen, text, plan.version)
+        stale = [text] if due and text is not None else []
         written = self._write(job, head, plan, embedded, clock, dirty, clear=stale)
         self._hooks("written", job)
         with settling(dirty):
@@ -369,8 +369,7 @@ class Indexer:
     ) -> dict[str, list[TextRow]]:
         """The text table's rows of the object's words. On a failure the row goes back as it was
         (``_release``): the video stays searchable by its frames, and a text job never fails a video."""
-        if self._words is None:
-            raise TransientError("this process reads no words (no text stage)")
+        assert self._words is not None  # a text job without a reader returned before its claim
         table = plan.need[0].table
         try:
             return {table: self._words.rows(head, job.video_id, clock)}
@@ -455,7 +454,10 @@ class Indexer:
                 if self._models_now()[0].table != active.table:
                     return
                 entry = next(k for k in plan.kept if k.table == active.table)
-                settled = claimed.evolve(fingerprint=entry.fingerprint, frames=entry.frames, indexes=plan.kept)
+                # As ``_confirm``: the held live tables' entries, and other tables' as they were.
+                live = {t.table for t in plan.live}
+                kept = plan.kept + tuple(e for e in claimed.indexes if e.table not in live)
+                settled = claimed.evolve(fingerprint=entry.fingerprint, frames=entry.frames, indexes=kept)
                 self._states.confirm(settled, plan.version)
             except TransientError as exc:  # left claimed: the retry (or the check past its grace) settles it
                 log.warning("%s: could not put the row back to indexed (%s)", claimed.uri, exc)
@@ -473,6 +475,15 @@ class Indexer:
                     raise
                 log.warning("%s: the claim's write failed (%s)", job.uri, exc)
                 return None
+
+
+def _may_hold_words(seen: VideoRecord | None, text: ModelTable, version: str) -> bool:
+    """Whether the text table may hold words of the video that its next text job does not write over:
+    the row names some (of another version), or the row is of another version (a text job of it may
+    have written words it never settled). A first index of a video has none."""
+    if seen is None:
+        return False
+    return seen.index_in(text.table) is not None or (seen.version is not None and seen.version != version)
 
 
 def _no_rows(job: IndexJob, table: ModelTable) -> VideoFrames | VideoText:

@@ -42,7 +42,7 @@ def consumer_handler(
     objects = S3ObjectSource(settings.s3, settings.limits)
     # Both consumers read words when a text source is on: a text job replayed from the dead letters
     # lands on the index queue. The stage loads nothing until a text job comes.
-    text_on = settings.text.pipeline_id() != "none"
+    text_on = settings.text.on
     indexer = Indexer(
         settings,
         embedders.for_model(settings.model.id),
@@ -57,7 +57,7 @@ def consumer_handler(
         models_now=live.live_now,
         embedders=embedders,
         writer_for=writers,
-        text_table=live.text,
+        text_table=live.text if text_on else lambda: None,
         words=TextStage(settings, objects, settings.serve.text_slots) if text_on else None,
     )
     dead_letters = dead_letter_queue(settings)

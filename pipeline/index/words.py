@@ -52,16 +52,17 @@ class TextStage:
             TransientError: no slot within ``TEXT_SLOT_WAIT_S``, or the store's transient errors.
             PermanentError: the object can't be fetched (gone for good, over a limit).
         """
+        # The slot first: a job waiting for one holds no downloaded copy (and fetches a fresh one after).
+        with clock.stage("text_wait"):
+            try:
+                extractor = self._free.get(timeout=TEXT_SLOT_WAIT_S)
+            except queue.Empty:
+                raise TransientError(f"no text slot within {TEXT_SLOT_WAIT_S:g}s") from None
         with tempfile.TemporaryDirectory(prefix="vidx-text-") as tmp:
             path = Path(tmp) / "video"
-            with clock.stage("fetch"):
-                self._objects.download(head, path)
-            with clock.stage("text_wait"):
-                try:
-                    extractor = self._free.get(timeout=TEXT_SLOT_WAIT_S)
-                except queue.Empty:
-                    raise TransientError(f"no text slot within {TEXT_SLOT_WAIT_S:g}s") from None
             try:
+                with clock.stage("fetch"):
+                    self._objects.download(head, path)
                 if extractor is None:
                     extractor = TextExtractor(self._settings)
                     with self._lock:

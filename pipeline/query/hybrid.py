@@ -155,6 +155,15 @@ def fuse(visual: Sequence[Moment], texts: Sequence[TextMatch], k: int) -> list[F
             (r for r, m in enumerate(visual, start=1) if _near(m, t) and fused[joined[r]].text is None), None
         )
         if partner is None:
+            # The moment a visual one became with another source's words at the same time (the speech
+            # of a subtitled line) takes these too.
+            worded = next((r for r, m in enumerate(visual, start=1) if _near(fused[joined[r]], t)), None)
+            if worded is not None:
+                f = fused[joined[worded]]
+                if f.text is not None and _near_text(f.text, t):
+                    sources = f.sources if t.source in f.sources else (*f.sources, t.source)
+                    fused[joined[worded]] = replace(f, score=f.score + score, sources=sources)
+                    continue
             # Another source's words at the same time (the subtitle and the speech of one line) join too.
             at = next((n for n, f in enumerate(fused) if f.visual is None and _near(f, t)), None)
             if at is None:
@@ -178,6 +187,11 @@ def fuse(visual: Sequence[Moment], texts: Sequence[TextMatch], k: int) -> list[F
         )
     fused.sort(key=lambda f: (-f.score, f.video_id, f.start_s))
     return fused[:k]
+
+
+def _near_text(a: TextMatch, t: TextMatch) -> bool:
+    """Whether two text matches of one video come within ``JOIN_S`` of each other."""
+    return a.video_id == t.video_id and a.start_s - JOIN_S <= t.end_s and t.start_s <= a.end_s + JOIN_S
 
 
 def _near(a: Moment | Fused, t: TextMatch) -> bool:

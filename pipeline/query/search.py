@@ -194,7 +194,7 @@ class SearchService:
             if VISUAL not in wanted:
                 # Only text sources asked for, and no words are indexed (or the query has none).
                 return SearchResponse(results=[], took_ms=_took_ms(started), model=model.model)
-            vector = await self._encoder.embed_text(query.visual, model.model)
+            vector = await self._encoder.embed_text(q, model.model)  # as typed: the words take no part
             return await self._respond(model, vector, k, base_url, started)
         visual = await self._encoder.embed_text(query.visual, model.model) if VISUAL in wanted else None
         return await self._respond(model, visual, k, base_url, started, words=(text, query, words))
@@ -217,7 +217,7 @@ class SearchService:
         return await self._respond(model, vector, k, base_url, started)
 
     async def _text_table(self) -> ModelTable | None:
-        if self._models is None or not hasattr(self._models, "text"):
+        if not self._settings.text.on or self._models is None or not hasattr(self._models, "text"):
             return None
         return await asyncio.to_thread(self._models.text)
 
@@ -274,12 +274,14 @@ class SearchService:
         moments = merge_moments(
             hits, self._settings.sampling.spec, moments_k, durations_s=durations_s, sampling_by_video=samplings
         )
-        if words is None:
-            fused = [Fused(m.video_id, m.uri, m.start_s, m.end_s, m.ts_s, m.score, (VISUAL,), m) for m in moments]
-        else:
+        matches: list[TextMatch] = []
+        if words is not None:
             text, query, _ = words
             matches = _current_matches(text_hits, records, text, query, self._settings.text.search_fuzzy)
+        if matches:
             fused = [_rounded(f) for f in fuse(moments, matches, k)]
+        else:  # the words took no part: the visual moments, scored by their best frame's similarity
+            fused = [Fused(m.video_id, m.uri, m.start_s, m.end_s, m.ts_s, m.score, (VISUAL,), m) for m in moments[:k]]
         results: list[MomentOut] = []
         base = base_url.rstrip("/")
         for f in fused:

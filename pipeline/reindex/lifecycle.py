@@ -74,7 +74,8 @@ class LiveModels:
         return live
 
     def text(self) -> ModelTable | None:
-        """The text table (None: no text source is on), as last read."""
+        """The text table the index names, as last read (None: no source was ever on; callers also
+        look at ``TextSettings.on``: a table named while every source is off now is left alone)."""
         return self.state().text
 
     def live_now(self) -> list[ModelTable]:

@@ -8,8 +8,9 @@ text job lost or given up. A round (every ``reindex.interval_s``, one worker in 
 and whose text entry is not of that version and the live pipeline *needs* a text job; at most
 ``reindex.max_outstanding`` are out at once, one not done within ``reindex.resubmit_after_s`` is
 submitted again, at most ``MAX_SUBMITS`` times per video and table (then it is left to the dead letters,
-where its reason is). Once a round finds nothing needed for a table, rounds stop walking the catalog until
-the live text table changes (or this process restarts): the index jobs keep new videos' words coming.
+where its reason is). Once a round finds nothing needed for a table, rounds stop walking the catalog for
+``reindex.resubmit_after_s`` (or until the live text table changes): the index jobs keep new videos' words
+coming, and the next walk finds those whose text job was lost since.
 """
 
 from __future__ import annotations
@@ -84,8 +85,9 @@ class TextBackfill:
         #: Video id -> (when its text job was last submitted, how many times) for ``_table``.
         self._submitted: dict[str, tuple[float, int]] = {}
         self._table: str | None = None
-        #: The text table a round found complete: no walk until the live one changes.
+        #: The text table a round found complete, and when: no walk for ``resubmit_after_s`` after.
         self._complete: str | None = None
+        self._complete_at = 0.0
         self.last: TextRound | None = None
         self.last_error: str | None = None
 
@@ -116,8 +118,9 @@ class TextBackfill:
             self._forget(None)
             return None
         self._forget(text.table)
-        if self._complete == text.table:
+        if self._complete == text.table and self._clock() - self._complete_at < self._resubmit_after_s:
             return None
+        self._complete = None
         found = TextRound(text.table)
         waiting: list[VideoRecord] = []
         for record in self._store.catalog.scan_all():
@@ -132,7 +135,7 @@ class TextBackfill:
             waiting.append(record)
         self._submit(waiting, found)
         if found.need == 0:
-            self._complete = text.table
+            self._complete, self._complete_at = text.table, self._clock()
             log.info("text backfill: every indexed video has its words in %s (%d videos)", text.table, found.total)
         elif found.submitted:
             log.info(
@@ -162,8 +165,8 @@ class TextBackfill:
             outstanding += 1
             found.submitted += 1
         if found.given_up and found.given_up == found.need:
-            # Nothing left this process can do for this table: stop walking (the dead letters say why).
-            self._complete = found.table
+            # Nothing left this process can do for this table for now (the dead letters say why).
+            self._complete, self._complete_at = found.table, self._clock()
 
     def _forget(self, table: str | None) -> None:
         """Start afresh when the live text table changed."""

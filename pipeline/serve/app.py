@@ -45,9 +45,7 @@ def build_app(settings: Settings) -> Any:
     consumer = consumer_deployment(settings, consumer_gpus).bind(settings, encoder, catalog_writer)
     # Text jobs on their own deployment, so a video's frames never wait for its slowest text source.
     text_consumer = (
-        consumer_deployment(settings, text=True).bind(settings, encoder, catalog_writer)
-        if settings.text.pipeline_id() != "none"
-        else None
+        consumer_deployment(settings, text=True).bind(settings, encoder, catalog_writer) if settings.text.on else None
     )
     router = EventRouterDeployment.options(  # type: ignore[attr-defined]
         ray_actor_options={"num_cpus": s.router_num_cpus}, logging_config=logs

@@ -161,7 +161,7 @@ def deployment_options(settings: Settings, gpu: bool) -> list[dict[str, Any]]:
         {"name": "EventRouter", "ray_actor_options": {"num_cpus": s.router_num_cpus}, **logs()},
         {"name": "Upkeep", "ray_actor_options": {"num_cpus": s.router_num_cpus}, **logs()},
     ]
-    if settings.text.pipeline_id() != "none":  # the TextConsumer exists only while a text source is on
+    if settings.text.on:  # the TextConsumer exists only while a text source is on
         options.append(
             {
                 "name": "TextConsumer",

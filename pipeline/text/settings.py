@@ -7,8 +7,8 @@ from pydantic import BaseModel, Field
 
 class TextSettings(BaseModel):
     """The words in a video (``pipeline.text``): which sources are read, and how. Every source is off by
-    default while no job fills the text table (docs/design/text.md): the defaults will be chosen by
-    ``bench.relevance`` and ``bench.text_cost`` once they do."""
+    default until ``bench.relevance`` meets the relevance bars through the search endpoint
+    (docs/design/text.md); ``bench.text_cost`` gives each source's cost."""
 
     #: Text subtitle tracks (SubRip, ASS/SSA, mov_text, WebVTT): no model, next to no cost.
     subtitles: bool = False
@@ -29,6 +29,12 @@ class TextSettings(BaseModel):
     #: A search's words also match words one letter away (same first letter), below exact ones: OCR and
     #: speech misread a letter or a sound now and then. Words in quotes always match exactly.
     search_fuzzy: bool = True
+
+    @property
+    def on(self) -> bool:
+        """Whether any source is on: only then does anything read, search, check or keep a text table
+        (one named by the index while every source is off, after one was on, is left as it is)."""
+        return self.subtitles or self.ocr or self.speech
 
     def pipeline_id(self) -> str:
         """What decides a video's text segments ("none" with every source off): a change of it means

@@ -339,7 +339,8 @@ def build_checker(
     def live_tables() -> list[ModelTable]:
         # An index no app has started on yet has no lifecycle row: its one table is ``frames``. The
         # text table (while a text source is on) is held against the rows' entries like the others.
-        return live.state().tables() or [ModelTable(settings.model.id, 0, FRAMES)]
+        state = live.state()
+        return (state.tables() if settings.text.on else state.live()) or [ModelTable(settings.model.id, 0, FRAMES)]
 
     return Checker(
         model_id=settings.model.id,

@@ -93,11 +93,11 @@ class UpkeepServices:
                 store,
                 settings.index,
                 tables=lambda: [t.table for t in live.live()],
-                text_tables=lambda: [t.table for t in (live.text(),) if t is not None],
+                text_tables=lambda: [t.table for t in (live.text(),) if t is not None and settings.text.on],
             ),
             BACKFILL: backfill,
         }
-        if settings.text.pipeline_id() != "none":  # the words of videos indexed before a text source was on
+        if settings.text.on:  # the words of videos indexed before a text source was on
             services[TEXT_BACKFILL] = TextBackfill(
                 store,
                 CeleryJobSink(settings, settings.serve.text_queue),

@@ -301,10 +301,15 @@ def test_search_shows_what_found_each_moment_and_marks_the_words_it_matched(stan
     assert "A *red* *boat* leaves" in row
     api = stand_ins["api"]
     assert api.search_params[-1] == {"q": '"red boat"', "k": "10", "sources": "subtitle,visual"}
-    # A search the words took no part in has no WORDS column
+    # A search the words took no part in keeps its columns
     plain = runner.invoke(app, ["search", "a dog"]).stdout.splitlines()
-    assert plain[0].split() == ["SCORE", "VIDEO", "MOMENT", "BEST", "FOUND", "BY", "PLAY"]
-    assert plain[1].split()[4] == "visual"
+    assert plain[0].split() == ["SCORE", "VIDEO", "MOMENT", "BEST", "PLAY"]
+
+
+def test_search_never_sends_a_subtitles_control_characters_to_the_terminal() -> None:
+    from pipeline.cli.main import marked
+
+    assert marked("red\x1b[2Jboat", [[0, 3]]) == "*red* [2Jboat"
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from infra.dev.textclips import Cue
 from pipeline.query.hybrid import RRF_K, TextMatch, fuse, marks, parse_query, parse_sources, text_match
 from pipeline.query.moments import Moment
 from pipeline.query.search import SearchResponse, SearchService
+from pipeline.settings import Settings, TextSettings
 from storage.errors import InvalidInput
 from storage.frames import FRAMES
 from storage.models import ModelTable
@@ -79,13 +81,22 @@ def test_fusion_joins_a_text_match_to_the_visual_moment_it_overlaps_and_ranks_it
 
 
 def test_two_sources_saying_the_same_at_one_time_are_one_moment() -> None:
-    fused = fuse([], [match("a", 5, 6, "subtitle"), match("a", 5.2, 6.5, "speech"), match("a", 30, 31)], k=10)
+    texts = [match("a", 5, 6, "subtitle"), match("a", 5.2, 6.5, "speech"), match("a", 30, 31)]
+    fused = fuse([], texts, k=10)
     assert [(f.start_s, f.sources) for f in fused] == [(5, ("subtitle", "speech")), (30, ("subtitle",))]
+    # With the frames matching there too: one moment found three ways
+    fused = fuse([moment("a", 0, 10, 0.9)], texts, k=10)
+    assert [(f.start_s, f.sources) for f in fused] == [(5, ("visual", "subtitle", "speech")), (30, ("subtitle",))]
+    assert fused[0].score == pytest.approx(1 / (RRF_K + 1) + 1 / (RRF_K + 1) + 1 / (RRF_K + 2))
 
 
 class QueryEncoder:
+    #: What the last encoder made was asked to embed.
+    last: ClassVar[list[str]] = []
+
     def __init__(self) -> None:
         self.asked: list[str] = []
+        QueryEncoder.last = self.asked
 
     async def embed_text(self, text: str, model_id: str | None = None) -> NDArray[np.float32]:
         self.asked.append(text)
@@ -107,9 +118,11 @@ class Live:
         return self._text
 
 
-def search(p: Parts, q: str, sources: str | None = None, *, k: int = 10, text: bool = True) -> SearchResponse:
+def search(
+    p: Parts, q: str, sources: str | None = None, *, k: int = 10, text: bool = True, settings: Settings | None = None
+) -> SearchResponse:
     encoder = QueryEncoder()
-    service = SearchService(p.settings, p.store, encoder, models=Live(TEXT if text else None))
+    service = SearchService(settings or p.settings, p.store, encoder, models=Live(TEXT if text else None))
 
     async def run() -> SearchResponse:
         try:
@@ -170,7 +183,20 @@ def test_the_words_of_a_version_since_overwritten_are_not_answered(indexed: Part
     assert [r.text for r in search(indexed, "lighthouse", "subtitle").results] == ["a green lighthouse"]
 
 
-def test_with_no_words_indexed_a_search_is_the_visual_one(indexed: Parts) -> None:
-    response = search(indexed, "red boat", text=False)
+def test_with_no_text_table_a_search_is_the_visual_one_of_the_query_as_typed(indexed: Parts) -> None:
+    response = search(indexed, 'a  "red" boat', text=False)
     assert response.results and all(r.sources == ["visual"] and r.text is None for r in response.results)
-    assert all(0 < r.score <= 1 for r in response.results)
+    assert all(0 < r.score <= 1 for r in response.results)  # the best frame's similarity
+    assert QueryEncoder.last == ['a  "red" boat']
+
+
+def test_a_text_table_left_from_a_source_turned_off_is_not_searched(indexed: Parts) -> None:
+    off = indexed.settings.model_copy(update={"text": TextSettings()})
+    response = search(indexed, "red boat", settings=off)
+    assert response.results and all(r.sources == ["visual"] and r.text is None for r in response.results)
+
+
+def test_when_no_words_match_the_scores_are_the_frames_similarity(indexed: Parts) -> None:
+    response = search(indexed, "zebra crossing")
+    assert response.results and all(r.sources == ["visual"] and 0 < r.score <= 1 for r in response.results)
+    assert QueryEncoder.last == ["zebra crossing"]

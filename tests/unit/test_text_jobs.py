@@ -312,6 +312,15 @@ def test_the_text_backfill_reads_the_words_of_videos_indexed_before_a_text_sourc
     assert last is not None and (last.done, last.need) == (2, 0)
     assert backfill.round() is None
     assert sorted(j.key for j in sink.jobs) == ["a.mp4", "b.mp4"] and {j.source for j in sink.jobs} == {JobSource.TEXT}
+    # Until resubmit_after_s has passed: then a walk finds a video whose words went missing since
+    p.store.catalog.write(
+        (r := p.store.catalog.get(job("a.mp4").video_id)).evolve(indexes=r.indexes[:1]),  # type: ignore[union-attr]
+        r.rev,  # type: ignore[union-attr]
+    )
+    assert backfill.round() is None
+    now[0] += 61
+    again = backfill.round()
+    assert again is not None and (again.need, again.submitted) == (1, 1) and sink.jobs[-1].key == "a.mp4"
     assert p.text_rows("b.mp4") == ["a green lighthouse"]
 
 
@@ -330,7 +339,9 @@ def test_the_text_backfill_gives_a_video_whose_text_jobs_fail_a_bounded_number_o
         backfill.round()
         now[0] += 61  # its job never lands
     assert len(sink.jobs) == MAX_SUBMITS
-    assert backfill.round() is None  # nothing left this process can do: the dead letters say why
+    last = backfill.round()  # a walk finds it, and gives it no more
+    assert last is not None and (last.given_up, last.submitted) == (1, 0)
+    assert backfill.round() is None  # nothing left this process can do for now: the dead letters say why
 
 
 def test_frames_embedded_again_at_the_same_version_keep_the_words(tmp_path: Path) -> None:
@@ -394,3 +405,15 @@ def test_a_text_job_whose_consumer_keeps_dying_settles_the_words_as_none_found(t
     # And no job asks for them again at this version
     assert p.indexer.run(job("a.mp4")).text_due is False
     assert check(p).inconsistencies == 0
+
+
+def test_a_text_job_on_a_process_that_reads_no_words_leaves_the_row_alone(tmp_path: Path) -> None:
+    # A text job replayed onto the index queue of a process with no source on, say
+    p = Parts(tmp_path)
+    p.clip("a.mp4", CUES)
+    p.indexer.run(job("a.mp4"))
+    before = p.store.catalog.get(job("a.mp4").video_id)
+    no_words = Indexer(p.settings, MeanColour(), p.store, p.objects, text_table=lambda: TEXT, words=None)
+    assert no_words.run(job("a.mp4", JobSource.TEXT)).outcome is Outcome.UNCHANGED
+    after = p.store.catalog.get(job("a.mp4").video_id)
+    assert before is not None and after is not None and after.rev == before.rev  # not even claimed

@@ -175,16 +175,18 @@ function timeline(moment) {
 }
 
 // The matched words of a moment, the query's words in <mark> (built as nodes: the text is never HTML).
+// The marks count characters (code points), as the API does; JS strings count UTF-16 units.
 function words(moment) {
-  const text = moment.text || "";
-  const line = el("div", { class: "words", title: `${moment.text_source || "words"}: ${text}` });
+  const chars = Array.from(moment.text || "");
+  const text = { length: chars.length, slice: (a, b) => chars.slice(a, b).join("") };
+  const line = el("div", { class: "words", title: `${moment.text_source || "words"}: ${moment.text || ""}` });
   let at = 0;
   for (const [start, end] of [...(moment.text_marks || [])].sort((a, b) => a[0] - b[0])) {
     if (start < at || end > text.length) continue;
     line.append(text.slice(at, start), el("mark", {}, text.slice(start, end)));
     at = end;
   }
-  line.append(text.slice(at));
+  line.append(text.slice(at, chars.length));
   return line;
 }
 
