@@ -21,7 +21,7 @@ from pipeline.index.videostate import Attempt, JobRows, VideoStates, settling
 from pipeline.index.words import WordReader
 from pipeline.metrics import Metrics
 from pipeline.settings import Settings
-from storage.catalog import IN_FLIGHT, VideoRecord
+from storage.catalog import IN_FLIGHT, VideoRecord, VideoStatus
 from storage.catalog_writer import CatalogWrites, PendingWrite
 from storage.errors import PermanentError, TransientError
 from storage.frames import FRAMES, FrameRow, VideoFrames
@@ -431,6 +431,19 @@ class Indexer:
             now = self._states.read(job.video_id)
             if plan.twin_finished(now, written):
                 return  # a twin job of the same content finished first: its rows equal these
+            if job.source is JobSource.TEXT and now is not None and _settled_holding(now, plan):
+                # Another job of this version settled the row over this one's claim (a redelivered index
+                # job's confirm, a backfill job), leaving the entries this job read: the words join them
+                # rather than being read again.
+                self._hooks("finish", job)
+                merged = _merged(now.indexes, written, plan)
+                fp, frames = now.fingerprint or "", now.frames
+                joined = self._states.finish(
+                    now, version=plan.version, fingerprint=fp, frames=frames, duration_s=now.duration_s, indexes=merged
+                )
+                if joined is None:
+                    raise _Lost("the row changed while the words joined it")
+                return
             if now is None or now.status not in IN_FLIGHT or now.version not in (plan.version, None):
                 raise _Lost(f"another job moved the row to {now.status.value if now else 'nothing'} meanwhile")
             self._hooks("finish", job)
@@ -475,6 +488,22 @@ class Indexer:
                     raise
                 log.warning("%s: the claim's write failed (%s)", job.uri, exc)
                 return None
+
+
+def _merged(entries: Sequence[ModelIndex], written: Sequence[ModelIndex], plan: IndexPlan) -> tuple[ModelIndex, ...]:
+    """``entries`` with those of ``written`` put in (replacing any of their tables), in the order of the
+    plan's live tables (the active model's first), other tables' after."""
+    order = [t.table for t in plan.live]
+    ours = {w.table for w in written}
+    both = [*(e for e in entries if e.table not in ours), *written]
+    return tuple(sorted(both, key=lambda e: order.index(e.table) if e.table in order else len(order)))
+
+
+def _settled_holding(now: VideoRecord, plan: IndexPlan) -> bool:
+    """Whether ``now`` is settled at the plan's version with every entry the plan kept, as it kept them."""
+    if now.status is not VideoStatus.INDEXED or now.version != plan.version:
+        return False
+    return all(now.index_in(k.table) == k for k in plan.kept)
 
 
 def _may_hold_words(seen: VideoRecord | None, text: ModelTable, version: str) -> bool:

@@ -417,3 +417,41 @@ def test_a_text_job_on_a_process_that_reads_no_words_leaves_the_row_alone(tmp_pa
     assert no_words.run(job("a.mp4", JobSource.TEXT)).outcome is Outcome.UNCHANGED
     after = p.store.catalog.get(job("a.mp4").video_id)
     assert before is not None and after is not None and after.rev == before.rev  # not even claimed
+
+
+class CountingWords:
+    def __init__(self, inner: TextStage) -> None:
+        self.inner, self.reads = inner, 0
+
+    def rows(self, head: ObjectHead, video_id: str, clock: StageClock) -> list[TextRow]:
+        self.reads += 1
+        return self.inner.rows(head, video_id, clock)
+
+
+def test_words_read_while_another_job_settled_the_row_join_it_without_a_second_reading(tmp_path: Path) -> None:
+    p = Parts(tmp_path)
+    p.clip("a.mp4", CUES)
+    p.indexer.run(job("a.mp4"))
+    other = Indexer(p.settings, MeanColour(), p.store, p.objects, text_table=lambda: TEXT, words=p.words)
+    settled: list[Outcome] = []
+
+    def confirm_meanwhile(step: str, _job: IndexJob) -> None:
+        # The words are read; before they are written a job of the same version (an API submit whose
+        # `queued` mark asks it to settle) confirms the row over the text job's claim.
+        if step == "write" and not settled:
+            settled.append(
+                other.run(
+                    IndexJob(op=JobOp.INDEX, bucket="videos", key="a.mp4", source=JobSource.API, settle=True)
+                ).outcome
+            )
+
+    words = CountingWords(p.words)
+    racing = Indexer(
+        p.settings, MeanColour(), p.store, p.objects, hooks=confirm_meanwhile, text_table=lambda: TEXT, words=words
+    )
+    assert racing.run(job("a.mp4", JobSource.TEXT)).outcome is Outcome.INDEXED
+    assert settled == [Outcome.UNCHANGED] and words.reads == 1
+    record = p.store.catalog.get(job("a.mp4").video_id)
+    assert record is not None and record.status is VideoStatus.INDEXED
+    assert [e.table for e in record.indexes] == [FRAMES, TEXT.table] and record.index_in(TEXT.table).frames == 2  # type: ignore[union-attr]
+    assert p.text_rows("a.mp4") == ["a red boat", "the harbour at dawn"] and check(p).inconsistencies == 0
