@@ -42,6 +42,7 @@ from bench.flood_watch import (
     statuses,
     wait_done,
 )
+from storage.catalog import VideoStatus
 
 #: (segment, share of the flood's duration, rate multiplier at its start, at its end).
 PROFILE: tuple[tuple[str, float, float, float], ...] = (
@@ -301,6 +302,12 @@ def run_flood(services: Any, model_dir: Path, tmp: Path, plan: FloodPlan) -> Flo
             except TimeoutError as exc:
                 notes.append(f"drain: {exc}")
                 drain_s = None
+            words_s: float | None = None
+            if settings.text.on and drain_s is not None:  # then every video's words, read by its text job
+                try:
+                    words_s = wait_words(store, uploaded_ids, plan.drain_timeout_s) - flood_started
+                except TimeoutError as exc:
+                    notes.append(f"words: {exc}")
             version_after = catalog_version(store)
             # Sampling goes on while the fleet shrinks back (or for a short while without autoscaling).
             settle(host, least, plan.cooldown_s if auto is not None else min(plan.cooldown_s, 5.0))
@@ -326,6 +333,7 @@ def run_flood(services: Any, model_dir: Path, tmp: Path, plan: FloodPlan) -> Flo
     latencies = list(prober.latency_s.values())
     target = getattr(auto, "consumer_target_per_replica", None)
     metrics: dict[str, Any] = {
+        **({"words_drain_s": None if words_s is None else round(words_s, 1)} if settings.text.on else {}),
         "uploads": uploads,
         "indexed": indexed,
         "failed": failed,
@@ -399,6 +407,30 @@ def _alive_nodes() -> int:
     return sum(1 for n in nodes if n.state == "ALIVE")
 
 
+def wait_words(store: Any, ids: Sequence[str], timeout_s: float, poll_s: float = 2.0) -> float:
+    """Wait until every one of ``ids`` that is indexed has its words in the live text table at its version
+    (its text job settled; failed ones have none to read); the monotonic time it was seen so."""
+    from pipeline.reindex.text_backfill import has_words
+
+    deadline = time.monotonic() + timeout_s
+    pending = set(ids)
+    while pending:
+        text = store.models.read().text
+        if text is not None:
+            records = store.catalog.get_many(pending)
+            pending -= {
+                v
+                for v, r in records.items()
+                if r.status is VideoStatus.FAILED or (r.status is VideoStatus.INDEXED and has_words(r, text))
+            }
+        if not pending:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(pending)}/{len(ids)} videos without their words after {timeout_s:.0f}s")
+        time.sleep(poll_s)
+    return time.monotonic()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.flood", description=__doc__)
     parser.add_argument("--videos", type=int, default=FloodPlan.videos)
@@ -406,6 +438,11 @@ def main() -> None:
     parser.add_argument("--overload", type=float, default=FloodPlan.overload, help="offered rate ≥ this × capacity")
     parser.add_argument("--capacity-videos", type=int, default=FloodPlan.capacity_videos)
     parser.add_argument("--seed-like", action="store_true", help="poll 2 s, upscale delay 15 s, downscale delay 60 s")
+    parser.add_argument(
+        "--text",
+        action="store_true",
+        help="a text source on (subtitles): every video's text job runs on the TextConsumer",
+    )
     parser.add_argument(
         "--out", type=Path, help="default bench/results/flood.json (flood-seedlike.json with --seed-like)"
     )
@@ -421,9 +458,17 @@ def main() -> None:
     from infra.dev.tinymodel import build_tiny_siglip
     from tests.services import start_services
 
-    suffix = ("-seedlike" if args.seed_like else "") + (f"-{args.nodes}nodes" if args.nodes > 1 else "")
+    suffix = (
+        ("-seedlike" if args.seed_like else "")
+        + (f"-{args.nodes}nodes" if args.nodes > 1 else "")
+        + ("-text" if args.text else "")
+    )
     out = args.out or ROOT / "bench" / "results" / f"flood{suffix}.json"
-    env = {"VIDX_AUTOSCALE__ENABLED": "true", **(SEED_LIKE_ENV if args.seed_like else {})}
+    env = {
+        "VIDX_AUTOSCALE__ENABLED": "true",
+        **(SEED_LIKE_ENV if args.seed_like else {}),
+        **({"VIDX_TEXT__SUBTITLES": "true"} if args.text else {}),
+    }
     plan = FloodPlan(
         videos=args.videos,
         duration_s=args.duration_s,
