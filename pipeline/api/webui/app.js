@@ -190,11 +190,14 @@ function words(moment) {
   return line;
 }
 
-const score = (m) => m.score.toFixed(m.text ? 4 : 3);  // fused ranks are small numbers
+// Scores of a search the words took part in are fused ranks (small numbers): one more digit for all of them.
+let scoreDigits = 3;
+const score = (m) => m.score.toFixed(scoreDigits);
 
 function renderResults(response, what) {
   const list = $("#results");
   list.replaceChildren();
+  scoreDigits = response.results.some((m) => m.text) ? 4 : 3;
   const n = response.results.length;
   $("#search-summary").textContent = n
     ? `${n} moment${n > 1 ? "s" : ""} for ${what} in ${response.took_ms.toFixed(0)} ms`
