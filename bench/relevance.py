@@ -38,7 +38,7 @@ from infra.dev.textclips import SUBTITLE_FORMATS, VOICES, Cue, Line, Overlay, ov
 from pipeline.index.indexer import Indexer
 from pipeline.index.result import Outcome
 from pipeline.index.words import TextStage
-from pipeline.settings import Settings, TextSettings
+from pipeline.settings import LimitSettings, Settings, TextSettings
 from storage.frames import FRAMES
 from storage.models import ModelTable
 from storage.s3 import ObjectHead
@@ -231,7 +231,10 @@ def index_corpus(paths: dict[str, Path], tmp: Path) -> tuple[Settings, IndexStor
     from pipeline.embedding.siglip import SiglipEncoder
 
     model = build_tiny_siglip(tmp / "tiny", seed=0)
-    settings = Settings(text=TextSettings(subtitles=True, ocr=True, speech=True))
+    # One caller asks every query: no per-caller search rate here.
+    settings = Settings(
+        text=TextSettings(subtitles=True, ocr=True, speech=True), limits=LimitSettings(search_rate_per_s=0)
+    )
     settings = settings.model_copy(update={"model": settings.model.model_copy(update={"id": str(model)})})
     encoder = SiglipEncoder(settings.model)
     store = IndexStore(settings.s3, uri=str(tmp / "db"))
