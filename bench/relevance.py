@@ -222,7 +222,7 @@ def _recall(ranked: dict[Truth, list[dict[str, Any]]], source: str, k: int) -> f
 
 
 def _right(truth: Truth, moment: dict[str, Any]) -> bool:
-    return bool(moment["uri"].endswith(f"/{truth.clip}") and abs(moment["ts_s"] - truth.start_s) <= TOLERANCE_S)
+    return bool(moment["uri"].endswith(f"/{truth.clip}.mp4") and abs(moment["ts_s"] - truth.start_s) <= TOLERANCE_S)
 
 
 def index_corpus(paths: dict[str, Path], tmp: Path) -> tuple[Settings, IndexStore, Any, Live, dict[str, float]]:
@@ -255,7 +255,8 @@ def index_corpus(paths: dict[str, Path], tmp: Path) -> tuple[Settings, IndexStor
                     seconds[label] = seconds.get(label, 0.0) + took
     finally:
         words.close()
-    store.text_table(text.table).ensure_fts_index()
+    # As index maintenance does every round: the words written since the index was built folded into it.
+    store.text_table(text.table).optimize(keep_versions_s=3600)
     return settings, store, encoder, Live(active, text), seconds
 
 
@@ -267,6 +268,7 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m bench.relevance", description=__doc__)
     parser.add_argument("--clips", type=int, default=8, help="clips of each kind")
+    parser.add_argument("--misses", action="store_true", help="print each query the words-only search missed")
     args = parser.parse_args(argv)
     ways = {"hybrid": None, "words": "subtitle,ocr,speech", "visual": "visual"}
     ranked: dict[str, dict[Truth, list[dict[str, Any]]]] = {way: {} for way in ways}
@@ -289,6 +291,11 @@ def main(argv: list[str] | None = None) -> None:
                     resp = http.get("/v1/search", params=params)
                     resp.raise_for_status()
                     ranked[way][truth] = resp.json()["results"]
+    if args.misses:
+        for truth, found in ranked["words"].items():
+            if not any(_right(truth, m) for m in found[:5]):
+                got = [(m["uri"].rsplit("/", 1)[-1], m["ts_s"], m.get("text")) for m in found[:5]]
+                print(f"missed {truth}: {got}", flush=True)
     metrics: dict[str, float] = {"clips": len(paths), "queries": len(truths)}
     for source in ("subtitle", "ocr", "speech", "mixed"):
         for k in (1, 5):

@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 
 from events.jobs import JobSource
 from infra.dev.textclips import Cue
-from pipeline.query.hybrid import RRF_K, TextMatch, fuse, marks, parse_query, parse_sources, text_match
+from pipeline.query.hybrid import RRF_K, TEXT_WEIGHT, TextMatch, fuse, marks, parse_query, parse_sources, text_match
 from pipeline.query.moments import Moment
 from pipeline.query.search import SearchResponse, SearchService
 from pipeline.settings import Settings, TextSettings
@@ -69,13 +69,13 @@ def test_fusion_joins_a_text_match_to_the_visual_moment_it_overlaps_and_ranks_it
     visual = [moment("a", 0, 2, 0.9), moment("b", 10, 12, 0.8)]
     texts = [match("c", 5, 6), match("b", 12.5, 14)]
     fused = fuse(visual, texts, k=10)
-    # b is found by both lists (visual rank 2, text rank 2): first; then a (visual 1), then c (text 1)
+    # b is found by both lists (visual rank 2, text rank 2): first; then c (text 1: words weigh more), then a
     assert [(f.video_id, f.sources) for f in fused] == [
         ("b", ("visual", "subtitle")),
-        ("a", ("visual",)),
         ("c", ("subtitle",)),
+        ("a", ("visual",)),
     ]
-    assert fused[0].score == pytest.approx(2 / (RRF_K + 2))
+    assert fused[0].score == pytest.approx(1 / (RRF_K + 2) + TEXT_WEIGHT / (RRF_K + 2))
     assert (fused[0].start_s, fused[0].end_s, fused[0].ts_s) == (12.5, 14, 12.5)  # the words' span
     assert fuse(visual, texts, k=1)[0].video_id == "b"
 
@@ -87,7 +87,7 @@ def test_two_sources_saying_the_same_at_one_time_are_one_moment() -> None:
     # With the frames matching there too: one moment found three ways
     fused = fuse([moment("a", 0, 10, 0.9)], texts, k=10)
     assert [(f.start_s, f.sources) for f in fused] == [(5, ("visual", "subtitle", "speech")), (30, ("subtitle",))]
-    assert fused[0].score == pytest.approx(1 / (RRF_K + 1) + 1 / (RRF_K + 1) + 1 / (RRF_K + 2))
+    assert fused[0].score == pytest.approx(1 / (RRF_K + 1) + TEXT_WEIGHT / (RRF_K + 1) + TEXT_WEIGHT / (RRF_K + 2))
 
 
 class QueryEncoder:
