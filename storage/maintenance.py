@@ -165,8 +165,9 @@ class IndexMaintainer:
         text_tables: Callable[[], list[str]] | None = None,
     ) -> None:
         """``tables`` names the frames tables to keep up (the live models', active first); by
-        default ``frames``. ``text_tables`` the text tables (the live one): each round builds a missing
-        full-text index and, past ``optimize_min_unindexed_rows`` rows it does not cover, folds them in."""
+        default ``frames``. ``text_tables`` the text tables (the live one): each round and each compaction
+        tick builds a missing full-text index and, past ``optimize_min_unindexed_rows`` rows it does not
+        cover, folds them in."""
         self._store = store
         self._tables = tables or (lambda: [FRAMES])
         self._text_tables = text_tables or (lambda: [])
@@ -271,6 +272,10 @@ class IndexMaintainer:
         compact(
             self._store, s.compact_target_rows, s.keep_versions_s, [self._store.frames_table(n) for n in self._tables()]
         )
+        # Words written since the full-text index was built rank below those in it (and match no near
+        # word): they are folded in at every compaction tick, not only at the full round.
+        for name in self._text_tables():
+            self._text_round(name)
         return True
 
     def _tick(self) -> None:

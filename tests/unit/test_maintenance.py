@@ -208,5 +208,9 @@ def test_a_round_keeps_the_text_tables_full_text_index_and_folds_new_words_in(st
     assert text.unindexed_rows() == 2
     maintainer.run_once()
     assert text.unindexed_rows() == 0
-    assert {h.video_id for h in text.search("red", 10)} == {"v1", "v2"}
+    # And at a compaction tick too (every compact_interval_s, between full rounds)
+    text.replace_many([_words("v3", "a red lantern")])
+    assert text.unindexed_rows() == 1
+    assert maintainer.compact_once() and text.unindexed_rows() == 0
+    assert {h.video_id for h in text.search("red", 10)} == {"v1", "v2", "v3"}
     assert [h.text for h in text.search("lighthouse keeper", 10, phrase=True)] == ["the lighthouse keeper lives alone"]
