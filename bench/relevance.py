@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m bench.relevance", description=__doc__)
     parser.add_argument("--clips", type=int, default=8, help="clips of each kind")
-    parser.add_argument("--misses", action="store_true", help="print each query the words-only search missed")
+    parser.add_argument("--misses", type=int, default=0, help="print each query the words-only search missed at this k")
     args = parser.parse_args(argv)
     ways = {"hybrid": None, "words": "subtitle,ocr,speech", "visual": "visual"}
     ranked: dict[str, dict[Truth, list[dict[str, Any]]]] = {way: {} for way in ways}
@@ -293,8 +293,8 @@ def main(argv: list[str] | None = None) -> None:
                     ranked[way][truth] = resp.json()["results"]
     if args.misses:
         for truth, found in ranked["words"].items():
-            if not any(_right(truth, m) for m in found[:5]):
-                got = [(m["uri"].rsplit("/", 1)[-1], m["ts_s"], m.get("text")) for m in found[:5]]
+            if not any(_right(truth, m) for m in found[: args.misses]):
+                got = [(m["uri"].rsplit("/", 1)[-1], m["ts_s"], m.get("text"), m["score"]) for m in found[:3]]
                 print(f"missed {truth}: {got}", flush=True)
     metrics: dict[str, float] = {"clips": len(paths), "queries": len(truths)}
     for source in ("subtitle", "ocr", "speech", "mixed"):

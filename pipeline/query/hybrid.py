@@ -168,16 +168,16 @@ def fuse(visual: Sequence[Moment], texts: Sequence[TextMatch], k: int) -> list[F
                 f = fused[joined[worded]]
                 if f.text is not None and _near_text(f.text, t):
                     sources = f.sources if t.source in f.sources else (*f.sources, t.source)
-                    fused[joined[worded]] = replace(f, score=f.score + score, sources=sources)
+                    fused[joined[worded]] = replace(f, sources=sources)  # the words' list counts once
                     continue
             # Another source's words at the same time (the subtitle and the speech of one line) join too.
             at = next((n for n, f in enumerate(fused) if f.visual is None and _near(f, t)), None)
             if at is None:
                 fused.append(Fused(t.video_id, t.uri, t.start_s, t.end_s, t.ts_s, score, (t.source,), text=t))
-            else:
+            else:  # it says which sources found the moment; the words' list counts once (its best rank)
                 f = fused[at]
                 sources = f.sources if t.source in f.sources else (*f.sources, t.source)
-                fused[at] = replace(f, score=f.score + score, sources=sources)
+                fused[at] = replace(f, sources=sources)
             continue
         at = joined[partner]
         both = fused[at]
