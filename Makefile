@@ -55,7 +55,7 @@ test-unit: venv
 test: install images lint typecheck
 	$(ENGINE) && VIDX_NO_SKIPS=1 $(PY) -m pytest tests -q -p no:cacheprovider --durations=20
 
-# Every benchmark with its baseline, ≤ 25 minutes on 2 cores (BENCH_ARGS=--full for bigger inputs).
+# Every benchmark with its baseline, ≤ 32 minutes on 2 cores (BENCH_ARGS=--full for bigger inputs).
 bench: install images
 	$(ENGINE) && $(PY) -m bench $(BENCH_ARGS)
 
