@@ -1,7 +1,7 @@
 """``python -m bench [--full]``: every benchmark in its own process (fresh memory, fresh caches), then
 the report. Defaults are sized to finish in ≤ 32 minutes on a quiet 2-core machine (events, ack, cpu,
-relevance and text_cost add ~5, ~2, ~4, ~4 and ~3 minutes to the ~12 of the others); ``--full`` runs the bigger sizes and search at 10M
-frames (``bench.search_10m``: ~25 more minutes and ~36 GiB of disk)."""
+relevance and text_cost add ~5, ~2, ~4, ~4 and ~3 minutes to the ~12 of the others); ``--full`` runs the
+bigger sizes and search at 10M frames (``bench.search_10m``: ~25 more minutes and ~36 GiB of disk)."""
 
 from __future__ import annotations
 
