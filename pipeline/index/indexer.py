@@ -17,11 +17,12 @@ from pipeline.index.joblog import log_job
 from pipeline.index.objects import ObjectSource, S3ObjectSource
 from pipeline.index.plan import IndexPlan, Step, claims, count_crashes, plan_index, plan_removal
 from pipeline.index.result import ConsumerKilled, JobResult, Outcome
+from pipeline.index.settle import MAX_CONVERGE_ROUNDS, RowLost, RowSettling
 from pipeline.index.videostate import Attempt, JobRows, VideoStates, settling
 from pipeline.index.words import WordReader
 from pipeline.metrics import Metrics
 from pipeline.settings import Settings
-from storage.catalog import IN_FLIGHT, VideoRecord, VideoStatus
+from storage.catalog import VideoRecord
 from storage.catalog_writer import CatalogWrites, PendingWrite
 from storage.errors import PermanentError, TransientError
 from storage.frames import FRAMES, FrameRow, VideoFrames
@@ -32,9 +33,6 @@ from storage.texts import TextRow, VideoText
 from storage.writer import FrameWriter
 
 log = logging.getLogger(__name__)
-
-#: Rounds one job goes (read, HEAD, act) while other writers keep changing the video under it.
-MAX_CONVERGE_ROUNDS = 5
 
 #: A step boundary of a job and the job: ``hooks(step, job)`` runs there (tests pause jobs at them).
 StepHook = Callable[[str, IndexJob], None]
@@ -47,11 +45,7 @@ def _no_hook(step: str, job: IndexJob) -> None:
     return None
 
 
-class _Lost(Exception):
-    """Another writer changed the video's row (or the object) under this round: go around again."""
-
-
-class Indexer:
+class Indexer(RowSettling):
     """Runs index and delete jobs against the object store and the index tables."""
 
     def __init__(
@@ -131,7 +125,7 @@ class Indexer:
             for _ in range(MAX_CONVERGE_ROUNDS):
                 try:
                     result = self._round(job, started_as, clock, dirty)
-                except _Lost as lost:
+                except RowLost as lost:
                     log.info("%s: %s; looking again", job.uri, lost)
                     continue
                 break
@@ -146,35 +140,6 @@ class Indexer:
         self._metrics.stages(clock.seconds)
         log_job(job, task_id, clock, time.monotonic() - started, outcome=result.outcome.value, frames=result.frames)
         return replace(result, stages=dict(clock.seconds))
-
-    def record_failure(self, job: IndexJob, reason: str, version: str | None = None) -> None:
-        """Mark ``job``'s video failed with ``reason`` (its old rows, if any, stay searchable), unless
-        the catalog holds a settled outcome (indexed, deleted) of another or unknown version.
-
-        Raises:
-            TransientError: the catalog could not be written (the scheduled check finds the row later).
-        """
-        for _ in range(MAX_CONVERGE_ROUNDS):
-            if self._states.fail(job, self._states.read(job.video_id), reason, version) is not None:
-                return
-        raise TransientError(f"could not record the failure of {job.uri}: the row kept changing")
-
-    def _unsettle(self, job: IndexJob, touched: frozenset[str], in_doubt: str | None = None) -> None:
-        """This job changed the video's rows and is leaving before it settled the row, which may now
-        disagree with them: put it back in flight (best effort), so a retry, or the scheduled check
-        past its grace, redoes the video (if even this write fails, the check's walk finds the
-        mismatch). Only the entries of the tables in ``touched`` go (a failed backfill job keeps the
-        active model's entry)."""
-        try:
-            seen = self._states.read(job.video_id)
-            if seen is not None and in_doubt is not None and seen.write_id == in_doubt:
-                # The settle whose outcome was in doubt landed after all (a slow or frozen writer):
-                # the row says what this job did to the rows; unsettling it would undo a landed write.
-                log.info("%s: its settle landed late; the row stays as it wrote it", job.uri)
-                return
-            self._states.unsettle(job, seen, touched)
-        except TransientError as exc:
-            log.warning("%s: could not mark the row unsettled (%s); the scheduled check will find it", job.uri, exc)
 
     # -- one round: read, HEAD, plan, act ---------------------------------------------------------
     def _round(self, job: IndexJob, attempt: Attempt | None, clock: StageClock, dirty: JobRows) -> JobResult:
@@ -200,7 +165,7 @@ class Indexer:
             if step is Step.SETTLE_REMOVED:
                 with clock.stage("catalog"):
                     if self._states.removed(job, seen) is None:
-                        raise _Lost("the row changed while it was settled")
+                        raise RowLost("the row changed while it was settled")
             return JobResult(job.video_id, Outcome.UNCHANGED)
         self._hooks("remove", job)
         dirty.rows_changed = True  # from here on (the write may land even if the call fails)
@@ -208,7 +173,7 @@ class Indexer:
         self._hooks("removed", job)
         with clock.stage("catalog"), settling(dirty):
             if self._states.removed(job, self._states.read(job.video_id)) is None:
-                raise _Lost("the row changed while its rows were removed")
+                raise RowLost("the row changed while its rows were removed")
         self._hooks("settled", job)
         # A backfill may have begun since ``live`` was read, and a job of it written the video into
         # the new table meanwhile (its claim came before the re-read above, so before this read).
@@ -216,7 +181,7 @@ class Indexer:
         # An upload may have landed (and its job finished) while the rows were being removed.
         with clock.stage("head"):
             if self._objects.head(job.bucket, job.key) is not None:
-                raise _Lost("uploaded again while its rows were removed")
+                raise RowLost("uploaded again while its rows were removed")
         dirty.rows_changed = False
         return JobResult(job.video_id, Outcome.DELETED)
 
@@ -275,7 +240,7 @@ class Indexer:
         else:
             embedded, duration_s = self._embed(job, head, plan, claim, clock, dirty)
         if self._claimed(claim, clock, job) is None:
-            raise _Lost("the row changed before it was claimed")
+            raise RowLost("the row changed before it was claimed")
         # Overlapping jobs of one key: only one that saw the current version writes.
         self._hooks("recheck", job)
         self._still_at(job, head.version, clock, "the object changed while it was embedded")
@@ -306,17 +271,6 @@ class Indexer:
         summary = self._store.table_for(entry.table).summary(video_id)
         fps = set(summary.fingerprints)
         return summary.rows == entry.frames and summary.duplicate_ids == 0 and fps <= {entry.fingerprint}
-
-    def _confirm(self, seen: VideoRecord, plan: IndexPlan, clock: StageClock) -> None:
-        # The row's own count is the active table's (a row a failed write unsettled says -1).
-        # A live table's entry whose rows don't hold this content goes (the text table's, whose words
-        # a text job reads next); entries of other tables stay as they were.
-        live, held = {t.table for t in plan.live}, {k.table for k in plan.kept}
-        indexes = tuple(e for e in seen.indexes if e.table in held or e.table not in live)
-        row = seen.evolve(fingerprint=plan.kept[0].fingerprint, frames=plan.kept[0].frames, indexes=indexes)
-        with clock.stage("catalog"):
-            if self._states.confirm(row, plan.version) is None:
-                raise _Lost("the row changed while it was confirmed")
 
     def _claim(
         self, job: IndexJob, seen: VideoRecord | None, plan: IndexPlan, attempt: Attempt | None, clock: StageClock
@@ -383,7 +337,7 @@ class Indexer:
         with clock.stage("head"):
             current = self._objects.head(job.bucket, job.key)
         if current is None or current.version != version:
-            raise _Lost(lost)
+            raise RowLost(lost)
 
     def _write(
         self,
@@ -417,93 +371,6 @@ class Indexer:
             for table in clear:
                 self._writer_for(table.table).replace(_no_rows(job, table))
         return written
-
-    def _finish(
-        self, job: IndexJob, plan: IndexPlan, written: Sequence[ModelIndex], duration_s: float | None, clock: StageClock
-    ) -> None:
-        """Settle the row ``indexed`` with the entries of every live table, on a row read after the
-        rows were committed."""
-        indexes = plan.indexes(written)
-        with clock.stage("catalog"):
-            # Settle only with the tables live now (``models_moved`` says why).
-            if plan.models_moved(self._models_now(), {e.table for e in indexes}):
-                raise _Lost("the live models changed while the video was embedded")
-            now = self._states.read(job.video_id)
-            if plan.twin_finished(now, written):
-                return  # a twin job of the same content finished first: its rows equal these
-            if job.source is JobSource.TEXT and now is not None and _settled_holding(now, plan):
-                # Another job of this version settled the row over this one's claim (a redelivered index
-                # job's confirm, a backfill job), leaving the entries this job read: the words join them
-                # rather than being read again.
-                self._hooks("finish", job)
-                merged = _merged(now.indexes, written, plan)
-                fp, frames = now.fingerprint or "", now.frames
-                joined = self._states.finish(
-                    now, version=plan.version, fingerprint=fp, frames=frames, duration_s=now.duration_s, indexes=merged
-                )
-                if joined is None:
-                    raise _Lost("the row changed while the words joined it")
-                return
-            if now is None or now.status not in IN_FLIGHT or now.version not in (plan.version, None):
-                raise _Lost(f"another job moved the row to {now.status.value if now else 'nothing'} meanwhile")
-            self._hooks("finish", job)
-            first = indexes[0]
-            fp, frames = first.fingerprint, first.frames
-            if duration_s is None:
-                duration_s = now.duration_s  # a text job's: the frames' job measured it
-            finished = self._states.finish(
-                now, version=plan.version, fingerprint=fp, frames=frames, duration_s=duration_s, indexes=indexes
-            )
-            if finished is None:
-                raise _Lost("the row changed while it was finished")
-
-    def _release(self, claimed: VideoRecord, plan: IndexPlan, clock: StageClock) -> None:
-        """A job that only had to add another model's rows (a backfill job) failed before writing any:
-        the row goes back to indexed with what the active model's rows hold, checked by this job, not
-        left claimed to end up ``failed``; unless a switch made another table active meanwhile."""
-        active = plan.live[0]
-        with clock.stage("catalog"):
-            try:
-                if self._models_now()[0].table != active.table:
-                    return
-                entry = next(k for k in plan.kept if k.table == active.table)
-                # As ``_confirm``: the held live tables' entries, and other tables' as they were.
-                live = {t.table for t in plan.live}
-                kept = plan.kept + tuple(e for e in claimed.indexes if e.table not in live)
-                settled = claimed.evolve(fingerprint=entry.fingerprint, frames=entry.frames, indexes=kept)
-                self._states.confirm(settled, plan.version)
-            except TransientError as exc:  # left claimed: the retry (or the check past its grace) settles it
-                log.warning("%s: could not put the row back to indexed (%s)", claimed.uri, exc)
-
-    def _claimed(
-        self, claim: PendingWrite, clock: StageClock, job: IndexJob, *, best_effort: bool = False
-    ) -> VideoRecord | None:
-        """The claim's outcome. ``best_effort`` (the job is leaving anyway): a failed claim write is
-        only logged."""
-        with clock.stage("catalog"):
-            try:
-                return self._states.wait(claim)
-            except TransientError as exc:
-                if not best_effort:
-                    raise
-                log.warning("%s: the claim's write failed (%s)", job.uri, exc)
-                return None
-
-
-def _merged(entries: Sequence[ModelIndex], written: Sequence[ModelIndex], plan: IndexPlan) -> tuple[ModelIndex, ...]:
-    """``entries`` with those of ``written`` put in (replacing any of their tables), in the order of the
-    plan's live tables (the active model's first), other tables' after."""
-    order = [t.table for t in plan.live]
-    ours = {w.table for w in written}
-    both = [*(e for e in entries if e.table not in ours), *written]
-    return tuple(sorted(both, key=lambda e: order.index(e.table) if e.table in order else len(order)))
-
-
-def _settled_holding(now: VideoRecord, plan: IndexPlan) -> bool:
-    """Whether ``now`` is settled at the plan's version with every entry the plan kept, as it kept them."""
-    if now.status is not VideoStatus.INDEXED or now.version != plan.version:
-        return False
-    return all(now.index_in(k.table) == k for k in plan.kept)
 
 
 def _may_hold_words(seen: VideoRecord | None, text: ModelTable, version: str) -> bool:

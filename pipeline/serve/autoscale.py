@@ -374,26 +374,16 @@ def replica_options(settings: Settings, deployment: str) -> dict[str, Any]:
     from ray.serve.config import AutoscalingConfig
 
     a, s = settings.autoscale, settings.serve
-    if deployment == "IndexConsumer":
+    if deployment in ("IndexConsumer", "TextConsumer"):
+        text = deployment == "TextConsumer"
         if not a.enabled:
-            return {"num_replicas": s.consumer_replicas}
-        config = AutoscalingConfig(
-            min_replicas=a.consumer_min_replicas,
-            max_replicas=a.consumer_max_replicas,
-            upscale_delay_s=0,
-            downscale_delay_s=0,
-            policy=consumer_policy(settings),
+            return {"num_replicas": s.text_consumer_replicas if text else s.consumer_replicas}
+        low, high = (
+            (a.text_min_replicas, a.text_max_replicas) if text else (a.consumer_min_replicas, a.consumer_max_replicas)
         )
-        return {"autoscaling_config": config}
-    if deployment == "TextConsumer":
-        if not a.enabled:
-            return {"num_replicas": s.text_consumer_replicas}
+        policy = consumer_policy(settings, text=text)
         config = AutoscalingConfig(
-            min_replicas=a.text_min_replicas,
-            max_replicas=a.text_max_replicas,
-            upscale_delay_s=0,
-            downscale_delay_s=0,
-            policy=consumer_policy(settings, text=True),
+            min_replicas=low, max_replicas=high, upscale_delay_s=0, downscale_delay_s=0, policy=policy
         )
         return {"autoscaling_config": config}
     if not a.enabled:
