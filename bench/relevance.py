@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import random
 import shutil
 import subprocess
@@ -108,42 +109,78 @@ class Truth:
     query: str
 
 
-def _phrase(rng: random.Random) -> list[str]:
-    return rng.sample(VOCABULARY, 3)
+class Phrases:
+    """Phrases of three words of ``VOCABULARY`` in which no two words come together twice in the corpus:
+    a query of two words of one line has that line as its only right answer (a word alone shows up in
+    other lines, as it would in any library)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+        self._pairs: set[frozenset[str]] = set()
+
+    def phrase(self) -> list[str]:
+        for _ in range(10_000):
+            words = self._rng.sample(VOCABULARY, 3)
+            pairs = {frozenset(p) for p in itertools.combinations(words, 2)}
+            if not pairs & self._pairs:
+                self._pairs |= pairs
+                return words
+        raise RuntimeError("no phrase left whose pairs of words are all new: a larger vocabulary is needed")
+
+    def claim(self, a: str, b: str) -> bool:
+        """Take the pair (a mixed query's: one word shown, one said), unless it came together before."""
+        pair = frozenset((a, b))
+        if a == b or pair in self._pairs:
+            return False
+        self._pairs.add(pair)
+        return True
 
 
 def build_corpus(directory: Path, clips: int, seed: int = 7) -> tuple[dict[str, Path], list[Truth]]:
     """``clips`` clips of each kind and their queries."""
-    rng = random.Random(seed)
+    phrases = Phrases(random.Random(seed))
     paths: dict[str, Path] = {}
     truths: list[Truth] = []
     formats = list(SUBTITLE_FORMATS)
     for n in range(clips):
         name = f"sub{n}"
-        cues = [Cue(t, t + 2.5, " ".join(_phrase(rng))) for t in (1.0, 5.0, 9.0, 13.0)]
+        cues = [Cue(t, t + 2.5, " ".join(phrases.phrase())) for t in (1.0, 5.0, 9.0, 13.0)]
         paths[name] = subtitled_clip(directory / name, cues, CLIP_SECONDS, fmt=formats[n % len(formats)])
         truths += [Truth(name, "subtitle", c.start_s, " ".join(c.text.split()[:2])) for c in cues]
         name = f"ocr{n}"
         style = STYLES[n % len(STYLES)]
-        overlays = [Overlay(t, t + 4.0, " ".join(_phrase(rng)).title(), **style) for t in (1.0, 6.0, 11.0)]  # type: ignore[arg-type]
+        overlays = [Overlay(t, t + 4.0, " ".join(phrases.phrase()).title(), **style) for t in (1.0, 6.0, 11.0)]  # type: ignore[arg-type]
         paths[name] = overlaid_clip(directory / f"{name}.mp4", overlays, CLIP_SECONDS)
         truths += [Truth(name, "ocr", o.start_s, " ".join(o.text.lower().split()[:2])) for o in overlays]
         name = f"speech{n}"
-        lines = [Line(t, f"the {' '.join(_phrase(rng))}", VOICES[n % len(VOICES)]) for t in (1.0, 8.0)]
+        lines = [Line(t, f"the {' '.join(phrases.phrase())}", VOICES[n % len(VOICES)]) for t in (1.0, 8.0)]
         paths[name] = spoken_clip(directory / f"{name}.mp4", lines, CLIP_SECONDS)
         truths += [Truth(name, "speech", ln.at_s, " ".join(ln.text.split()[1:3])) for ln in lines]
         # Mixed: a caption shown while a sentence is said; the query is one word of each.
         name = f"mixed{n}"
         style = STYLES[(n + 1) % len(STYLES)]
         times = (1.0, 9.0)
-        shown = [Overlay(t, t + 4.0, " ".join(_phrase(rng)).title(), **style) for t in times]  # type: ignore[arg-type]
-        said = [Line(t, f"the {' '.join(_phrase(rng))}", VOICES[(n + 1) % len(VOICES)]) for t in times]
+        shown = [Overlay(t, t + 4.0, " ".join(phrases.phrase()).title(), **style) for t in times]  # type: ignore[arg-type]
+        said = [
+            Line(t, f"the {' '.join(_said_with(phrases, o.text))}", VOICES[(n + 1) % len(VOICES)])
+            for t, o in zip(times, shown, strict=True)
+        ]
         paths[name] = _mixed_clip(directory, name, shown, said)
         truths += [
             Truth(name, "mixed", o.start_s, f"{o.text.lower().split()[0]} {ln.text.split()[1]}")
             for o, ln in zip(shown, said, strict=True)
         ]
     return paths, truths
+
+
+def _said_with(phrases: Phrases, shown: str) -> list[str]:
+    """A phrase to say while ``shown`` is on screen, whose first word with the caption's first word makes
+    a pair no line has (the mixed query)."""
+    for _ in range(1_000):
+        words = phrases.phrase()
+        if phrases.claim(shown.lower().split()[0], words[0]):
+            return words
+    raise RuntimeError("no phrase left to say with this caption: a larger vocabulary is needed")
 
 
 def _mixed_clip(directory: Path, name: str, shown: list[Overlay], said: list[Line]) -> Path:

@@ -35,6 +35,10 @@ FUZZY_EXACT_BOOST = 3.0
 FUZZY_EXPANSIONS = 20
 #: What a segment's source may be (``pipeline.text.segments.TextSource``).
 SOURCES = ("subtitle", "ocr", "speech")
+#: The rows' layout, first in every text pipeline id: a new layout makes new tables (videos' words
+#: read again by the text backfill), so a table is never written with rows of another layout.
+#: rows2: ``alternative`` added.
+TEXT_ROWS = "rows2"
 
 TEXT_SCHEMA = pa.schema(
     [
@@ -52,6 +56,8 @@ TEXT_SCHEMA = pa.schema(
         pa.field("confidence", pa.float32(), nullable=False),
         pa.field("word_starts", pa.list_(pa.float64()), nullable=False),
         pa.field("track", pa.string(), nullable=False),
+        #: 0: what the source read; n: the n-th other reading kept (``TextSegment.alternative``).
+        pa.field("alternative", pa.int16(), nullable=False),
     ]
 )
 
@@ -72,6 +78,7 @@ class TextRow:
     confidence: float
     word_starts: tuple[float, ...] = ()
     track: str = ""
+    alternative: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +105,7 @@ class TextHit:
     source: str
     word_starts: tuple[float, ...]
     score: float
+    alternative: int = 0
 
 
 class TextTable:
@@ -218,7 +226,7 @@ class TextTable:
         """The ``limit`` segments that best match ``query`` (BM25; ``phrase``: its words in order, next to
         each other; ``fuzzy``: a word also matches one a letter away, scored below the exact one — OCR and
         speech misread a letter or a sound now and then), of the given ``sources``, best first. Rows not
-        yet in the index are searched too."""
+        yet in the index are searched too; alternative readings as any row (``TextHit.alternative``)."""
         from lancedb.query import BooleanQuery, MatchQuery, Occur, PhraseQuery
 
         table = self.table()
@@ -247,6 +255,7 @@ class TextTable:
             "text",
             "source",
             "word_starts",
+            "alternative",
             "_score",
         ]
         rows = search.select(columns).limit(limit).to_list()
@@ -262,6 +271,7 @@ class TextTable:
                 r["source"],
                 tuple(r["word_starts"] or ()),
                 float(r["_score"]),
+                int(r["alternative"]),
             )
             for r in rows
         ]
@@ -285,6 +295,7 @@ def _arrow_rows(videos: Sequence[VideoText]) -> pa.Table:
                 "confidence": r.confidence,
                 "word_starts": list(r.word_starts),
                 "track": r.track,
+                "alternative": r.alternative,
             }
             for v, r in rows
         ],

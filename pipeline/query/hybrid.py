@@ -6,8 +6,9 @@ that overlap in time are one moment, which both lists count)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Generic, Protocol, TypeVar
 
 from pipeline.query.moments import Moment
 
@@ -24,6 +25,13 @@ TEXT_WEIGHT = 2.0
 VISUAL = "visual"
 #: What ``?sources=`` may name: the visual search and each text source.
 SOURCES = (VISUAL, "subtitle", "ocr", "speech")
+
+#: What a query word heard only in an alternative reading of speech counts, against one in the best
+#: reading (``pipeline.text.speech``); a word one letter away counts ``NEAR_WEIGHT`` of an exact one.
+ALTERNATIVE_WEIGHT = 0.5
+NEAR_WEIGHT = 1 / 3
+#: The words' search reads this many rows per match it answers: an utterance's readings answer once.
+READINGS_READ = 3
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 _PHRASE = re.compile(r'"([^"]*)"')
@@ -93,6 +101,109 @@ def _one_edit(a: str, b: str) -> bool:
     return any(long_[:i] + long_[i + 1 :] == short for i in range(len(long_)))
 
 
+class Reading(Protocol):
+    """A text search's hit as ``rank_words`` reads it (``storage.texts.TextHit``)."""
+
+    @property
+    def segment_id(self) -> str: ...
+    @property
+    def video_id(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def start_s(self) -> float: ...
+    @property
+    def end_s(self) -> float: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def score(self) -> float: ...
+    @property
+    def alternative(self) -> int: ...
+
+
+R = TypeVar("R", bound=Reading)
+
+
+def rank_words(hits: Iterable[R], terms: Collection[str], *, near: bool = False) -> list[tuple[R, float]]:
+    """The text search's hits (BM25 order) as matches, best first, each with the share (0..1) of the
+    query's words its moment holds: the moments holding more of them first, then BM25.
+
+    A moment is one video's segments that come within ``JOIN_S`` of each other (a caption shown while a
+    sentence is said); the readings of one utterance (one span of one video's speech) are one segment,
+    answered with the reading that holds most of the query's words (the best reading on a tie). A moment
+    counts each query word once: 1 where a segment reads it, ``ALTERNATIVE_WEIGHT`` where only an
+    alternative reading of the speech heard it, times ``NEAR_WEIGHT`` where the word is one letter away
+    (``near``). Each moment's segments come one after the other, the one holding most words first."""
+    units: dict[tuple[str, ...], _Unit[R]] = {}
+    for n, h in enumerate(hits):
+        key = (h.video_id, h.version, repr(h.start_s), repr(h.end_s)) if h.source == "speech" else (h.segment_id,)
+        unit = units.get(key)
+        if unit is None:
+            unit = units[key] = _Unit(h, n)
+        unit.add(h, _heard(h.text, terms, near, ALTERNATIVE_WEIGHT if h.alternative else 1.0))
+    moments: list[list[_Unit[R]]] = []
+    by_video: dict[str, list[_Unit[R]]] = {}
+    for unit in units.values():
+        by_video.setdefault(unit.chosen.video_id, []).append(unit)
+    for video_units in by_video.values():
+        video_units.sort(key=lambda u: u.chosen.start_s)
+        current: list[_Unit[R]] = []
+        until = float("-inf")
+        for unit in video_units:
+            if current and unit.chosen.start_s - JOIN_S <= until:
+                current.append(unit)
+                until = max(until, unit.chosen.end_s)
+            else:
+                current = [unit]
+                moments.append(current)
+                until = unit.chosen.end_s
+    scored = []
+    for members in moments:
+        heard: dict[str, float] = {}
+        for unit in members:
+            for term, w in unit.heard.items():
+                heard[term] = max(heard.get(term, 0.0), w)
+        members.sort(key=lambda u: (-u.own, u.first))
+        scored.append((sum(heard.values()), min(u.first for u in members), members))
+    scored.sort(key=lambda m: (-m[0], m[1]))
+    share = 1 / max(len(terms), 1)
+    return [(unit.chosen, min(held * share, 1.0)) for held, _, members in scored for unit in members]
+
+
+class _Unit(Generic[R]):
+    """One segment of ``rank_words``: the readings of one utterance (or a segment of another source)."""
+
+    def __init__(self, first: R, position: int) -> None:
+        self.chosen = first
+        self.first = position
+        self.own = -1.0
+        self.heard: dict[str, float] = {}
+
+    def add(self, reading: R, heard: dict[str, float]) -> None:
+        for term, w in heard.items():
+            self.heard[term] = max(self.heard.get(term, 0.0), w)
+        own = sum(heard.values())
+        if own > self.own or (own == self.own and reading.alternative < self.chosen.alternative):
+            self.chosen, self.own = reading, own
+
+
+def _heard(text: str, terms: Collection[str], near: bool, weight: float) -> dict[str, float]:
+    """Each query term ``text`` holds, and what it counts (exact: ``weight``; one letter away: less)."""
+    found: dict[str, float] = {}
+    for m in _WORD.finditer(text):
+        word = m.group().lower()
+        if word in terms:
+            found[word] = weight
+        elif near:
+            for t in terms:
+                if t[:1] == word[:1] and _one_edit(word, t):
+                    found[t] = max(found.get(t, 0.0), weight * NEAR_WEIGHT)
+    return found
+
+
 @dataclass(frozen=True, slots=True)
 class TextMatch:
     """One matched segment of a video's words, best first in its list."""
@@ -106,6 +217,8 @@ class TextMatch:
     #: When the first matched word is said (speech gives each word's start), else the segment's start.
     ts_s: float
     marks: tuple[tuple[int, int], ...] = ()
+    #: The share of the query's words its moment holds (``rank_words``): what its rank counts in ``fuse``.
+    held: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,15 +261,15 @@ def text_match(
 def fuse(visual: Sequence[Moment], texts: Sequence[TextMatch], k: int) -> list[Fused]:
     """The ``k`` best moments of both lists by weighted reciprocal rank: a text match joins the best-ranked
     visual moment of its video whose span comes within ``JOIN_S`` of it (at most one text match per visual
-    moment: the best); the frames' rank r adds 1/(RRF_K + r), the words' TEXT_WEIGHT/(RRF_K + r). Ties:
-    earlier video id, earlier time."""
+    moment: the best); the frames' rank r adds 1/(RRF_K + r), the words' TEXT_WEIGHT·held/(RRF_K + r) (a
+    match holding half the query's words counts half). Ties: earlier video id, earlier time."""
     fused: list[Fused] = []
     joined: dict[int, int] = {}  # visual rank -> index in fused
     for rank, m in enumerate(visual, start=1):
         joined[rank] = len(fused)
         fused.append(Fused(m.video_id, m.uri, m.start_s, m.end_s, m.ts_s, 1 / (RRF_K + rank), (VISUAL,), visual=m))
     for rank, t in enumerate(texts, start=1):
-        score = TEXT_WEIGHT / (RRF_K + rank)
+        score = TEXT_WEIGHT * t.held / (RRF_K + rank)
         partner = next(
             (r for r, m in enumerate(visual, start=1) if _near(m, t) and fused[joined[r]].text is None), None
         )
@@ -167,17 +280,14 @@ def fuse(visual: Sequence[Moment], texts: Sequence[TextMatch], k: int) -> list[F
             if worded is not None:
                 f = fused[joined[worded]]
                 if f.text is not None and _near_text(f.text, t):
-                    sources = f.sources if t.source in f.sources else (*f.sources, t.source)
-                    fused[joined[worded]] = replace(f, sources=sources)  # the words' list counts once
+                    fused[joined[worded]] = _joined(f, t)  # the words' list counts once
                     continue
             # Another source's words at the same time (the subtitle and the speech of one line) join too.
             at = next((n for n, f in enumerate(fused) if f.visual is None and _near(f, t)), None)
             if at is None:
                 fused.append(Fused(t.video_id, t.uri, t.start_s, t.end_s, t.ts_s, score, (t.source,), text=t))
             else:  # it says which sources found the moment; the words' list counts once (its best rank)
-                f = fused[at]
-                sources = f.sources if t.source in f.sources else (*f.sources, t.source)
-                fused[at] = replace(f, sources=sources)
+                fused[at] = _joined(fused[at], t)
             continue
         at = joined[partner]
         both = fused[at]
@@ -193,6 +303,15 @@ def fuse(visual: Sequence[Moment], texts: Sequence[TextMatch], k: int) -> list[F
         )
     fused.sort(key=lambda f: (-f.score, f.video_id, f.start_s))
     return fused[:k]
+
+
+def _joined(f: Fused, t: TextMatch) -> Fused:
+    """Moment ``f`` with the words of ``t`` (at the same time) joined: its sources, and — where ``t``
+    holds a query word said or shown earlier — the player starting there (the first matched word)."""
+    sources = f.sources if t.source in f.sources else (*f.sources, t.source)
+    if t.marks and t.ts_s < f.ts_s:
+        return replace(f, sources=sources, start_s=min(f.start_s, t.start_s), ts_s=t.ts_s)
+    return replace(f, sources=sources)
 
 
 def _near_text(a: TextMatch, t: TextMatch) -> bool:

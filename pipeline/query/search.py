@@ -18,7 +18,18 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from pydantic import BaseModel
 
 from pipeline.metrics import Metrics
-from pipeline.query.hybrid import VISUAL, Fused, TextMatch, TextQuery, fuse, parse_query, parse_sources, text_match
+from pipeline.query.hybrid import (
+    READINGS_READ,
+    VISUAL,
+    Fused,
+    TextMatch,
+    TextQuery,
+    fuse,
+    parse_query,
+    parse_sources,
+    rank_words,
+    text_match,
+)
 from pipeline.query.links import MediaSigner, S3Links, media_signer
 from pipeline.query.moments import FrameHit, merge_moments
 from pipeline.settings import Settings
@@ -266,7 +277,7 @@ class SearchService:
             limit = min(k * TEXT_CANDIDATES_PER_MOMENT, MAX_CANDIDATES)
             fuzzy = self._settings.text.search_fuzzy
             text_hits = await asyncio.to_thread(_search_words, table, query, limit, sources, fuzzy)
-        wanted = {h.video_id for h in hits} | {h.video_id for h in text_hits}
+        wanted = {h.video_id for h in hits} | {h.video_id for h, _ in text_hits}
         records = await asyncio.to_thread(self._store.catalog.get_many, wanted) if wanted else {}
         durations_s = {vid: r.duration_s for vid, r in records.items() if r.duration_s is not None}
         # Each video's frames were sampled at its own interval (the setting may have changed since).
@@ -341,30 +352,38 @@ def _took_ms(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 2)
 
 
-def _search_words(table: TextTable, query: TextQuery, limit: int, sources: list[str], fuzzy: bool) -> list[TextHit]:
-    """The segments matching the query, best first: every quoted phrase (its words in order), or — with
-    none — any of its words (BM25; ``fuzzy``: near words too, below exact ones)."""
+def _search_words(
+    table: TextTable, query: TextQuery, limit: int, sources: list[str], fuzzy: bool
+) -> list[tuple[TextHit, float]]:
+    """The ``limit`` best matches of the query and the share of its words each holds (``rank_words``):
+    segments with every quoted phrase (its words in order), or — with none — any of its words
+    (``fuzzy``: near words too, below exact ones)."""
+    read = limit * READINGS_READ
+    near = fuzzy and not query.phrases
     if not query.phrases:
-        return table.search(" ".join(query.words), limit, sources, fuzzy=fuzzy)
+        return rank_words(table.search(" ".join(query.words), read, sources, fuzzy=fuzzy), query.terms, near=near)[
+            :limit
+        ]
     found: dict[str, TextHit] = {}
     scores: dict[str, float] = {}
     for n, phrase in enumerate(query.phrases):
-        hits = {h.segment_id: h for h in table.search(phrase, limit, sources, phrase=True)}
+        hits = {h.segment_id: h for h in table.search(phrase, read, sources, phrase=True)}
         found = hits if n == 0 else {sid: h for sid, h in found.items() if sid in hits}
         for sid, h in hits.items():
             scores[sid] = scores.get(sid, 0.0) + h.score
-    return sorted(found.values(), key=lambda h: -scores[h.segment_id])
+    by_score = sorted(found.values(), key=lambda h: -scores[h.segment_id])
+    return rank_words(by_score, query.terms)[:limit]
 
 
 def _current_matches(
-    hits: list[TextHit], records: dict[str, VideoRecord], text: ModelTable, query: TextQuery, fuzzy: bool
+    hits: list[tuple[TextHit, float]], records: dict[str, VideoRecord], text: ModelTable, query: TextQuery, fuzzy: bool
 ) -> list[TextMatch]:
     """The hits whose rows are the words of their video as the catalog has it now (its text entry, at
     its version): words of an overwritten or deleted video's old version are never answered."""
     pipeline = text.pipeline or ""
     terms = query.terms
     matches = []
-    for h in hits:
+    for h, held in hits:
         record = records.get(h.video_id)
         entry = record.index_in(text.table) if record is not None else None
         if record is None or entry is None or record.version != h.version:
@@ -372,5 +391,5 @@ def _current_matches(
         if entry.fingerprint != text_fingerprint(h.version, pipeline):
             continue
         ts, spans = text_match(h.text, h.start_s, h.end_s, h.word_starts, terms, near=fuzzy and not query.phrases)
-        matches.append(TextMatch(h.video_id, h.uri, h.start_s, h.end_s, h.text, h.source, ts, spans))
+        matches.append(TextMatch(h.video_id, h.uri, h.start_s, h.end_s, h.text, h.source, ts, spans, held))
     return matches

@@ -45,6 +45,7 @@ class TextExtraction:
                 s.confidence,
                 s.word_starts,
                 s.track,
+                s.alternative,
             )
             for n, s in enumerate(self.segments)
         ]
@@ -123,5 +124,7 @@ class TextExtractor:
         from pipeline.text.speech import SpeechRecognizer
 
         if self._speech is None:
-            self._speech = SpeechRecognizer(max_audio_s=self._settings.limits.max_duration_s)
+            self._speech = SpeechRecognizer(
+                max_audio_s=self._settings.limits.max_duration_s, alternatives=self._text.speech_alternatives
+            )
         return self._speech.read_file(path)

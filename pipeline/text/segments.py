@@ -21,7 +21,9 @@ class TextSegment:
     segment; speech: the recogniser's mean word posterior). ``word_starts``: when each word of ``text``
     (split on whitespace) starts, where the source knows it (speech), so a match points at the word
     rather than the segment's start; else empty.
-    ``track``: which subtitle stream, as ``<index>`` or ``<index>:<language>`` (other sources: empty)."""
+    ``track``: which subtitle stream, as ``<index>`` or ``<index>:<language>`` (other sources: empty).
+    ``alternative``: 0 for what the source read; n > 0 for the n-th other reading of the same words kept
+    (speech: a less likely hypothesis that heard a word the best one did not), ranked below."""
 
     start_s: float
     end_s: float
@@ -30,6 +32,7 @@ class TextSegment:
     confidence: float = 1.0
     word_starts: tuple[float, ...] = ()
     track: str = ""
+    alternative: int = 0
 
     def __post_init__(self) -> None:
         if self.end_s < self.start_s:

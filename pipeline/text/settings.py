@@ -26,6 +26,10 @@ class TextSettings(BaseModel):
     ocr_max_side: int = Field(default=1920, ge=64)
     #: Speech by PocketSphinx (US English) on the first audio track.
     speech: bool = False
+    #: Of each utterance, this many of the recogniser's most likely readings are looked at, and each that
+    #: heard a word the ones before it did not is kept as an alternative reading (searched, ranked below
+    #: the best one): a rare word misheard in the best reading is often right in another. 0: best only.
+    speech_alternatives: int = Field(default=10, ge=0, le=100)
     #: A search's words also match words one letter away (same first letter), below exact ones: OCR and
     #: speech misread a letter or a sound now and then. Words in quotes always match exactly.
     search_fuzzy: bool = True
@@ -38,8 +42,11 @@ class TextSettings(BaseModel):
 
     def pipeline_id(self) -> str:
         """What decides a video's text segments ("none" with every source off): a change of it means
-        every video's words are read again (a new text table)."""
-        parts = []
+        every video's words are read again (a new text table). It starts with the text rows' layout
+        (``storage.texts.TEXT_ROWS``): a table of another layout is never written to."""
+        from storage.texts import TEXT_ROWS  # here: the settings load without LanceDB
+
+        parts = [TEXT_ROWS]
         if self.subtitles:
             parts.append("subtitles")
         if self.ocr:
@@ -47,5 +54,5 @@ class TextSettings(BaseModel):
                 f"ocr:tesseract/{self.ocr_language}/{self.ocr_every_s:g}s/c{self.ocr_min_confidence:g}/s{self.ocr_min_side}"
             )
         if self.speech:
-            parts.append("speech:pocketsphinx/en-us")
-        return "+".join(parts) or "none"
+            parts.append(f"speech:pocketsphinx/en-us/n{self.speech_alternatives}")
+        return "+".join(parts) if len(parts) > 1 else "none"

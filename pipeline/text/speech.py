@@ -1,13 +1,23 @@
 """Speech as text segments: the audio track, resampled to 16 kHz mono by PyAV, cut into utterances by
 PocketSphinx's voice-activity segmenter, each decoded by PocketSphinx with its bundled US-English
 acoustic model, language model and dictionary (no download). One segment per utterance, each word's
-start kept (``TextSegment.word_starts``) so a match points at the word."""
+start kept (``TextSegment.word_starts``) so a match points at the word.
+
+A recogniser's best reading of a rare word is often wrong (an unusual name, a word the language
+model finds unlikely where it was said) while the right word is among its next readings. So each
+utterance also gives its *alternative* readings: of its ``alternatives`` most likely hypotheses
+(PocketSphinx's n-best list), each one that heard a word no reading kept before did, as a segment of
+its own (``TextSegment.alternative`` > 0), its words timed by aligning it to the best reading. Search
+finds them and ranks them below the best readings (``storage.texts.ALTERNATIVE_WEIGHT``)."""
 
 from __future__ import annotations
 
+import difflib
 import io
+import itertools
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -76,7 +86,7 @@ def read_audio(path: Path, max_s: float) -> tuple[NDArray[np.int16], float]:
 class SpeechRecognizer:
     """PocketSphinx over utterances; one decoder per recogniser, one thread at a time."""
 
-    def __init__(self, max_audio_s: float = 4 * 3600.0) -> None:
+    def __init__(self, max_audio_s: float = 4 * 3600.0, alternatives: int = 0) -> None:
         try:
             from pocketsphinx import Decoder, Segmenter
         except ImportError as exc:  # pragma: no cover - a dependency of the package
@@ -84,6 +94,7 @@ class SpeechRecognizer:
         self._decoder = Decoder(samprate=RATE, loglevel="FATAL")
         self._segmenter_cls = Segmenter
         self._max_audio_s = max_audio_s
+        self._alternatives = alternatives
         self.stats = SpeechStats()
 
     def read_file(self, path: Path) -> list[TextSegment]:
@@ -99,13 +110,12 @@ class SpeechRecognizer:
         segmenter = self._segmenter_cls(sample_rate=RATE)
         for utterance in segmenter.segment(io.BytesIO(pcm.tobytes())):
             self.stats.utterances += 1
-            seg = self._decode(utterance.pcm, offset_s + utterance.start_time)
-            if seg is not None:
-                segments.append(seg)
+            segments.extend(self._decode(utterance.pcm, offset_s + utterance.start_time))
         self.stats.seconds += time.perf_counter() - started
         return segments
 
-    def _decode(self, pcm: bytes, at_s: float) -> TextSegment | None:
+    def _decode(self, pcm: bytes, at_s: float) -> list[TextSegment]:
+        """The utterance's best reading, then its alternative readings (none where the best heard nothing)."""
         d = self._decoder
         try:
             d.start_utt()
@@ -127,12 +137,50 @@ class SpeechRecognizer:
             probs.append(float(seg.prob))
             end = at_s + (seg.end_frame + 1) * _FRAME_S
         if not words:
-            return None
-        return TextSegment(
-            starts[0],
-            round(end, 2),
-            " ".join(words),
-            TextSource.SPEECH,
-            round(sum(probs) / len(probs), 3),
-            tuple(starts),
+            return []
+        confidence = round(sum(probs) / len(probs), 3)
+        best = TextSegment(starts[0], round(end, 2), " ".join(words), TextSource.SPEECH, confidence, tuple(starts))
+        if self._alternatives <= 0:
+            return [best]
+        nbest = itertools.islice(d.nbest(), self._alternatives)
+        readings = ([w.lower() for w in h.hypstr.split()] for h in nbest)
+        return [best, *alternative_readings(best, readings)]
+
+
+def alternative_readings(best: TextSegment, readings: Iterable[list[str]]) -> list[TextSegment]:
+    """Of ``readings`` (most likely first), each that heard a word neither ``best`` nor a reading kept
+    before it did, as a segment: ``alternative`` n for the n-th kept, the best's span and confidence,
+    each word timed where it lines up with the best reading (a word in place of best words: spread
+    over their time; one added: the time of the best word after it)."""
+    heard = set(best.text.split())
+    base = best.text.split()
+    ends = [*best.word_starts[1:], best.end_s]
+    kept: list[TextSegment] = []
+    for reading in readings:
+        words = [w for w in (_ALT.sub("", r) for r in reading) if w not in _NOT_WORDS and not w.startswith("++")]
+        if not words or heard.issuperset(words):
+            continue
+        heard.update(words)
+        starts: list[float] = []
+        for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=base, b=words, autojunk=False).get_opcodes():
+            if op == "equal":
+                starts += best.word_starts[i1:i2]
+                continue
+            if op == "delete":
+                continue
+            begin = best.word_starts[i1] if i1 < len(base) else best.end_s
+            until = ends[i2 - 1] if i2 > i1 else begin
+            step = (until - begin) / (j2 - j1)
+            starts += [round(begin + n * step, 2) for n in range(j2 - j1)]
+        kept.append(
+            TextSegment(
+                best.start_s,
+                best.end_s,
+                " ".join(words),
+                TextSource.SPEECH,
+                best.confidence,
+                tuple(starts),
+                alternative=len(kept) + 1,
+            )
         )
+    return kept

@@ -14,13 +14,26 @@ from numpy.typing import NDArray
 
 from events.jobs import JobSource
 from infra.dev.textclips import Cue
-from pipeline.query.hybrid import RRF_K, TEXT_WEIGHT, TextMatch, fuse, marks, parse_query, parse_sources, text_match
+from pipeline.query.hybrid import (
+    ALTERNATIVE_WEIGHT,
+    NEAR_WEIGHT,
+    RRF_K,
+    TEXT_WEIGHT,
+    TextMatch,
+    fuse,
+    marks,
+    parse_query,
+    parse_sources,
+    rank_words,
+    text_match,
+)
 from pipeline.query.moments import Moment
 from pipeline.query.search import SearchResponse, SearchService
 from pipeline.settings import Settings, TextSettings
 from storage.errors import InvalidInput
 from storage.frames import FRAMES
 from storage.models import ModelTable
+from storage.texts import TextHit
 from tests.unit.test_indexer import MeanColour
 from tests.unit.test_text_jobs import TEXT, Parts, job
 
@@ -89,6 +102,79 @@ def test_two_sources_saying_the_same_at_one_time_are_one_moment() -> None:
     assert [(f.start_s, f.sources) for f in fused] == [(5, ("visual", "subtitle", "speech")), (30, ("subtitle",))]
     # Each list counts once per moment (its best rank): two weak word matches never outrank one strong one
     assert fused[0].score == pytest.approx(1 / (RRF_K + 1) + TEXT_WEIGHT / (RRF_K + 1))
+
+
+def test_a_moment_starts_where_one_of_its_readings_showed_a_query_word_first() -> None:
+    # The caption's second reading holds both words; its first (a second earlier) one of them
+    late = TextMatch("a", "s3://v/a", 6.0, 7.0, "Falcon Prairie", "ocr", 6.0, ((0, 6), (7, 14)))
+    early = TextMatch("a", "s3://v/a", 5.0, 6.0, "rairie Prairie", "ocr", 5.0, ((7, 14),))
+    unmarked = TextMatch("a", "s3://v/a", 4.5, 5.0, "noise", "speech", 4.5)
+    [f] = fuse([], [late, early, unmarked], k=5)
+    assert (f.start_s, f.ts_s, f.text) == (5.0, 5.0, late)  # the words shown: the better reading's
+    assert f.sources == ("ocr", "speech")
+
+
+def hit(vid: str, start: float, text: str, source: str = "speech", alternative: int = 0, score: float = 1.0) -> TextHit:
+    sid = f"{vid}-{start}-{alternative}-{source}"
+    return TextHit(sid, vid, f"s3://v/{vid}", "v1", start, start + 2.0, text, source, (), score, alternative)
+
+
+def test_the_words_rank_by_how_many_of_the_query_words_their_moment_holds_then_bm25() -> None:
+    hits = [
+        hit("short", 0.0, "willow", "ocr", score=9.0),  # BM25 likes short segments: one word
+        hit("long", 0.0, "the willow by the old amber mill", "subtitle", score=4.0),  # both words
+        hit("near", 0.0, "willow ambor", "ocr", score=3.0),  # one word, and one a letter away
+    ]
+    ranked = rank_words(hits, {"willow", "amber"}, near=True)
+    assert [(h.video_id, held) for h, held in ranked] == [
+        ("long", 1.0),
+        ("near", pytest.approx((1 + NEAR_WEIGHT) / 2)),
+        ("short", 0.5),
+    ]
+    # Without fuzzy matching the one a letter away counts nothing: BM25 decides between equals
+    assert [h.video_id for h, _ in rank_words(hits, {"willow", "amber"})] == ["long", "short", "near"]
+
+
+def test_an_utterance_is_one_match_holding_what_any_of_its_readings_heard() -> None:
+    best = hit("a", 1.0, "and he can help at all", score=2.0)
+    first = hit("a", 1.0, "the beacon can help at all", alternative=1, score=3.0)
+    second = hit("a", 1.0, "and he candle help at all", alternative=2, score=2.5)
+    other = hit("b", 1.0, "a candle in the window", score=1.0)
+    ranked = rank_words([first, second, best, other], {"beacon", "candle"})
+    # One match for the utterance: both words heard, in alternative readings only (each counts half)
+    assert [(h.segment_id, held) for h, held in ranked] == [
+        (first.segment_id, ALTERNATIVE_WEIGHT),
+        (other.segment_id, 0.5),
+    ]
+    # Where the best reading heard a word, it counts whole and that reading is the one answered
+    plain = hit("a", 1.0, "and the beacon help at all", score=1.0)
+    [(chosen, held), _] = rank_words([first, plain, other], {"beacon", "candle"})
+    assert chosen is plain and held == 0.5
+
+
+def test_a_caption_shown_while_a_sentence_is_said_is_one_moment_holding_both() -> None:
+    shown = hit("m", 9.0, "Quartz Lemon Glacier", "ocr", score=5.0)
+    said = hit("m", 9.4, "the amber river", score=1.0)
+    elsewhere = hit("x", 1.0, "amber quartz", "subtitle", score=2.0)
+    later = hit("m", 14.0, "amber", "subtitle", score=8.0)  # the same video, a moment apart
+    ranked = rank_words([later, shown, elsewhere, said], {"quartz", "amber"})
+    assert [(h.video_id, h.start_s, held) for h, held in ranked] == [
+        ("m", 9.0, 1.0),  # the moment's segments one after the other: fuse makes them one moment
+        ("m", 9.4, 1.0),
+        ("x", 1.0, 1.0),
+        ("m", 14.0, 0.5),
+    ]
+    fused = fuse(
+        [],
+        [TextMatch(h.video_id, h.uri, h.start_s, h.end_s, h.text, h.source, h.start_s, (), held) for h, held in ranked],
+        k=5,
+    )
+    assert [(f.video_id, f.start_s, f.sources) for f in fused] == [
+        ("m", 9.0, ("ocr", "speech")),
+        ("x", 1.0, ("subtitle",)),
+        ("m", 14.0, ("subtitle",)),
+    ]
+    assert fused[-1].score == pytest.approx(TEXT_WEIGHT * 0.5 / (RRF_K + 4))  # half the words: half a rank
 
 
 class QueryEncoder:

@@ -14,8 +14,9 @@ from pipeline.settings import Settings, TextSettings
 from pipeline.text.extract import TextExtractor, text_pipeline_id
 from pipeline.text.ocr import OcrReader, OcrUnavailable, find_tessdata
 from pipeline.text.segments import TextSegment, TextSource, clean_text
-from pipeline.text.speech import SpeechRecognizer
+from pipeline.text.speech import SpeechRecognizer, alternative_readings
 from pipeline.text.subtitles import read_subtitles
+from storage.texts import TEXT_ROWS
 
 CUES = [Cue(1.0, 3.0, "Hello from the <i>harbour</i>"), Cue(5.5, 7.0, "A red boat leaves at dawn")]
 
@@ -85,6 +86,45 @@ def test_speech_is_transcribed_with_the_time_of_each_word(tmp_path: Path) -> Non
     assert segment.start_s < said < segment.time_of(words.index("keeper")) < segment.end_s
 
 
+def test_an_alternative_reading_is_kept_only_for_words_no_reading_before_heard_each_timed() -> None:
+    best = TextSegment(1.0, 3.0, "and he can help", TextSource.SPEECH, 0.4, (1.0, 1.4, 1.8, 2.4))
+    readings = [
+        ["and", "he", "can", "help"],  # the best again
+        ["and", "he", "can", "<sil>", "help"],  # fillers are not words
+        ["the", "beacon", "can", "help"],  # 'the beacon' in place of 'and he'
+        ["and", "he", "can", "help", "all"],  # 'all' added at the end
+        ["the", "he", "can", "help"],  # nothing new
+        ["and", "he", "candle", "help"],
+    ]
+    alts = alternative_readings(best, readings)
+    assert [(a.text, a.alternative, a.word_starts) for a in alts] == [
+        ("the beacon can help", 1, (1.0, 1.4, 1.8, 2.4)),
+        ("and he can help all", 2, (1.0, 1.4, 1.8, 2.4, 3.0)),
+        ("and he candle help", 3, (1.0, 1.4, 1.8, 2.4)),
+    ]
+    assert all((a.start_s, a.end_s, a.source, a.confidence) == (1.0, 3.0, TextSource.SPEECH, 0.4) for a in alts)
+    # One word in place of two: spread over their time
+    [merged] = alternative_readings(best, [["and", "hecan", "help"]])
+    assert merged.word_starts == (1.0, 1.4, 2.4)
+
+
+def test_speech_gives_alternative_readings_after_the_best_one_when_asked(tmp_path: Path) -> None:
+    clip = spoken_clip(tmp_path / "talk.mp4", [Line(1.0, "the saffron glacier and the copper falcon")], seconds=6)
+    only = SpeechRecognizer().read_file(clip)
+    segments = SpeechRecognizer(alternatives=10).read_file(clip)
+    assert [s.alternative for s in only] == [0]
+    assert segments[0] == only[0] and len(segments) > 1
+    heard = set(only[0].text.split())
+    for n, alt in enumerate(segments[1:], start=1):
+        words = alt.text.split()
+        assert alt.alternative == n and (alt.start_s, alt.end_s) == (only[0].start_s, only[0].end_s)
+        assert not heard.issuperset(words), "each alternative hears a word no reading before it did"
+        heard.update(words)
+        assert len(alt.word_starts) == len(words)
+        assert all(alt.start_s <= t <= alt.end_s for t in alt.word_starts)
+        assert list(alt.word_starts) == sorted(alt.word_starts)
+
+
 def test_a_clip_without_audio_has_no_speech(tmp_path: Path) -> None:
     assert SpeechRecognizer().read_file(write_video(tmp_path / "mute.mp4", seconds=2, size=(64, 48))) == []
 
@@ -112,8 +152,10 @@ def test_the_text_pipeline_id_changes_with_what_decides_the_segments() -> None:
         text_pipeline_id(base.model_copy(update={"speech": False})),
         text_pipeline_id(base.model_copy(update={"ocr_every_s": 2.0})),
         text_pipeline_id(base.model_copy(update={"ocr_min_confidence": 70.0})),
+        text_pipeline_id(base.model_copy(update={"speech_alternatives": 0})),
     }
-    assert len(ids) == 5
+    assert len(ids) == 6
+    assert all(pid.startswith(f"{TEXT_ROWS}+") for pid in ids)  # a new row layout: new tables
     assert text_pipeline_id(TextSettings()) == "none"  # every source off: the default for now
 
 

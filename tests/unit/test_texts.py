@@ -106,3 +106,14 @@ def test_a_fuzzy_search_finds_a_word_misread_by_a_letter_below_the_exact_one(tab
     assert [h.video_id for h in table.search("reviews", 10, fuzzy=True)] == ["b"]  # two letters from "reviev"
     # The first letter is kept: a word a letter away at its start is another word
     assert table.search("xeview", 10, fuzzy=True) == []
+
+
+def test_an_alternative_reading_is_stored_and_answered_as_one(table: TextTable) -> None:
+    rows = [
+        TextRow("s-t000000", 1.0, 3.0, "and he can help", "speech", 0.4, (1.0, 1.4, 1.8, 2.4)),
+        TextRow("s-t000001", 1.0, 3.0, "the beacon can help", "speech", 0.4, (1.0, 1.4, 1.8, 2.4), alternative=1),
+    ]
+    table.replace_many([VideoText("s", "s3://b/s.mp4", "v1", "fp-s-v1", "speech", rows)])
+    [found] = table.search("beacon", 5)
+    assert (found.segment_id, found.alternative, found.word_starts) == ("s-t000001", 1, (1.0, 1.4, 1.8, 2.4))
+    assert {h.alternative for h in table.search("help", 5)} == {0, 1}
