@@ -1,4 +1,5 @@
-"""The targets of the performance issues (revised by the flood issue): metric name, comparison,
+"""The targets of the performance issues (revised by the flood issue) and of the words' relevance
+(issue 22): metric name, comparison,
 threshold, and which benchmark measures it. ``bench/report.py`` marks each pass / miss / not measured.
 Figures reported beside them without a target (``event_delivery_ms_p50``, bench/events.py's per-mode
 delivery) are in each benchmark's section."""
@@ -44,4 +45,7 @@ TARGETS = [
     Target("search_speedup_vs_flat_1m", ">=", 10, "search", "ANN vs flat scan latency at 1M frames"),
     Target("search_p50_ms_10m", "<=", 20, "search_10m", "search latency p50 at 10M frames (768-d), ANN (--full)"),
     Target("search_recall10_10m", ">=", 0.95, "search_10m", "recall@10 vs exact search at 10M frames (--full)"),
+    Target("subtitle_recall5", ">=", 0.95, "relevance", "right moment in the top 5, subtitle queries, GET /v1/search"),
+    Target("ocr_recall5", ">=", 0.85, "relevance", "right moment in the top 5, on-screen text queries, GET /v1/search"),
+    Target("speech_recall5", ">=", 0.6, "relevance", "right moment in the top 5, speech queries (PocketSphinx)"),
 ]

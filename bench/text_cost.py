@@ -7,7 +7,7 @@ every sampled frame: its worst case) and speech (a Flite sentence every 6 s). Ea
 it (``TextExtractor`` with only that source on), after a warm-up on a 10 s clip with the same extractor;
 CPU seconds are those of this process and the processes below it (the decode worker OCR's frames come
 from), read from /proc; wall seconds the run's. Recall of the right words is
-``bench.relevance``'s (to come): here, only what each source found, to show it worked.
+``bench.relevance``'s: here, only what each source found, to show it worked.
 
 Writes the ``text_cost`` section of bench/results/latest.json."""
 
@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{shown['speech']} spoken sentences (Flite). Each source alone, after a warm-up on a 10 s clip with the "
         "same extractor; CPU seconds of this process and those below it (OCR's decode worker) per minute of video.",
         "`*_segments` is what each source found, beside what the clip holds (above): a sign it worked, not a "
-        "recall figure (OCR splits a caption it reads partly in some frames into several segments; recall "
-        "is bench.relevance's, to come).",
+        "recall figure (OCR splits a caption it reads partly in some frames into several segments; speech "
+        "adds its alternative readings; recall is bench.relevance's).",
     ]
     save_section("text_cost", {**metrics, **{f"{k}_in_clip": v for k, v in shown.items()}}, notes)
 

@@ -116,6 +116,7 @@ class TextTable:
         self.name = name
         self._table: Any = None
         self._fts_seen = False
+        self._alternatives: bool | None = None
 
     def table(self, create: bool = False) -> Any | None:
         if self._table is None:
@@ -255,9 +256,12 @@ class TextTable:
             "text",
             "source",
             "word_starts",
-            "alternative",
             "_score",
         ]
+        if self._alternatives is None:  # a table's layout never changes: looked at once
+            self._alternatives = "alternative" in table.schema.names
+        if self._alternatives:  # a rows1 table (an older release's) has none: all best readings
+            columns.insert(-1, "alternative")
         rows = search.select(columns).limit(limit).to_list()
         return [
             TextHit(
@@ -271,7 +275,7 @@ class TextTable:
                 r["source"],
                 tuple(r["word_starts"] or ()),
                 float(r["_score"]),
-                int(r["alternative"]),
+                int(r.get("alternative") or 0),
             )
             for r in rows
         ]

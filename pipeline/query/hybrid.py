@@ -1,7 +1,8 @@
 """Hybrid search's pure parts: what a query asks of the words (its terms, its quoted phrases), which
 words of a segment it matched, and the fusion of the visual moments with the text matches by
-reciprocal rank (each list's rank r counts 1/(RRF_K + r); a text match and a visual moment of one video
-that overlap in time are one moment, which both lists count)."""
+weighted reciprocal rank (a visual rank r counts 1/(RRF_K + r), a words rank TEXT_WEIGHT·held/(RRF_K + r);
+a text match and a visual moment of one video that overlap in time are one moment, which both lists
+count)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ SOURCES = (VISUAL, "subtitle", "ocr", "speech")
 #: reading (``pipeline.text.speech``); a word one letter away counts ``NEAR_WEIGHT`` of an exact one.
 ALTERNATIVE_WEIGHT = 0.5
 NEAR_WEIGHT = 1 / 3
-#: The words' search reads this many rows per match it answers: an utterance's readings answer once.
-READINGS_READ = 3
+#: The words' search reads this many rows per match it answers: an utterance's readings (the best one
+#: and about six alternatives kept of ten looked at) answer once.
+READINGS_READ = 8
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 _PHRASE = re.compile(r'"([^"]*)"')
@@ -127,16 +129,18 @@ class Reading(Protocol):
 R = TypeVar("R", bound=Reading)
 
 
-def rank_words(hits: Iterable[R], terms: Collection[str], *, near: bool = False) -> list[tuple[R, float]]:
+def rank_words(hits: Iterable[R], terms: Collection[str], *, near: bool = False) -> list[Ranked[R]]:
     """The text search's hits (BM25 order) as matches, best first, each with the share (0..1) of the
-    query's words its moment holds: the moments holding more of them first, then BM25.
+    query's words its moment holds and its moment's number: the moments holding more of them first,
+    then BM25.
 
-    A moment is one video's segments that come within ``JOIN_S`` of each other (a caption shown while a
-    sentence is said); the readings of one utterance (one span of one video's speech) are one segment,
-    answered with the reading that holds most of the query's words (the best reading on a tie). A moment
-    counts each query word once: 1 where a segment reads it, ``ALTERNATIVE_WEIGHT`` where only an
-    alternative reading of the speech heard it, times ``NEAR_WEIGHT`` where the word is one letter away
-    (``near``). Each moment's segments come one after the other, the one holding most words first."""
+    A moment is one video's segments that come within ``JOIN_S`` of each other, one after another (a
+    caption shown while a sentence is said); the readings of one utterance (one span of one video's
+    speech) are one segment, answered with the reading that counts most (below; the best reading on a
+    tie). A moment counts each query word once: 1 where a segment reads it, ``ALTERNATIVE_WEIGHT`` where
+    only an alternative reading of the speech heard it, each times ``NEAR_WEIGHT`` where the word is one
+    letter away (``near``). Each moment's segments come one after the other, the one counting most first;
+    ``fuse`` makes them one moment."""
     units: dict[tuple[str, ...], _Unit[R]] = {}
     for n, h in enumerate(hits):
         key = (h.video_id, h.version, repr(h.start_s), repr(h.end_s)) if h.source == "speech" else (h.segment_id,)
@@ -170,7 +174,23 @@ def rank_words(hits: Iterable[R], terms: Collection[str], *, near: bool = False)
         scored.append((sum(heard.values()), min(u.first for u in members), members))
     scored.sort(key=lambda m: (-m[0], m[1]))
     share = 1 / max(len(terms), 1)
-    return [(unit.chosen, min(held * share, 1.0)) for held, _, members in scored for unit in members]
+    # The full-text index matched something in each hit even where these words don't see it (its tokenizer
+    # folds what ``_WORD`` keeps apart): such a hit holds the least a match can.
+    least = ALTERNATIVE_WEIGHT * NEAR_WEIGHT
+    return [
+        Ranked(unit.chosen, min(max(held, least) * share, 1.0), n)
+        for n, (held, _, members) in enumerate(scored)
+        for unit in members
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Ranked(Generic[R]):
+    """A hit of ``rank_words``: the share of the query's words its moment holds, and which moment."""
+
+    hit: R
+    held: float
+    moment: int
 
 
 class _Unit(Generic[R]):
@@ -219,6 +239,8 @@ class TextMatch:
     marks: tuple[tuple[int, int], ...] = ()
     #: The share of the query's words its moment holds (``rank_words``): what its rank counts in ``fuse``.
     held: float = 1.0
+    #: Its moment of ``rank_words`` (None: none given): matches of one moment are one moment of ``fuse``.
+    moment: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,47 +284,59 @@ def fuse(visual: Sequence[Moment], texts: Sequence[TextMatch], k: int) -> list[F
     """The ``k`` best moments of both lists by weighted reciprocal rank: a text match joins the best-ranked
     visual moment of its video whose span comes within ``JOIN_S`` of it (at most one text match per visual
     moment: the best); the frames' rank r adds 1/(RRF_K + r), the words' TEXT_WEIGHT·held/(RRF_K + r) (a
-    match holding half the query's words counts half). Ties: earlier video id, earlier time."""
+    match holding half the query's words counts half); text matches of one ``rank_words`` moment join
+    where the first of them went. Ties: earlier video id, earlier time."""
     fused: list[Fused] = []
     joined: dict[int, int] = {}  # visual rank -> index in fused
     for rank, m in enumerate(visual, start=1):
         joined[rank] = len(fused)
         fused.append(Fused(m.video_id, m.uri, m.start_s, m.end_s, m.ts_s, 1 / (RRF_K + rank), (VISUAL,), visual=m))
+    went: dict[int, int] = {}  # rank_words moment -> index in fused
     for rank, t in enumerate(texts, start=1):
-        score = TEXT_WEIGHT * t.held / (RRF_K + rank)
-        partner = next(
-            (r for r, m in enumerate(visual, start=1) if _near(m, t) and fused[joined[r]].text is None), None
-        )
-        if partner is None:
-            # The moment a visual one became with another source's words at the same time (the speech
-            # of a subtitled line) takes these too.
-            worded = next((r for r, m in enumerate(visual, start=1) if _near(fused[joined[r]], t)), None)
-            if worded is not None:
-                f = fused[joined[worded]]
-                if f.text is not None and _near_text(f.text, t):
-                    fused[joined[worded]] = _joined(f, t)  # the words' list counts once
-                    continue
-            # Another source's words at the same time (the subtitle and the speech of one line) join too.
-            at = next((n for n, f in enumerate(fused) if f.visual is None and _near(f, t)), None)
-            if at is None:
-                fused.append(Fused(t.video_id, t.uri, t.start_s, t.end_s, t.ts_s, score, (t.source,), text=t))
-            else:  # it says which sources found the moment; the words' list counts once (its best rank)
-                fused[at] = _joined(fused[at], t)
+        if t.moment is not None and t.moment in went:
+            fused[went[t.moment]] = _joined(fused[went[t.moment]], t)  # the words' list counts once
             continue
-        at = joined[partner]
-        both = fused[at]
-        fused[at] = replace(
-            both,
-            # The words pin the moment down: where they are said or shown, not the frames' looser span.
-            start_s=t.start_s,
-            end_s=t.end_s,
-            ts_s=t.ts_s,
-            score=both.score + score,
-            sources=(*both.sources, t.source),
-            text=t,
-        )
+        at = _place(fused, joined, visual, t, TEXT_WEIGHT * t.held / (RRF_K + rank))
+        if t.moment is not None:
+            went[t.moment] = at
     fused.sort(key=lambda f: (-f.score, f.video_id, f.start_s))
     return fused[:k]
+
+
+def _place(fused: list[Fused], joined: dict[int, int], visual: Sequence[Moment], t: TextMatch, score: float) -> int:
+    """Text match ``t`` (worth ``score``) put in ``fused``: joined to its visual partner, to the moment
+    another source's words at the same time made, or as a moment of its own; where it went."""
+    partner = next((r for r, m in enumerate(visual, start=1) if _near(m, t) and fused[joined[r]].text is None), None)
+    if partner is None:
+        # The moment a visual one became with another source's words at the same time (the speech
+        # of a subtitled line) takes these too.
+        worded = next((r for r, m in enumerate(visual, start=1) if _near(fused[joined[r]], t)), None)
+        if worded is not None:
+            f = fused[joined[worded]]
+            if f.text is not None and _near_text(f.text, t):
+                fused[joined[worded]] = _joined(f, t)  # the words' list counts once
+                return joined[worded]
+        # Another source's words at the same time (the subtitle and the speech of one line) join too.
+        at = next((n for n, f in enumerate(fused) if f.visual is None and _near(f, t)), None)
+        if at is None:
+            fused.append(Fused(t.video_id, t.uri, t.start_s, t.end_s, t.ts_s, score, (t.source,), text=t))
+            return len(fused) - 1
+        # it says which sources found the moment; the words' list counts once (its best rank)
+        fused[at] = _joined(fused[at], t)
+        return at
+    at = joined[partner]
+    both = fused[at]
+    fused[at] = replace(
+        both,
+        # The words pin the moment down: where they are said or shown, not the frames' looser span.
+        start_s=t.start_s,
+        end_s=t.end_s,
+        ts_s=t.ts_s,
+        score=both.score + score,
+        sources=(*both.sources, t.source),
+        text=t,
+    )
+    return at
 
 
 def _joined(f: Fused, t: TextMatch) -> Fused:

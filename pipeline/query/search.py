@@ -22,6 +22,7 @@ from pipeline.query.hybrid import (
     READINGS_READ,
     VISUAL,
     Fused,
+    Ranked,
     TextMatch,
     TextQuery,
     fuse,
@@ -277,7 +278,7 @@ class SearchService:
             limit = min(k * TEXT_CANDIDATES_PER_MOMENT, MAX_CANDIDATES)
             fuzzy = self._settings.text.search_fuzzy
             text_hits = await asyncio.to_thread(_search_words, table, query, limit, sources, fuzzy)
-        wanted = {h.video_id for h in hits} | {h.video_id for h, _ in text_hits}
+        wanted = {h.video_id for h in hits} | {r.hit.video_id for r in text_hits}
         records = await asyncio.to_thread(self._store.catalog.get_many, wanted) if wanted else {}
         durations_s = {vid: r.duration_s for vid, r in records.items() if r.duration_s is not None}
         # Each video's frames were sampled at its own interval (the setting may have changed since).
@@ -354,11 +355,11 @@ def _took_ms(started: float) -> float:
 
 def _search_words(
     table: TextTable, query: TextQuery, limit: int, sources: list[str], fuzzy: bool
-) -> list[tuple[TextHit, float]]:
+) -> list[Ranked[TextHit]]:
     """The ``limit`` best matches of the query and the share of its words each holds (``rank_words``):
     segments with every quoted phrase (its words in order), or — with none — any of its words
     (``fuzzy``: near words too, below exact ones)."""
-    read = limit * READINGS_READ
+    read = max(limit, min(limit * READINGS_READ, MAX_CANDIDATES))
     near = fuzzy and not query.phrases
     if not query.phrases:
         return rank_words(table.search(" ".join(query.words), read, sources, fuzzy=fuzzy), query.terms, near=near)[
@@ -376,14 +377,15 @@ def _search_words(
 
 
 def _current_matches(
-    hits: list[tuple[TextHit, float]], records: dict[str, VideoRecord], text: ModelTable, query: TextQuery, fuzzy: bool
+    hits: list[Ranked[TextHit]], records: dict[str, VideoRecord], text: ModelTable, query: TextQuery, fuzzy: bool
 ) -> list[TextMatch]:
     """The hits whose rows are the words of their video as the catalog has it now (its text entry, at
     its version): words of an overwritten or deleted video's old version are never answered."""
     pipeline = text.pipeline or ""
     terms = query.terms
     matches = []
-    for h, held in hits:
+    for ranked in hits:
+        h = ranked.hit
         record = records.get(h.video_id)
         entry = record.index_in(text.table) if record is not None else None
         if record is None or entry is None or record.version != h.version:
@@ -391,5 +393,7 @@ def _current_matches(
         if entry.fingerprint != text_fingerprint(h.version, pipeline):
             continue
         ts, spans = text_match(h.text, h.start_s, h.end_s, h.word_starts, terms, near=fuzzy and not query.phrases)
-        matches.append(TextMatch(h.video_id, h.uri, h.start_s, h.end_s, h.text, h.source, ts, spans, held))
+        matches.append(
+            TextMatch(h.video_id, h.uri, h.start_s, h.end_s, h.text, h.source, ts, spans, ranked.held, ranked.moment)
+        )
     return matches

@@ -8,7 +8,8 @@ model finds unlikely where it was said) while the right word is among its next r
 utterance also gives its *alternative* readings: of its ``alternatives`` most likely hypotheses
 (PocketSphinx's n-best list), each one that heard a word no reading kept before did, as a segment of
 its own (``TextSegment.alternative`` > 0), its words timed by aligning it to the best reading. Search
-finds them and ranks them below the best readings (``storage.texts.ALTERNATIVE_WEIGHT``)."""
+finds them and counts a word only they heard below one the best reading heard
+(``pipeline.query.hybrid.ALTERNATIVE_WEIGHT``)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import io
 import itertools
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -126,11 +127,15 @@ class SpeechRecognizer:
         words: list[str] = []
         starts: list[float] = []
         probs: list[float] = []
+        before: set[str] = set()  # said before the picture starts: dropped, and not new in another reading
         end = at_s
         for seg in d.seg():
             word = _ALT.sub("", seg.word).lower()
             at = at_s + seg.start_frame * _FRAME_S
-            if word in _NOT_WORDS or word.startswith("++") or at < 0:
+            if not word or word in _NOT_WORDS or word.startswith("++"):
+                continue
+            if at < 0:
+                before.add(word)
                 continue
             words.append(word)
             starts.append(round(at, 2))
@@ -144,20 +149,23 @@ class SpeechRecognizer:
             return [best]
         nbest = itertools.islice(d.nbest(), self._alternatives)
         readings = ([w.lower() for w in h.hypstr.split()] for h in nbest)
-        return [best, *alternative_readings(best, readings)]
+        return [best, *alternative_readings(best, readings, before)]
 
 
-def alternative_readings(best: TextSegment, readings: Iterable[list[str]]) -> list[TextSegment]:
+def alternative_readings(
+    best: TextSegment, readings: Iterable[list[str]], dropped: Collection[str] = ()
+) -> list[TextSegment]:
     """Of ``readings`` (most likely first), each that heard a word neither ``best`` nor a reading kept
-    before it did, as a segment: ``alternative`` n for the n-th kept, the best's span and confidence,
-    each word timed where it lines up with the best reading (a word in place of best words: spread
-    over their time; one added: the time of the best word after it)."""
-    heard = set(best.text.split())
+    before it did (nor one of ``dropped``, the best reading's words said before the picture starts), as a
+    segment: ``alternative`` n for the n-th kept, the best's span and confidence, each word timed where
+    it lines up with the best reading (a word in place of best words: spread over their time; one
+    added: the time of the best word after it)."""
+    heard = set(best.text.split()) | set(dropped)
     base = best.text.split()
     ends = [*best.word_starts[1:], best.end_s]
     kept: list[TextSegment] = []
     for reading in readings:
-        words = [w for w in (_ALT.sub("", r) for r in reading) if w not in _NOT_WORDS and not w.startswith("++")]
+        words = [w for w in (_ALT.sub("", r) for r in reading) if w and w not in _NOT_WORDS and not w.startswith("++")]
         if not words or heard.issuperset(words):
             continue
         heard.update(words)

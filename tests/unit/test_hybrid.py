@@ -19,6 +19,7 @@ from pipeline.query.hybrid import (
     NEAR_WEIGHT,
     RRF_K,
     TEXT_WEIGHT,
+    Ranked,
     TextMatch,
     fuse,
     marks,
@@ -126,13 +127,16 @@ def test_the_words_rank_by_how_many_of_the_query_words_their_moment_holds_then_b
         hit("near", 0.0, "willow ambor", "ocr", score=3.0),  # one word, and one a letter away
     ]
     ranked = rank_words(hits, {"willow", "amber"}, near=True)
-    assert [(h.video_id, held) for h, held in ranked] == [
+    assert [(r.hit.video_id, r.held) for r in ranked] == [
         ("long", 1.0),
         ("near", pytest.approx((1 + NEAR_WEIGHT) / 2)),
         ("short", 0.5),
     ]
     # Without fuzzy matching the one a letter away counts nothing: BM25 decides between equals
-    assert [h.video_id for h, _ in rank_words(hits, {"willow", "amber"})] == ["long", "short", "near"]
+    assert [r.hit.video_id for r in rank_words(hits, {"willow", "amber"})] == ["long", "short", "near"]
+    # A hit the full-text index matched where these words see none (its tokenizer folds accents) still counts
+    [only] = rank_words([hit("cafe", 0.0, "le café", "subtitle")], {"cafe"})
+    assert only.held == pytest.approx(ALTERNATIVE_WEIGHT * NEAR_WEIGHT)
 
 
 def test_an_utterance_is_one_match_holding_what_any_of_its_readings_heard() -> None:
@@ -142,14 +146,22 @@ def test_an_utterance_is_one_match_holding_what_any_of_its_readings_heard() -> N
     other = hit("b", 1.0, "a candle in the window", score=1.0)
     ranked = rank_words([first, second, best, other], {"beacon", "candle"})
     # One match for the utterance: both words heard, in alternative readings only (each counts half)
-    assert [(h.segment_id, held) for h, held in ranked] == [
+    assert [(r.hit.segment_id, r.held) for r in ranked] == [
         (first.segment_id, ALTERNATIVE_WEIGHT),
         (other.segment_id, 0.5),
     ]
     # Where the best reading heard a word, it counts whole and that reading is the one answered
     plain = hit("a", 1.0, "and the beacon help at all", score=1.0)
-    [(chosen, held), _] = rank_words([first, plain, other], {"beacon", "candle"})
-    assert chosen is plain and held == 0.5
+    [chosen, _] = rank_words([first, plain, other], {"beacon", "candle"})
+    assert chosen.hit is plain and chosen.held == 0.5
+
+
+def as_matches(ranked: list[Ranked[TextHit]]) -> list[TextMatch]:
+    return [
+        TextMatch(h.video_id, h.uri, h.start_s, h.end_s, h.text, h.source, h.start_s, (), r.held, r.moment)
+        for r in ranked
+        for h in (r.hit,)
+    ]
 
 
 def test_a_caption_shown_while_a_sentence_is_said_is_one_moment_holding_both() -> None:
@@ -158,17 +170,13 @@ def test_a_caption_shown_while_a_sentence_is_said_is_one_moment_holding_both() -
     elsewhere = hit("x", 1.0, "amber quartz", "subtitle", score=2.0)
     later = hit("m", 14.0, "amber", "subtitle", score=8.0)  # the same video, a moment apart
     ranked = rank_words([later, shown, elsewhere, said], {"quartz", "amber"})
-    assert [(h.video_id, h.start_s, held) for h, held in ranked] == [
+    assert [(r.hit.video_id, r.hit.start_s, r.held) for r in ranked] == [
         ("m", 9.0, 1.0),  # the moment's segments one after the other: fuse makes them one moment
         ("m", 9.4, 1.0),
         ("x", 1.0, 1.0),
         ("m", 14.0, 0.5),
     ]
-    fused = fuse(
-        [],
-        [TextMatch(h.video_id, h.uri, h.start_s, h.end_s, h.text, h.source, h.start_s, (), held) for h, held in ranked],
-        k=5,
-    )
+    fused = fuse([], as_matches(ranked), k=5)
     assert [(f.video_id, f.start_s, f.sources) for f in fused] == [
         ("m", 9.0, ("ocr", "speech")),
         ("x", 1.0, ("subtitle",)),
@@ -287,3 +295,13 @@ def test_when_no_words_match_the_scores_are_the_frames_similarity(indexed: Parts
     response = search(indexed, "zebra crossing")
     assert response.results and all(r.sources == ["visual"] and 0 < r.score <= 1 for r in response.results)
     assert QueryEncoder.last == ["zebra crossing"]
+
+
+def test_a_moment_of_words_chained_in_time_is_one_fused_moment_holding_what_its_segments_hold() -> None:
+    # Three segments of a, each within a second of the one before, hold both words between them
+    chain = [hit("a", 0.0, "amber", "ocr"), hit("a", 2.5, "amber", "ocr"), hit("a", 5.0, "quartz", "ocr")]
+    both = hit("b", 0.0, "amber quartz", "subtitle")
+    ranked = rank_words([*chain, both], {"amber", "quartz"})
+    fused = fuse([], as_matches(ranked), k=5)
+    assert [(f.video_id, f.start_s) for f in fused] == [("a", 0.0), ("b", 0.0)]  # a: one moment, not three
+    assert fused[0].score == pytest.approx(TEXT_WEIGHT / (RRF_K + 1))

@@ -106,6 +106,11 @@ def test_an_alternative_reading_is_kept_only_for_words_no_reading_before_heard_e
     # One word in place of two: spread over their time
     [merged] = alternative_readings(best, [["and", "hecan", "help"]])
     assert merged.word_starts == (1.0, 1.4, 2.4)
+    # A bare pronunciation marker is no word; a word the best reading dropped (said before the picture) is not new
+    assert (
+        alternative_readings(best, [["(2)", "and", "he", "can", "help"], ["so", "and", "he", "can", "help"]], {"so"})
+        == []
+    )
 
 
 def test_speech_gives_alternative_readings_after_the_best_one_when_asked(tmp_path: Path) -> None:

@@ -117,3 +117,21 @@ def test_an_alternative_reading_is_stored_and_answered_as_one(table: TextTable) 
     [found] = table.search("beacon", 5)
     assert (found.segment_id, found.alternative, found.word_starts) == ("s-t000001", 1, (1.0, 1.4, 1.8, 2.4))
     assert {h.alternative for h in table.search("help", 5)} == {0, 1}
+
+
+def test_a_table_of_the_layout_before_alternatives_is_searched_as_best_readings(tmp_path: Path) -> None:
+    import lancedb
+    import pyarrow as pa
+
+    from storage.texts import TEXT_SCHEMA
+
+    name = text_table_name("rows1-subtitles", "g1")
+    old = pa.schema([f for f in TEXT_SCHEMA if f.name != "alternative"])
+    row = {f.name: None for f in old} | {
+        "segment_id": "a-t000000", "video_id": "a", "uri": "s3://b/a.mp4", "version": "v1", "fingerprint": "fp",
+        "pipeline": "subtitles", "start_s": 1.0, "end_s": 2.0, "text": "the harbour at dawn", "source": "subtitle",
+        "confidence": 1.0, "word_starts": [], "track": "",
+    }  # fmt: skip
+    lancedb.connect(str(tmp_path / "db")).create_table(name, pa.Table.from_pylist([row], schema=old))
+    [found] = TextTable(IndexDatabase(S3Settings(), str(tmp_path / "db")), name).search("harbour", 5)
+    assert (found.segment_id, found.alternative) == ("a-t000000", 0)
