@@ -7,8 +7,9 @@ from pydantic import BaseModel, Field
 
 class TextSettings(BaseModel):
     """The words in a video (``pipeline.text``): which sources are read, and how. Every source is off by
-    default until ``bench.relevance`` meets the relevance bars through the search endpoint
-    (docs/design/text.md); ``bench.text_cost`` gives each source's cost."""
+    default, by its cost (docs/design/text.md, "Defaults"): each video's text job costs a fetch and two
+    catalog commits whatever it finds, and OCR and speech cost CPU-seconds per video-minute
+    (``bench.text_cost``); ``bench.relevance`` gives what each finds."""
 
     #: Text subtitle tracks (SubRip, ASS/SSA, mov_text, WebVTT): no model, next to no cost.
     subtitles: bool = False

@@ -161,7 +161,7 @@ def test_the_text_pipeline_id_changes_with_what_decides_the_segments() -> None:
     }
     assert len(ids) == 6
     assert all(pid.startswith(f"{TEXT_ROWS}+") for pid in ids)  # a new row layout: new tables
-    assert text_pipeline_id(TextSettings()) == "none"  # every source off: the default for now
+    assert text_pipeline_id(TextSettings()) == "none"  # every source off: the default, by cost
 
 
 def test_a_missing_ocr_model_is_a_clear_error(tmp_path: Path) -> None:
