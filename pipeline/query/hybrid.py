@@ -7,7 +7,7 @@ count)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Generic, Protocol, TypeVar
 
@@ -88,9 +88,12 @@ def marks(text: str, terms: Collection[str], *, near: bool = False) -> list[tupl
 
 
 def _matches(word: str, terms: Collection[str], near: bool) -> bool:
-    if word in terms:
-        return True
-    return near and any(t[:1] == word[:1] and _one_edit(word, t) for t in terms)
+    return word in terms or (near and next(_near_terms(word, terms), None) is not None)
+
+
+def _near_terms(word: str, terms: Collection[str]) -> Iterator[str]:
+    """The terms one letter away from ``word`` with its first letter (what a fuzzy search matches)."""
+    return (t for t in terms if t[:1] == word[:1] and _one_edit(word, t))
 
 
 def _one_edit(a: str, b: str) -> bool:
@@ -120,8 +123,6 @@ class Reading(Protocol):
     def end_s(self) -> float: ...
     @property
     def text(self) -> str: ...
-    @property
-    def score(self) -> float: ...
     @property
     def alternative(self) -> int: ...
 
@@ -218,9 +219,8 @@ def _heard(text: str, terms: Collection[str], near: bool, weight: float) -> dict
         if word in terms:
             found[word] = weight
         elif near:
-            for t in terms:
-                if t[:1] == word[:1] and _one_edit(word, t):
-                    found[t] = max(found.get(t, 0.0), weight * NEAR_WEIGHT)
+            for t in _near_terms(word, terms):
+                found[t] = max(found.get(t, 0.0), weight * NEAR_WEIGHT)
     return found
 
 
