@@ -158,8 +158,10 @@ class Phrases:
         raise RuntimeError("no phrase left whose pairs of words are all new: a larger vocabulary is needed")
 
 
-def build_corpus(directory: Path, clips: int, seed: int = 7) -> tuple[dict[str, Path], list[Truth]]:
-    """``clips`` clips of each kind and their queries."""
+def build_corpus(
+    directory: Path, clips: int, seed: int = 7, speech_clips: int | None = None
+) -> tuple[dict[str, Path], list[Truth]]:
+    """``clips`` clips of each kind (``speech_clips`` of speech, at least ``clips``) and their queries."""
     phrases = Phrases(random.Random(seed))
     paths: dict[str, Path] = {}
     truths: list[Truth] = []
@@ -174,10 +176,7 @@ def build_corpus(directory: Path, clips: int, seed: int = 7) -> tuple[dict[str, 
         overlays = [Overlay(t, t + 4.0, " ".join(phrases.phrase()).title(), **style) for t in (1.0, 6.0, 11.0)]  # type: ignore[arg-type]
         paths[name] = overlaid_clip(directory / f"{name}.mp4", overlays, CLIP_SECONDS)
         truths += [Truth(name, "ocr", o.start_s, " ".join(o.text.lower().split()[:2])) for o in overlays]
-        name = f"speech{n}"
-        lines = [Line(t, f"the {' '.join(phrases.phrase())}", VOICES[n % len(VOICES)]) for t in (1.0, 8.0)]
-        paths[name] = spoken_clip(directory / f"{name}.mp4", lines, CLIP_SECONDS)
-        truths += [Truth(name, "speech", ln.at_s, " ".join(ln.text.split()[1:3])) for ln in lines]
+        truths += _speech_clip(directory, n, phrases, paths)
         # Mixed: a caption shown while a sentence is said; the query is one word of each.
         name = f"mixed{n}"
         style = STYLES[(n + 1) % len(STYLES)]
@@ -192,7 +191,17 @@ def build_corpus(directory: Path, clips: int, seed: int = 7) -> tuple[dict[str, 
             Truth(name, "mixed", o.start_s, f"{o.text.lower().split()[0]} {ln.text.split()[1]}")
             for o, ln in zip(shown, said, strict=True)
         ]
+    for n in range(clips, max(clips, speech_clips or 0)):
+        truths += _speech_clip(directory, n, phrases, paths)
     return paths, truths
+
+
+def _speech_clip(directory: Path, n: int, phrases: Phrases, paths: dict[str, Path]) -> list[Truth]:
+    """Speech clip ``n`` (two sentences, voice ``n`` of Flite's four in turn) and its queries."""
+    name = f"speech{n}"
+    lines = [Line(t, f"the {' '.join(phrases.phrase())}", VOICES[n % len(VOICES)]) for t in (1.0, 8.0)]
+    paths[name] = spoken_clip(directory / f"{name}.mp4", lines, CLIP_SECONDS)
+    return [Truth(name, "speech", ln.at_s, " ".join(ln.text.split()[1:3])) for ln in lines]
 
 
 def _mixed_clip(directory: Path, name: str, shown: list[Overlay], said: list[Line]) -> Path:
@@ -317,6 +326,9 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m bench.relevance", description=__doc__)
     parser.add_argument("--clips", type=int, default=8, help="clips of each kind")
+    parser.add_argument(
+        "--speech-clips", type=int, default=16, help="speech clips (at least --clips): speech is read least surely"
+    )
     parser.add_argument("--misses", type=int, default=0, help="print each query the words-only search missed at this k")
     args = parser.parse_args(argv)
     ways = {"hybrid": None, "words": "subtitle,ocr,speech", "visual": "visual"}
@@ -324,7 +336,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="vidx-relevance-") as tmp_name:
         tmp = Path(tmp_name)
         started = time.monotonic()
-        paths, truths = build_corpus(tmp, args.clips)
+        paths, truths = build_corpus(tmp, args.clips, speech_clips=args.speech_clips)
         built_s = time.monotonic() - started
         started = time.monotonic()
         settings, store, encoder, live, stages = index_corpus(paths, tmp)
@@ -366,7 +378,8 @@ def main(argv: list[str] | None = None) -> None:
         1000 * sum(v for k, v in stages.items() if k.startswith("text:text_")) / jobs, 1
     )
     notes = [
-        f"{args.clips} clips of each kind, {CLIP_SECONDS} s each: subtitle tracks (SubRip, ASS, WebVTT, mov_text in "
+        f"{args.clips} clips of each kind ({max(args.clips, args.speech_clips)} of speech), {CLIP_SECONDS} s each: "
+        "subtitle tracks (SubRip, ASS, WebVTT, mov_text in "
         "turn, 4 cues each), captions drawn over a moving picture (4 styles of font, size, colour, box and "
         "position, 3 captions each), Flite speech (4 voices, 2 sentences each), and mixed clips (a caption "
         "shown while a sentence is said, twice each). A query is two words of its cue, caption or sentence (mixed: "

@@ -152,8 +152,14 @@ class IndexTaskHandler:
             return {"video_id": job.video_id, "outcome": "failed", "reason": reason}
         if task.redelivered:
             log.info("task %s for %s redelivered: running it again", task.task_id, job.uri)
+        run = job
+        if task.retries > 0 or task.redelivered:
+            # An earlier start's catalog write may still land (its caller gave up on a stalled writer):
+            # this start writes the row even when it finds nothing to do, so that write can't be the
+            # row's last word (its compare-and-set loses, or lands first and this start sees it).
+            run = job.model_copy(update={"settle": True})
         try:
-            result = self._runner.run(job, task.task_id, task.retries)
+            result = self._runner.run(run, task.task_id, task.retries)
         except PermanentError as exc:
             # Usually recorded already (decode, limits); not when the object store refused a HEAD.
             self._record_failure(job, exc.reason)

@@ -8,6 +8,7 @@ import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -18,6 +19,7 @@ from pipeline.index.clock import StageClock
 from pipeline.index.objects import ObjectSource
 from pipeline.media.decode import open_sampled
 from pipeline.media.frames import chunks, thumbnail_jpeg
+from pipeline.media.probe import VideoInfo
 from pipeline.metrics import Metrics
 from pipeline.settings import Settings
 from storage.errors import EncoderUnavailable, ModelUnavailable, TransientError
@@ -56,6 +58,16 @@ class OneEmbedder:
 
 log = logging.getLogger(__name__)
 
+
+@dataclass(frozen=True, slots=True)
+class Embedded:
+    """What ``EmbedStage.rows`` read of a video: each table's rows, the duration when known, the stream facts."""
+
+    rows: dict[str, list[FrameRow]]
+    duration_s: float | None
+    info: VideoInfo
+
+
 #: Longest a job waits for a decode slot (``serve.consumer_cpu_slots``); then it is retried.
 CPU_SLOT_WAIT_S = 600.0
 
@@ -79,9 +91,9 @@ class EmbedStage:
         tables: Sequence[ModelTable],
         clock: StageClock,
         optional: frozenset[str] = frozenset(),
-    ) -> tuple[dict[str, list[FrameRow]], float | None]:
+    ) -> Embedded:
         """Each table's rows of the object's sampled frames (the same frames and thumbnails, each
-        model's vectors), and the video's duration when known. A table of ``optional`` whose model
+        model's vectors), the video's duration when known and its stream facts. A table of ``optional`` whose model
         can't embed (the encoder can't load it) is left out instead of failing the job: the model
         being switched to must not hold up the index of the one that answers."""
         with tempfile.TemporaryDirectory(prefix="vidx-") as tmp:
@@ -104,7 +116,7 @@ class EmbedStage:
 
     def _decode_embed(
         self, path: Path, video_id: str, tables: Sequence[ModelTable], clock: StageClock, optional: frozenset[str]
-    ) -> tuple[dict[str, list[FrameRow]], float | None]:
+    ) -> Embedded:
         settings = self._settings
         with clock.stage("decode"):
             info, sampled = open_sampled(
@@ -144,4 +156,4 @@ class EmbedStage:
                 )
             last_ts = chunk[-1].ts_s
         duration_s = info.duration_s if info.duration_s is not None else last_ts
-        return rows, duration_s
+        return Embedded(rows, duration_s, info)

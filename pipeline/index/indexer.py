@@ -12,16 +12,17 @@ from dataclasses import replace
 
 from events.jobs import IndexJob, JobOp, JobSource
 from pipeline.index.clock import StageClock
-from pipeline.index.extract import Embedders, EmbedStage, FrameEmbedder, OneEmbedder
+from pipeline.index.extract import Embedded, Embedders, EmbedStage, FrameEmbedder, OneEmbedder
 from pipeline.index.joblog import log_job
 from pipeline.index.objects import ObjectSource, S3ObjectSource
-from pipeline.index.plan import IndexPlan, Step, claims, count_crashes, plan_index, plan_removal
+from pipeline.index.plan import IndexPlan, Step, claims, count_crashes, plan_index, plan_removal, stale_words
 from pipeline.index.result import ConsumerKilled, JobResult, Outcome
 from pipeline.index.settle import MAX_CONVERGE_ROUNDS, RowLost, RowSettling
 from pipeline.index.videostate import Attempt, JobRows, VideoStates, settling
 from pipeline.index.words import WordReader
 from pipeline.metrics import Metrics
 from pipeline.settings import Settings
+from pipeline.text.settings import pipeline_may_read
 from storage.catalog import VideoRecord
 from storage.catalog_writer import CatalogWrites, PendingWrite
 from storage.errors import PermanentError, TransientError
@@ -232,13 +233,17 @@ class Indexer(RowSettling):
         # its outcome is in before any row is written or the failure recorded.
         self._hooks("fetch", job)
         embedded: dict[str, list[FrameRow]] | dict[str, list[TextRow]]
+        wordless = False  # an index job's video that no text source on may read (no text job follows)
         if words and give_up:
             none_found: list[TextRow] = []
             embedded, duration_s = {plan.need[0].table: none_found}, None
         elif words:
             embedded, duration_s = self._read_words(job, head, plan, claim, clock, dirty), None
         else:
-            embedded, duration_s = self._embed(job, head, plan, claim, clock, dirty)
+            found = self._embed(job, head, plan, claim, clock, dirty)
+            embedded, duration_s = found.rows, found.duration_s
+            tracks = found.info.audio_tracks, found.info.subtitle_tracks
+            wordless = text is not None and text_due and not pipeline_may_read(text.pipeline or "", *tracks)
         if self._claimed(claim, clock, job) is None:
             raise RowLost("the row changed before it was claimed")
         # Overlapping jobs of one key: only one that saw the current version writes.
@@ -247,9 +252,12 @@ class Indexer(RowSettling):
         self._hooks("write", job)
         # A new version's frames make the words of the old one stale: they go with this write (the
         # text job reads the new version's), as do words a text job wrote and did not settle.
-        due = text is not None and not words and text_due and _may_hold_words(seen, text, plan.version)
+        due = text is not None and not words and text_due and stale_words(seen, text, plan.version, wordless)
         stale = [text] if due and text is not None else []
         written = self._write(job, head, plan, embedded, clock, dirty, clear=stale)
+        if wordless and text is not None:
+            # Its words settle as none found with its frames: a text job would fetch it for nothing.
+            written = (*written, plan.entry(text, rows=0))
         self._hooks("written", job)
         with settling(dirty):
             self._finish(job, plan, written, duration_s, clock)
@@ -259,7 +267,7 @@ class Indexer(RowSettling):
         # new version may already have finished: look once more, so the last writer converges.
         self._still_at(job, head.version, clock, "the object changed while its rows were written")
         frames = plan.kept[0].frames if words else written[0].frames
-        return JobResult(job.video_id, Outcome.INDEXED, frames=frames, text_due=text_due and not words)
+        return JobResult(job.video_id, Outcome.INDEXED, frames=frames, text_due=text_due and not words and not wordless)
 
     def _look(self, video_id: str, entries: Sequence[ModelIndex], clock: StageClock) -> frozenset[str]:
         """The tables of ``entries`` that hold exactly the rows their entry says (looked at, not trusted)."""
@@ -302,8 +310,8 @@ class Indexer(RowSettling):
 
     def _embed(
         self, job: IndexJob, head: ObjectHead, plan: IndexPlan, claim: PendingWrite, clock: StageClock, dirty: JobRows
-    ) -> tuple[dict[str, list[FrameRow]], float | None]:
-        """Each needed table's rows (a failing optional one left out) and the duration. On a failure
+    ) -> Embedded:
+        """Each needed table's rows (a failing optional one left out), the duration and the stream facts. On a failure
         the claim's outcome is taken first: a permanent one is recorded, and a job that only had to
         add another model's rows puts the row back (``_release``)."""
         try:
@@ -371,15 +379,6 @@ class Indexer(RowSettling):
             for table in clear:
                 self._writer_for(table.table).replace(_no_rows(job, table))
         return written
-
-
-def _may_hold_words(seen: VideoRecord | None, text: ModelTable, version: str) -> bool:
-    """Whether the text table may hold words of the video that its next text job does not write over:
-    the row names some (of another version), or the row is of another version (a text job of it may
-    have written words it never settled). A first index of a video has none."""
-    if seen is None:
-        return False
-    return seen.index_in(text.table) is not None or (seen.version is not None and seen.version != version)
 
 
 def _no_rows(job: IndexJob, table: ModelTable) -> VideoFrames | VideoText:

@@ -62,11 +62,11 @@ class IndexPlan:
 
     def written(self, rows: Mapping[str, int]) -> tuple[ModelIndex, ...]:
         """The entries of the needed tables among ``rows`` (those embedded or read), with their row counts."""
-        return tuple(
-            ModelIndex(t.table, t.model, self.fingerprints[t.table], rows[t.table], self.sampling)
-            for t in self.need
-            if t.table in rows
-        )
+        return tuple(self.entry(t, rows[t.table]) for t in self.need if t.table in rows)
+
+    def entry(self, table: ModelTable, rows: int) -> ModelIndex:
+        """The entry saying live ``table`` holds ``rows`` rows of this version."""
+        return ModelIndex(table.table, table.model, self.fingerprints[table.table], rows, self.sampling)
 
     def models_moved(self, fresh: Sequence[ModelTable], held: Collection[str]) -> bool:
         """Whether the live tables read afresh (``fresh``) forbid settling with entries for ``held``: a
@@ -163,3 +163,15 @@ def count_crashes(seen: VideoRecord | None, attempt: Attempt | None, holder: str
     if seen.holder == holder:
         return seen.crashes  # this process is alive: a retry or a redelivery, not a crash
     return seen.crashes if alive(seen.holder) else seen.crashes + 1
+
+
+def stale_words(seen: VideoRecord | None, text: ModelTable, version: str, wordless: bool) -> bool:
+    """Whether an index job's write must clear the video's words from the text table: the row names some
+    (of another version), or the row is of another version (a text job of it may have written words it
+    never settled); and for a video no source may read (``wordless``: it settles "no words" itself), any
+    row a start of this version claimed before (its write failed after a claim that kept the old words).
+    A first index of a video has none."""
+    if seen is None:
+        return False
+    other = seen.index_in(text.table) is not None or (seen.version is not None and seen.version != version)
+    return other or (wordless and seen.version is not None)

@@ -24,6 +24,10 @@ class VideoInfo:
     height: int
     codec: str
     fps: float | None
+    #: Audio and subtitle tracks the container carries (what a text source could read besides pictures);
+    #: None: not counted (a text source may then read the video).
+    audio_tracks: int | None = None
+    subtitle_tracks: int | None = None
 
 
 #: Bytes read from the start of a file that FFmpeg can't open, to tell text from damaged media.
@@ -154,7 +158,15 @@ def stream_info(
     fps = float(stream.average_rate) if stream.average_rate else None
     # The codec, not the decoder that FFmpeg picked for it (AV1 decodes with libdav1d).
     codec = ctx.codec.canonical_name if ctx.codec else ctx.name
-    info = VideoInfo(duration_s=duration_s, width=width, height=height, codec=codec, fps=fps)
+    info = VideoInfo(
+        duration_s=duration_s,
+        width=width,
+        height=height,
+        codec=codec,
+        fps=fps,
+        audio_tracks=len(container.streams.audio),
+        subtitle_tracks=len(container.streams.subtitles),
+    )
     # From the stream parameters, before a single frame is decoded.
     check_pixels(width, height, limits)
     if duration_s is not None and duration_s > limits.max_duration_s:

@@ -1,17 +1,17 @@
-"""Hybrid search's pure parts: what a query asks of the words (its terms, its quoted phrases), which
-words of a segment it matched, and the fusion of the visual moments with the text matches by
+"""Hybrid search's pure parts beside ``pipeline.query.terms``: the words' hits ranked by how many of the
+query's words their moment holds (``rank_words``), and the fusion of the visual moments with the text matches by
 weighted reciprocal rank (a visual rank r counts 1/(RRF_K + r), a words rank TEXT_WEIGHT·held/(RRF_K + r);
 a text match and a visual moment of one video that overlap in time are one moment, which both lists
 count)."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Generic, Protocol, TypeVar
 
 from pipeline.query.moments import Moment
+from pipeline.query.terms import VISUAL, WORD, near_terms
 
 #: Reciprocal rank fusion's constant (Cormack, Clarke and Büttcher, 2009): ranks past the first few
 #: weigh nearly alike, so a moment both lists find beats one either list ranks first alone.
@@ -23,9 +23,6 @@ JOIN_S = 1.0
 #: the visual moments follow; a moment both find leads them all. (Measured by ``bench.relevance``: with
 #: equal weights the frames' list, with the random weights this machine has, took half the top five.)
 TEXT_WEIGHT = 2.0
-VISUAL = "visual"
-#: What ``?sources=`` may name: the visual search and each text source.
-SOURCES = (VISUAL, "subtitle", "ocr", "speech")
 
 #: What a query word heard only in an alternative reading of speech counts, against one in the best
 #: reading (``pipeline.text.speech``); a word one letter away counts ``NEAR_WEIGHT`` of an exact one.
@@ -35,75 +32,8 @@ NEAR_WEIGHT = 1 / 3
 #: and about six alternatives kept of ten looked at) answer once.
 READINGS_READ = 8
 
-_WORD = re.compile(r"\w+", re.UNICODE)
-_PHRASE = re.compile(r'"([^"]*)"')
-
-
-@dataclass(frozen=True, slots=True)
-class TextQuery:
-    """A search's query as the text search reads it: the quoted phrases (each a run of words that must
-    appear in order, next to each other) and the free words; ``visual`` is the query for the image model
-    (the quotes taken out)."""
-
-    visual: str
-    phrases: tuple[str, ...]
-    words: tuple[str, ...]
-
-    @property
-    def terms(self) -> frozenset[str]:
-        """Every word the query names (lower case): what is marked in a matched segment."""
-        found = {w.lower() for w in self.words}
-        for phrase in self.phrases:
-            found.update(w.lower() for w in _WORD.findall(phrase))
-        return frozenset(found)
-
-
-def parse_query(q: str) -> TextQuery:
-    phrases = tuple(p.strip() for p in _PHRASE.findall(q) if _WORD.search(p))
-    rest = _PHRASE.sub(" ", q).replace('"', " ")
-    words = tuple(_WORD.findall(rest))
-    visual = " ".join(q.replace('"', " ").split())
-    return TextQuery(visual, phrases, words)
-
-
-def parse_sources(raw: str | None) -> frozenset[str]:
-    """``?sources=visual,subtitle,ocr,speech`` (any of them, comma separated; none: all).
-
-    Raises:
-        ValueError: a name that is not a source.
-    """
-    if raw is None or not raw.strip():
-        return frozenset(SOURCES)
-    names = {s.strip().lower() for s in raw.split(",") if s.strip()}
-    unknown = names - set(SOURCES)
-    if unknown:
-        raise ValueError(f"unknown sources {sorted(unknown)}: each of {', '.join(SOURCES)}")
-    return frozenset(names)
-
-
-def marks(text: str, terms: Collection[str], *, near: bool = False) -> list[tuple[int, int]]:
-    """The [start, end) character spans of ``text``'s words that are among ``terms`` (any case); ``near``:
-    also those one letter away from one (same first letter), as a fuzzy search matches them."""
-    return [(m.start(), m.end()) for m in _WORD.finditer(text) if _matches(m.group().lower(), terms, near)]
-
-
-def _matches(word: str, terms: Collection[str], near: bool) -> bool:
-    return word in terms or (near and next(_near_terms(word, terms), None) is not None)
-
-
-def _near_terms(word: str, terms: Collection[str]) -> Iterator[str]:
-    """The terms one letter away from ``word`` with its first letter (what a fuzzy search matches)."""
-    return (t for t in terms if t[:1] == word[:1] and _one_edit(word, t))
-
-
-def _one_edit(a: str, b: str) -> bool:
-    """Whether ``a`` and ``b`` differ by one letter changed, added or dropped."""
-    if abs(len(a) - len(b)) > 1 or a == b:
-        return False
-    if len(a) == len(b):
-        return sum(x != y for x, y in zip(a, b, strict=True)) == 1
-    short, long_ = (a, b) if len(a) < len(b) else (b, a)
-    return any(long_[:i] + long_[i + 1 :] == short for i in range(len(long_)))
+#: Two segments of one source this close (seconds) are one after the other, with no gap between.
+_TOUCH_S = 0.05
 
 
 class Reading(Protocol):
@@ -135,12 +65,14 @@ def rank_words(hits: Iterable[R], terms: Collection[str], *, near: bool = False)
     query's words its moment holds and its moment's number: the moments holding more of them first,
     then BM25.
 
-    A moment is one video's segments that come within ``JOIN_S`` of each other, one after another (a
-    caption shown while a sentence is said); the readings of one utterance (one span of one video's
-    speech) are one segment, answered with the reading that counts most (below; the best reading on a
-    tie). A moment counts each query word once: 1 where a segment reads it, ``ALTERNATIVE_WEIGHT`` where
-    only an alternative reading of the speech heard it, each times ``NEAR_WEIGHT`` where the word is one
-    letter away (``near``). Each moment's segments come one after the other, the one counting most first;
+    A moment is one video version's segments that are words of one moment (``_one_moment``: a caption
+    shown while a sentence is said; one caption read again on the next frame; not the next caption or
+    cue after a gap);
+    the readings of one utterance (one span of one video's speech) are one segment, answered with the
+    reading that counts most (below; the best reading on a tie). A moment counts each query word once:
+    1 where a segment reads it, ``ALTERNATIVE_WEIGHT`` where only an alternative reading of the speech
+    heard it, each times ``NEAR_WEIGHT`` where the word is one letter away (``near``). Each moment's
+    segments come one after the other, the one counting most first;
     ``fuse`` makes them one moment."""
     units: dict[tuple[str, ...], _Unit[R]] = {}
     for n, h in enumerate(hits):
@@ -150,21 +82,18 @@ def rank_words(hits: Iterable[R], terms: Collection[str], *, near: bool = False)
             unit = units[key] = _Unit(h, n)
         unit.add(h, _heard(h.text, terms, near, ALTERNATIVE_WEIGHT if h.alternative else 1.0))
     moments: list[list[_Unit[R]]] = []
-    by_video: dict[str, list[_Unit[R]]] = {}
+    by_video: dict[tuple[str, str], list[_Unit[R]]] = {}  # one version's words: another's are not shown
     for unit in units.values():
-        by_video.setdefault(unit.chosen.video_id, []).append(unit)
+        by_video.setdefault((unit.chosen.video_id, unit.chosen.version), []).append(unit)
     for video_units in by_video.values():
         video_units.sort(key=lambda u: u.chosen.start_s)
         current: list[_Unit[R]] = []
-        until = float("-inf")
         for unit in video_units:
-            if current and unit.chosen.start_s - JOIN_S <= until:
+            if current and any(_together(u.chosen, unit.chosen) for u in current):
                 current.append(unit)
-                until = max(until, unit.chosen.end_s)
             else:
                 current = [unit]
                 moments.append(current)
-                until = unit.chosen.end_s
     scored = []
     for members in moments:
         heard: dict[str, float] = {}
@@ -179,19 +108,56 @@ def rank_words(hits: Iterable[R], terms: Collection[str], *, near: bool = False)
     # folds what ``_WORD`` keeps apart): such a hit holds the least a match can.
     least = ALTERNATIVE_WEIGHT * NEAR_WEIGHT
     return [
-        Ranked(unit.chosen, min(max(held, least) * share, 1.0), n)
+        Ranked(unit.chosen, min(max(held, least) * share, 1.0), n, lead=_leads(unit, members[0]))
         for n, (held, _, members) in enumerate(scored)
         for unit in members
     ]
 
 
+def _leads(unit: _Unit[R], best: _Unit[R]) -> bool:
+    """Whether a moment may start at ``unit``: it counts as much as the moment's ``best`` segment, or it is
+    the same line read in part (one source, half the words of the shorter shared: a caption's first
+    frames read one word of it), not the line before it."""
+    a, b = unit.chosen, best.chosen
+    return unit.own >= best.own or (a.source == b.source and _shares_half(a.text, b.text))
+
+
+def _shares_half(a: str, b: str) -> bool:
+    """Whether two texts share half the words of the shorter, or more."""
+    words = [{w.lower() for w in WORD.findall(x)} for x in (a, b)]
+    return 2 * len(words[0] & words[1]) >= min(len(w) for w in words) > 0
+
+
+def _together(a: Reading, b: Reading) -> bool:
+    """Whether ``b`` (starting no earlier) is of ``a``'s moment (``_one_moment``)."""
+    return _one_moment((a.source, a.start_s, a.end_s, a.text), (b.source, b.start_s, b.end_s, b.text))
+
+
+def _one_moment(a: tuple[str, float, float, str], b: tuple[str, float, float, str]) -> bool:
+    """Whether two segments (source, start, end, text) of one video are words of one moment: of two
+    sources, within ``JOIN_S`` of each other (a caption shown while a sentence is said); of one source,
+    over the same time or one right after the other (a second subtitle track; one caption's frames read
+    in part, one part on each), or within ``JOIN_S`` and sharing half the words of the shorter (one
+    caption read again after a frame that read nothing). One source's next line after a gap is a moment
+    of its own: the next caption shown, the next cue."""
+    near = b[1] - JOIN_S <= a[2] and a[1] - JOIN_S <= b[2]
+    if a[0] != b[0] or not near:
+        return near
+    if b[1] <= a[2] + _TOUCH_S and a[1] <= b[2] + _TOUCH_S:
+        return True
+    return _shares_half(a[3], b[3])
+
+
 @dataclass(frozen=True, slots=True)
 class Ranked(Generic[R]):
-    """A hit of ``rank_words``: the share of the query's words its moment holds, and which moment."""
+    """A hit of ``rank_words``: the share of the query's words its moment holds, which moment, and whether
+    its moment may start there (``lead``: it holds as many of them as any segment of its moment, or it is a
+    part-read of that segment's line, ``_leads``)."""
 
     hit: R
     held: float
     moment: int
+    lead: bool = True
 
 
 class _Unit(Generic[R]):
@@ -214,12 +180,12 @@ class _Unit(Generic[R]):
 def _heard(text: str, terms: Collection[str], near: bool, weight: float) -> dict[str, float]:
     """Each query term ``text`` holds, and what it counts (exact: ``weight``; one letter away: less)."""
     found: dict[str, float] = {}
-    for m in _WORD.finditer(text):
+    for m in WORD.finditer(text):
         word = m.group().lower()
         if word in terms:
             found[word] = weight
         elif near:
-            for t in _near_terms(word, terms):
+            for t in near_terms(word, terms):
                 found[t] = max(found.get(t, 0.0), weight * NEAR_WEIGHT)
     return found
 
@@ -241,6 +207,9 @@ class TextMatch:
     held: float = 1.0
     #: Its moment of ``rank_words`` (None: none given): matches of one moment are one moment of ``fuse``.
     moment: int | None = None
+    #: The moment may start at its words (``Ranked.lead``): a caption of other words holding one of the
+    #: query's, shown right before the one holding both, does not move the start.
+    lead: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,27 +228,6 @@ class Fused:
     text: TextMatch | None = None
 
 
-def text_match(
-    hit_text: str,
-    start_s: float,
-    end_s: float,
-    word_starts: Sequence[float],
-    terms: Collection[str],
-    *,
-    near: bool = False,
-) -> tuple[float, tuple[tuple[int, int], ...]]:
-    """Where in a segment the query's words are: the time of the first matched word (its own start where
-    the source gives one per word, else the segment's) and the spans to mark (``near``: as ``marks``)."""
-    spans = tuple(marks(hit_text, terms, near=near))
-    ts = start_s
-    if spans and word_starts:
-        words = list(_WORD.finditer(hit_text))
-        first = next((n for n, m in enumerate(words) if _matches(m.group().lower(), terms, near)), None)
-        if first is not None and first < len(word_starts):
-            ts = min(max(float(word_starts[first]), start_s), end_s)
-    return ts, spans
-
-
 def fuse(visual: Sequence[Moment], texts: Sequence[TextMatch], k: int) -> list[Fused]:
     """The ``k`` best moments of both lists by weighted reciprocal rank: a text match joins the best-ranked
     visual moment of its video whose span comes within ``JOIN_S`` of it (at most one text match per visual
@@ -294,7 +242,7 @@ def fuse(visual: Sequence[Moment], texts: Sequence[TextMatch], k: int) -> list[F
     went: dict[int, int] = {}  # rank_words moment -> index in fused
     for rank, t in enumerate(texts, start=1):
         if t.moment is not None and t.moment in went:
-            fused[went[t.moment]] = _joined(fused[went[t.moment]], t)  # the words' list counts once
+            fused[went[t.moment]] = _joined(fused[went[t.moment]], t, move=t.lead)  # the words' list counts once
             continue
         at = _place(fused, joined, visual, t, TEXT_WEIGHT * t.held / (RRF_K + rank))
         if t.moment is not None:
@@ -314,15 +262,17 @@ def _place(fused: list[Fused], joined: dict[int, int], visual: Sequence[Moment],
         if worded is not None:
             f = fused[joined[worded]]
             if f.text is not None and _near_text(f.text, t):
-                fused[joined[worded]] = _joined(f, t)  # the words' list counts once
+                fused[joined[worded]] = _joined(f, t, move=t.lead)  # the words' list counts once
                 return joined[worded]
         # Another source's words at the same time (the subtitle and the speech of one line) join too.
-        at = next((n for n, f in enumerate(fused) if f.visual is None and _near(f, t)), None)
+        at = next(
+            (n for n, f in enumerate(fused) if f.visual is None and f.text is not None and _near_text(f.text, t)), None
+        )
         if at is None:
             fused.append(Fused(t.video_id, t.uri, t.start_s, t.end_s, t.ts_s, score, (t.source,), text=t))
             return len(fused) - 1
         # it says which sources found the moment; the words' list counts once (its best rank)
-        fused[at] = _joined(fused[at], t)
+        fused[at] = _joined(fused[at], t, move=t.lead)
         return at
     at = joined[partner]
     both = fused[at]
@@ -339,18 +289,21 @@ def _place(fused: list[Fused], joined: dict[int, int], visual: Sequence[Moment],
     return at
 
 
-def _joined(f: Fused, t: TextMatch) -> Fused:
+def _joined(f: Fused, t: TextMatch, *, move: bool = True) -> Fused:
     """Moment ``f`` with the words of ``t`` (at the same time) joined: its sources, and — where ``t``
-    holds a query word said or shown earlier — the player starting there (the first matched word)."""
+    holds a query word said or shown earlier (and ``move``) — the player starting there (the first
+    matched word)."""
     sources = f.sources if t.source in f.sources else (*f.sources, t.source)
-    if t.marks and t.ts_s < f.ts_s:
+    if move and t.marks and t.ts_s < f.ts_s:
         return replace(f, sources=sources, start_s=min(f.start_s, t.start_s), ts_s=t.ts_s)
     return replace(f, sources=sources)
 
 
 def _near_text(a: TextMatch, t: TextMatch) -> bool:
-    """Whether two text matches of one video come within ``JOIN_S`` of each other."""
-    return a.video_id == t.video_id and a.start_s - JOIN_S <= t.end_s and t.start_s <= a.end_s + JOIN_S
+    """Whether two text matches of one video are words of one moment (``_one_moment``)."""
+    if a.video_id != t.video_id:
+        return False
+    return _one_moment((a.source, a.start_s, a.end_s, a.text), (t.source, t.start_s, t.end_s, t.text))
 
 
 def _near(a: Moment | Fused, t: TextMatch) -> bool:

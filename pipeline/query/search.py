@@ -1,6 +1,6 @@
 """Query side: embed a text or an image with the same model, find nearest frames, merge moments; a text
 query also searches the videos' words (the text table's full-text index) and the two lists are fused
-(``pipeline.query.hybrid``)."""
+(``pipeline.query.hybrid``, ``pipeline.query.terms``)."""
 
 from __future__ import annotations
 
@@ -18,21 +18,10 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from pydantic import BaseModel
 
 from pipeline.metrics import Metrics
-from pipeline.query.hybrid import (
-    READINGS_READ,
-    VISUAL,
-    Fused,
-    Ranked,
-    TextMatch,
-    TextQuery,
-    fuse,
-    parse_query,
-    parse_sources,
-    rank_words,
-    text_match,
-)
+from pipeline.query.hybrid import READINGS_READ, Fused, Ranked, TextMatch, fuse, rank_words
 from pipeline.query.links import MediaSigner, S3Links, media_signer
 from pipeline.query.moments import FrameHit, merge_moments
+from pipeline.query.terms import VISUAL, TextQuery, parse_query, parse_sources, text_match
 from pipeline.settings import Settings
 from storage.catalog import VideoRecord
 from storage.errors import InvalidInput, LimitExceeded
@@ -394,6 +383,18 @@ def _current_matches(
             continue
         ts, spans = text_match(h.text, h.start_s, h.end_s, h.word_starts, terms, near=fuzzy and not query.phrases)
         matches.append(
-            TextMatch(h.video_id, h.uri, h.start_s, h.end_s, h.text, h.source, ts, spans, ranked.held, ranked.moment)
+            TextMatch(
+                h.video_id,
+                h.uri,
+                h.start_s,
+                h.end_s,
+                h.text,
+                h.source,
+                ts,
+                spans,
+                ranked.held,
+                ranked.moment,
+                ranked.lead,
+            )
         )
     return matches

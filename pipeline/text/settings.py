@@ -7,9 +7,9 @@ from pydantic import BaseModel, Field
 
 class TextSettings(BaseModel):
     """The words in a video (``pipeline.text``): which sources are read, and how. Every source is off by
-    default, by its cost (docs/design/text.md, "Defaults"): each video's text job costs a fetch and two
-    catalog commits whatever it finds, and OCR and speech cost CPU-seconds per video-minute
-    (``bench.text_cost``); ``bench.relevance`` gives what each finds."""
+    default, by its cost (docs/design/text.md, "Defaults"): a video a turned-on source may read (``pipeline_may_read``)
+    costs a text job (a fetch and two catalog commits, whatever it finds), and OCR and speech cost
+    CPU-seconds per video-minute (``bench.text_cost``); ``bench.relevance`` gives what each finds."""
 
     #: Text subtitle tracks (SubRip, ASS/SSA, mov_text, WebVTT): no model, next to no cost.
     subtitles: bool = False
@@ -57,3 +57,26 @@ class TextSettings(BaseModel):
         if self.speech:
             parts.append(f"speech:pocketsphinx/en-us/n{self.speech_alternatives}")
         return "+".join(parts) if len(parts) > 1 else "none"
+
+
+#: The sources a pipeline id names (``TextSettings.pipeline_id``: "<layout>+<source>[:<how>]+...").
+_SOURCES = ("subtitles", "ocr", "speech")
+
+
+def pipeline_may_read(pipeline: str, audio_tracks: int | None, subtitle_tracks: int | None) -> bool:
+    """Whether the text pipeline ``pipeline`` may find words in a video with these tracks: OCR reads any
+    picture; speech needs an audio track, subtitles a subtitle track. A video none of its sources may read
+    has its words settled as none found by its index job, with no text job (docs/design/text.md). A
+    pipeline this release does not name this way (another rows layout, a test's own), or tracks not counted
+    (None), may read any video."""
+    from storage.texts import TEXT_ROWS  # here: the settings load without LanceDB
+
+    layout, *parts = pipeline.split("+")
+    sources = {part.split(":", 1)[0] for part in parts}
+    if layout != TEXT_ROWS or not sources or not sources <= set(_SOURCES):
+        return True
+    return (
+        "ocr" in sources
+        or ("speech" in sources and (audio_tracks is None or audio_tracks > 0))
+        or ("subtitles" in sources and (subtitle_tracks is None or subtitle_tracks > 0))
+    )

@@ -145,7 +145,7 @@ class AppHost:
 
         def running() -> bool:
             status = serve.status().applications[self.app_name].deployments[deployment]
-            return str(status.status).endswith("HEALTHY")
+            return str(status.status).rsplit(".", 1)[-1] == "HEALTHY"  # not UNHEALTHY
 
         eventually(running, f"{deployment} to be healthy", REPLICA_BACK_TIMEOUT_S, poll_s=0.5)
 

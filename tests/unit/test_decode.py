@@ -350,8 +350,19 @@ def test_rotation_must_be_a_quarter_turn(tmp_path: Path) -> None:
 def test_probe_of_a_streamed_file_has_no_duration(tmp_path: Path) -> None:
     path = write_video(tmp_path / "live.mkv", seconds=2, seekable=False)
 
-    assert probe(path, DecodeLimits()) == VideoInfo(duration_s=None, width=160, height=120, codec="h264", fps=10.0)
+    assert probe(path, DecodeLimits()) == VideoInfo(
+        duration_s=None, width=160, height=120, codec="h264", fps=10.0, audio_tracks=0, subtitle_tracks=0
+    )
     assert [f.ts_s for f in sample(path)] == [0.0, 1.0]
+
+
+def test_the_stream_facts_from_the_decode_worker_count_the_audio_and_subtitle_tracks(tmp_path: Path) -> None:
+    from infra.dev.textclips import Cue, Line, spoken_clip, subtitled_clip
+
+    subtitled = subtitled_clip(tmp_path / "sub", [Cue(0.5, 1.5, "a red boat")], 2, fmt="mov_text")
+    spoken = spoken_clip(tmp_path / "said.mp4", [Line(0.2, "a red boat", "slt")], 2)
+    assert (probe(subtitled, DecodeLimits()).audio_tracks, probe(subtitled, DecodeLimits()).subtitle_tracks) == (0, 1)
+    assert (probe(spoken, DecodeLimits()).audio_tracks, probe(spoken, DecodeLimits()).subtitle_tracks) == (1, 0)
 
 
 # Times on the player's timeline: counted from the container's start, not from the first video frame.

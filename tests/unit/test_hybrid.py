@@ -5,6 +5,7 @@ over videos indexed by the real ``Indexer`` and text jobs into a local LanceDB (
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from pathlib import Path
 from typing import ClassVar
 
@@ -22,14 +23,11 @@ from pipeline.query.hybrid import (
     Ranked,
     TextMatch,
     fuse,
-    marks,
-    parse_query,
-    parse_sources,
     rank_words,
-    text_match,
 )
 from pipeline.query.moments import Moment
 from pipeline.query.search import SearchResponse, SearchService
+from pipeline.query.terms import marks, parse_query, parse_sources, text_match
 from pipeline.settings import Settings, TextSettings
 from storage.errors import InvalidInput
 from storage.frames import FRAMES
@@ -156,12 +154,16 @@ def test_an_utterance_is_one_match_holding_what_any_of_its_readings_heard() -> N
     assert chosen.hit is plain and chosen.held == 0.5
 
 
-def as_matches(ranked: list[Ranked[TextHit]]) -> list[TextMatch]:
+def as_matches(ranked: list[Ranked[TextHit]], terms: Collection[str] = ()) -> list[TextMatch]:
+    """The matches search.py makes of ``rank_words``' hits (``terms``: the words marked in them)."""
     return [
-        TextMatch(h.video_id, h.uri, h.start_s, h.end_s, h.text, h.source, h.start_s, (), r.held, r.moment)
+        TextMatch(
+            h.video_id, h.uri, h.start_s, h.end_s, h.text, h.source, h.start_s, tuple(marks(h.text, terms)),
+            r.held, r.moment, r.lead,
+        )
         for r in ranked
         for h in (r.hit,)
-    ]
+    ]  # fmt: skip
 
 
 def test_a_caption_shown_while_a_sentence_is_said_is_one_moment_holding_both() -> None:
@@ -297,9 +299,55 @@ def test_when_no_words_match_the_scores_are_the_frames_similarity(indexed: Parts
     assert QueryEncoder.last == ["zebra crossing"]
 
 
+def test_successive_lines_of_one_source_are_moments_of_their_own_each_starting_at_its_words() -> None:
+    # Two captions of a, the second shown half a second after the first went, then a cue of b
+    first = hit("a", 1.0, "lantern amber river", "ocr")  # one query word; shown 1.0-3.0
+    second = hit("a", 3.5, "amber quartz pepper", "ocr")  # both: the right answer (one word shared)
+    terms = {"amber", "quartz"}
+    ranked = rank_words([first, second, hit("b", 0.0, "quartz", "subtitle")], terms)
+    assert [(r.hit.start_s, r.moment) for r in ranked][:2] == [(3.5, 0), (1.0, 1)]
+    fused = fuse([], as_matches(ranked, terms), k=5)
+    # Then the caption holding both words leads at its own time, not where the caption before it began
+    assert (fused[0].video_id, fused[0].start_s, fused[0].ts_s) == ("a", 3.5, 3.5)
+    assert [(f.video_id, f.start_s) for f in fused[1:]] == [("a", 1.0), ("b", 0.0)]
+
+
+def test_a_moment_does_not_start_at_a_caption_of_other_words_right_before_the_one_holding_all_query_words() -> None:
+    # OCR read every second: a caption shown 1-5 s, the next from 6 s, read as segments that touch
+    first = hit("a", 1.0, "lantern amber river", "ocr")  # 1.0-3.0, one query word
+    second = hit("a", 3.0, "amber quartz pepper", "ocr")  # 3.0-5.0, both
+    terms = {"amber", "quartz"}
+    ranked = rank_words([first, second], terms)
+    assert [(r.hit.start_s, r.moment, r.lead) for r in ranked] == [(3.0, 0, True), (1.0, 0, False)]
+    [fused] = fuse([], as_matches(ranked, terms), k=5)
+    assert (fused.start_s, fused.ts_s) == (3.0, 3.0)
+
+
+def test_a_caption_read_whole_only_on_its_last_frames_starts_where_its_first_frame_read_part_of_it() -> None:
+    # A caption shown from 11 s: its first frames read one of its words, the frame at 14 s all of them
+    parts = [
+        hit("a", 11.0, "Ribbon", "ocr"),
+        hit("a", 13.0, "Ribbon Isl", "ocr"),
+        hit("a", 14.0, "Ribbon Island Tunnel", "ocr"),
+    ]
+    terms = {"ribbon", "island"}
+    ranked = rank_words(parts, terms)
+    assert {r.moment for r in ranked} == {0} and all(r.lead for r in ranked)
+    [fused] = fuse([], as_matches(ranked, terms), k=5)
+    assert (fused.start_s, fused.ts_s) == (11.0, 11.0)
+
+
+def test_a_caption_read_in_parts_on_frames_one_after_the_other_is_one_moment_holding_both_parts() -> None:
+    parts = [hit("a", 1.0, "Ember", "ocr"), hit("a", 3.0, "Walnut Lantern", "ocr")]  # 1-3 s, then 3-5 s
+    ranked = rank_words([hit("b", 0.0, "ember", "subtitle"), *parts], {"ember", "walnut"})
+    assert ranked[0].hit.video_id == "a" and ranked[0].held == 1.0
+    fused = fuse([], as_matches(ranked, {"ember", "walnut"}), k=5)
+    assert [(f.video_id, f.start_s) for f in fused] == [("a", 1.0), ("b", 0.0)]
+
+
 def test_a_moment_of_words_chained_in_time_is_one_fused_moment_holding_what_its_segments_hold() -> None:
-    # Three segments of a, each within a second of the one before, hold both words between them
-    chain = [hit("a", 0.0, "amber", "ocr"), hit("a", 2.5, "amber", "ocr"), hit("a", 5.0, "quartz", "ocr")]
+    # Three segments of a, of two sources, each within a second of the one before, hold both words
+    chain = [hit("a", 0.0, "amber", "ocr"), hit("a", 2.5, "amber", "speech"), hit("a", 5.0, "quartz", "ocr")]
     both = hit("b", 0.0, "amber quartz", "subtitle")
     ranked = rank_words([*chain, both], {"amber", "quartz"})
     fused = fuse([], as_matches(ranked), k=5)

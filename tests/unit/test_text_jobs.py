@@ -19,6 +19,7 @@ from pipeline.index.indexer import Indexer, Outcome
 from pipeline.index.words import TextStage
 from pipeline.reindex.text_backfill import MAX_SUBMITS, TextBackfill
 from pipeline.settings import Settings, TextSettings
+from pipeline.text.settings import pipeline_may_read
 from pipeline.upkeep.check import Checker, Finding
 from pipeline.upkeep.report import CheckReport
 from storage.catalog import VideoStatus
@@ -128,14 +129,66 @@ def test_a_delete_removes_the_words_too(tmp_path: Path) -> None:
     assert p.text_rows("a.mp4") == [] and p.store.text_table(TEXT.table).count(job("a.mp4").video_id) == 0
 
 
-def test_a_video_without_words_gets_an_empty_entry_and_is_not_read_again(tmp_path: Path) -> None:
-    p = Parts(tmp_path)
+def test_a_video_no_source_on_may_read_settles_no_words_with_its_frames_and_gets_no_text_job(tmp_path: Path) -> None:
+    p = Parts(tmp_path)  # subtitles on, and a video with no subtitle track
     p.objects.put("a.mp4", write_video(tmp_path / "plain.mp4", seconds=3, size=(64, 48)))
-    p.indexer.run(job("a.mp4"))
+    # When its index job runs
+    first = p.indexer.run(job("a.mp4"))
+    # Then its words are settled as none found with its frames, and no text job is asked for
+    assert (first.outcome, first.text_due) == (Outcome.INDEXED, False)
+    record = p.store.catalog.get(job("a.mp4").video_id)
+    assert record is not None and record.status is VideoStatus.INDEXED
+    assert (entry := record.index_in(TEXT.table)) is not None and entry.frames == 0
+    assert entry.fingerprint == text_fingerprint(record.version or "", TEXT.pipeline or "")
+    # And a text job (a redelivered one) finds them held: nothing fetched again
+    assert p.indexer.run(job("a.mp4", JobSource.TEXT)).outcome is Outcome.UNCHANGED
+    assert p.indexer.run(job("a.mp4")).text_due is False
+    assert p.objects.downloads == 1
+
+
+def test_a_subtitle_track_without_words_gets_an_empty_entry_from_its_text_job(tmp_path: Path) -> None:
+    p = Parts(tmp_path)
+    p.clip("a.mp4", [Cue(1.0, 2.0, "<i></i>")])  # a track whose one cue is markup only
+    assert p.indexer.run(job("a.mp4")).text_due is True
     assert p.indexer.run(job("a.mp4", JobSource.TEXT)).outcome is Outcome.INDEXED
     record = p.store.catalog.get(job("a.mp4").video_id)
     assert record is not None and (entry := record.index_in(TEXT.table)) is not None and entry.frames == 0
     assert p.indexer.run(job("a.mp4")).text_due is False
+
+
+def test_an_overwrite_by_a_video_without_a_subtitle_track_clears_the_old_words(tmp_path: Path) -> None:
+    p = Parts(tmp_path)
+    p.clip("a.mp4", CUES)
+    p.indexer.run(job("a.mp4"))
+    p.indexer.run(job("a.mp4", JobSource.TEXT))
+    assert p.text_rows("a.mp4") == ["a red boat", "the harbour at dawn"]
+    p.objects.put("a.mp4", write_video(tmp_path / "plain.mp4", seconds=3, size=(64, 48)))
+    result = p.indexer.run(job("a.mp4"))
+    assert (result.outcome, result.text_due) == (Outcome.INDEXED, False)
+    assert p.text_rows("a.mp4") == []
+    record = p.store.catalog.get(job("a.mp4").video_id)
+    assert record is not None and (entry := record.index_in(TEXT.table)) is not None and entry.frames == 0
+    assert entry.fingerprint == text_fingerprint(record.version or "", TEXT.pipeline or "")
+
+
+@pytest.mark.parametrize(
+    ("text", "audio", "subtitle", "may"),
+    [
+        (TextSettings(subtitles=True), 1, 0, False),
+        (TextSettings(subtitles=True), 0, 1, True),
+        (TextSettings(speech=True), 0, 1, False),
+        (TextSettings(speech=True), 1, 0, True),
+        (TextSettings(subtitles=True, speech=True), 0, 0, False),
+        (TextSettings(ocr=True), 0, 0, True),
+    ],
+)
+def test_which_tracks_a_turned_on_source_may_read(text: TextSettings, audio: int, subtitle: int, may: bool) -> None:
+    assert pipeline_may_read(text.pipeline_id(), audio, subtitle) is may
+
+
+@pytest.mark.parametrize("pipeline", ["rows1+subtitles", "harness-words", "rows2+subtitles+whisper", "none"])
+def test_a_pipeline_this_release_does_not_name_may_read_any_video(pipeline: str) -> None:
+    assert pipeline_may_read(pipeline, 0, 0) is True
 
 
 class FailingWords:
@@ -455,3 +508,38 @@ def test_words_read_while_another_job_settled_the_row_join_it_without_a_second_r
     assert record is not None and record.status is VideoStatus.INDEXED
     assert [e.table for e in record.indexes] == [FRAMES, TEXT.table] and record.index_in(TEXT.table).frames == 2  # type: ignore[union-attr]
     assert p.text_rows("a.mp4") == ["a red boat", "the harbour at dawn"] and check(p).inconsistencies == 0
+
+
+def test_a_retry_of_an_overwrite_by_a_video_without_a_subtitle_track_clears_the_words_its_first_start_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = Parts(tmp_path)
+    p.clip("a.mp4", CUES)
+    p.indexer.run(job("a.mp4"))
+    p.indexer.run(job("a.mp4", JobSource.TEXT))
+    p.objects.put("a.mp4", write_video(tmp_path / "plain.mp4", seconds=3, size=(64, 48)))
+    # Given the overwrite's first start, whose frame commit fails before the old words are cleared
+    real = p.indexer._writer_for
+    failed: list[str] = []
+
+    class FailingCommit:
+        def replace(self, video: object) -> None:
+            raise TransientError("the frame commit timed out")
+
+    def writer_for(table: str) -> object:
+        if not table.startswith("text") and not failed:
+            failed.append(table)
+            return FailingCommit()
+        return real(table)
+
+    monkeypatch.setattr(p.indexer, "_writer_for", writer_for)
+    with pytest.raises(TransientError):
+        p.indexer.run(job("a.mp4"))
+    assert failed and p.text_rows("a.mp4") == ["a red boat", "the harbour at dawn"]
+    # When its retry runs
+    result = p.indexer.run(job("a.mp4"))
+    # Then the row says no words and the text table holds none of the old version's
+    assert (result.outcome, result.text_due) == (Outcome.INDEXED, False)
+    assert p.text_rows("a.mp4") == []
+    record = p.store.catalog.get(job("a.mp4").video_id)
+    assert record is not None and (entry := record.index_in(TEXT.table)) is not None and entry.frames == 0
