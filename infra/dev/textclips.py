@@ -70,13 +70,18 @@ def _srt(cues: list[Cue]) -> str:
 
 def _picture(seconds: float, size: tuple[int, int], still: bool = False) -> list[str]:
     """A moving picture with no text in it (ffmpeg's testsrc2 draws a timestamp: OCR would read it),
-    or a still one (a slide)."""
+    or a still one (a slide). The same every run: three colour waves drifting at their own speeds, drawn
+    small and scaled up (ffmpeg 5.1's ``gradients`` source draws other colours each run even with a
+    seed, so a corpus made of it read differently each time)."""
     w, h = size
-    source = (
-        f"color=c=0x203040:s={w}x{h}:r=10:d={seconds}"
-        if still
-        else (f"gradients=s={w}x{h}:r=10:d={seconds}:speed=0.05:n=3:seed=1")
+    if still:
+        return ["-f", "lavfi", "-i", f"color=c=0x203040:s={w}x{h}:r=10:d={seconds}"]
+    waves = (
+        "r='110+70*sin(2*PI*(X/W+T/8))':g='110+70*sin(2*PI*(Y/H+T/11))'"
+        ":b='110+70*cos(2*PI*((X+Y)/(W+H)-T/13))'"
     )
+    small = f"{max(2, w // 10)}x{max(2, h // 10)}"
+    source = f"color=c=black:s={small}:r=10:d={seconds},format=rgb24,geq={waves},scale={w}x{h}:flags=bicubic"
     return ["-f", "lavfi", "-i", source]
 
 
@@ -123,6 +128,18 @@ def subtitled_clip(
     return out
 
 
+def _fitting(o: Overlay, width: int) -> int:
+    """``o``'s font size, smaller where its text (and box) would be wider than 94% of ``width``: a caption
+    cut at the frame's edges is not the text the test expects read."""
+    from PIL import ImageFont
+
+    room = width * 0.94 - (16 if o.box else 0)
+    size = o.size
+    while size > 8 and ImageFont.truetype(FONTS[o.font], size).getlength(o.text) > room:
+        size -= 2
+    return size
+
+
 def _escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace(":", "\\:").replace("'", "\u2019").replace("%", "\\%")
 
@@ -131,12 +148,13 @@ def overlaid_clip(
     path: Path, overlays: list[Overlay], seconds: float, size: tuple[int, int] = (640, 360), *, still: bool = False
 ) -> Path:
     """A clip (MP4, H.264) with ``overlays`` drawn over a moving picture (``still``: a plain one), each
-    in its time span."""
+    in its time span, in a font size that fits the frame's width (``_fitting``)."""
     draws = []
     for o in overlays:
         box = f":box=1:boxcolor={o.box}:boxborderw=8" if o.box else ""
+        size_px = _fitting(o, size[0])
         draws.append(
-            f"drawtext=fontfile={FONTS[o.font]}:text='{_escape(o.text)}':fontsize={o.size}:fontcolor={o.colour}"
+            f"drawtext=fontfile={FONTS[o.font]}:text='{_escape(o.text)}':fontsize={size_px}:fontcolor={o.colour}"
             f"{box}:x={o.x}:y={o.y}:enable='between(t,{o.start_s},{o.end_s})'"
         )
     chain = ",".join(draws) if draws else "null"

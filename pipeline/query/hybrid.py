@@ -29,8 +29,8 @@ TEXT_WEIGHT = 2.0
 ALTERNATIVE_WEIGHT = 0.5
 NEAR_WEIGHT = 1 / 3
 #: The words' search reads this many rows per match it answers: an utterance's readings (the best one
-#: and about six alternatives kept of ten looked at) answer once.
-READINGS_READ = 8
+#: and about twenty alternatives kept of the fifty looked at) answer once.
+READINGS_READ = 24
 
 #: Two segments of one source this close (seconds) are one after the other, with no gap between.
 _TOUCH_S = 0.05
@@ -116,16 +116,17 @@ def rank_words(hits: Iterable[R], terms: Collection[str], *, near: bool = False)
 
 def _leads(unit: _Unit[R], best: _Unit[R]) -> bool:
     """Whether a moment may start at ``unit``: it counts as much as the moment's ``best`` segment, or it is
-    the same line read in part (one source, half the words of the shorter shared: a caption's first
-    frames read one word of it), not the line before it."""
+    the same line read in part (one source, half its words or more among the best's: a caption's first
+    frames read one word of it), not the line before it (which may share a word with a part-read best)."""
     a, b = unit.chosen, best.chosen
-    return unit.own >= best.own or (a.source == b.source and _shares_half(a.text, b.text))
+    return unit.own >= best.own or (a.source == b.source and _shares_half(a.text, b.text, of_first=True))
 
 
-def _shares_half(a: str, b: str) -> bool:
-    """Whether two texts share half the words of the shorter, or more."""
+def _shares_half(a: str, b: str, *, of_first: bool = False) -> bool:
+    """Whether two texts share half the words of the shorter (``of_first``: of ``a``), or more."""
     words = [{w.lower() for w in WORD.findall(x)} for x in (a, b)]
-    return 2 * len(words[0] & words[1]) >= min(len(w) for w in words) > 0
+    least = len(words[0]) if of_first else min(len(w) for w in words)
+    return 2 * len(words[0] & words[1]) >= least > 0
 
 
 def _together(a: Reading, b: Reading) -> bool:

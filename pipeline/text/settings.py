@@ -30,7 +30,7 @@ class TextSettings(BaseModel):
     #: Of each utterance, this many of the recogniser's most likely readings are looked at, and each that
     #: heard a word the ones before it did not is kept as an alternative reading (searched, ranked below
     #: the best one): a rare word misheard in the best reading is often right in another. 0: best only.
-    speech_alternatives: int = Field(default=10, ge=0, le=100)
+    speech_alternatives: int = Field(default=50, ge=0, le=100)
     #: A search's words also match words one letter away (same first letter), below exact ones: OCR and
     #: speech misread a letter or a sound now and then. Words in quotes always match exactly.
     search_fuzzy: bool = True

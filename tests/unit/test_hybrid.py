@@ -323,6 +323,23 @@ def test_a_moment_does_not_start_at_a_caption_of_other_words_right_before_the_on
     assert (fused.start_s, fused.ts_s) == (3.0, 3.0)
 
 
+def test_a_moment_does_not_start_at_the_caption_before_when_the_best_read_is_part_of_its_line() -> None:
+    # Caption "Saddle Coral Walnut" 1-5 s, then "Anchor Saddle Rocket" from 6 s, one frame of it read in
+    # part: the part-read holds both query words (the best, with its two words) and shares one word with
+    # the caption before (half the part-read's words, a third of that caption's)
+    segments = [
+        hit("a", 1.0, "Saddle Coral Walnut", "ocr", score=1.0),
+        hit("a", 3.0, "Anchor Saddle", "ocr", score=3.0),
+        hit("a", 5.0, "Anchor Saddle Rocket", "ocr", score=2.0),
+    ]
+    terms = {"anchor", "saddle"}
+    ranked = rank_words(segments, terms)
+    assert {r.moment for r in ranked} == {0}
+    assert [(r.hit.start_s, r.lead) for r in ranked] == [(3.0, True), (5.0, True), (1.0, False)]
+    [fused] = fuse([], as_matches(ranked, terms), k=5)
+    assert (fused.start_s, fused.ts_s) == (3.0, 3.0)
+
+
 def test_a_caption_read_whole_only_on_its_last_frames_starts_where_its_first_frame_read_part_of_it() -> None:
     # A caption shown from 11 s: its first frames read one of its words, the frame at 14 s all of them
     parts = [
