@@ -76,10 +76,7 @@ def _picture(seconds: float, size: tuple[int, int], still: bool = False) -> list
     w, h = size
     if still:
         return ["-f", "lavfi", "-i", f"color=c=0x203040:s={w}x{h}:r=10:d={seconds}"]
-    waves = (
-        "r='110+70*sin(2*PI*(X/W+T/8))':g='110+70*sin(2*PI*(Y/H+T/11))'"
-        ":b='110+70*cos(2*PI*((X+Y)/(W+H)-T/13))'"
-    )
+    waves = "r='110+70*sin(2*PI*(X/W+T/8))':g='110+70*sin(2*PI*(Y/H+T/11))':b='110+70*cos(2*PI*((X+Y)/(W+H)-T/13))'"
     small = f"{max(2, w // 10)}x{max(2, h // 10)}"
     source = f"color=c=black:s={small}:r=10:d={seconds},format=rgb24,geq={waves},scale={w}x{h}:flags=bicubic"
     return ["-f", "lavfi", "-i", source]

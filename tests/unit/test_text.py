@@ -210,3 +210,36 @@ def test_ocr_reads_a_small_caption_that_comes_on_a_still_picture(tmp_path: Path)
         (5.0, 10.0, "Speaker Jane Doe"),
     ]
     assert reader.stats.read == 2
+
+
+def _picture_digest(path: Path) -> str:
+    import hashlib
+
+    import av
+
+    digest = hashlib.sha256()
+    with av.open(str(path)) as container:
+        for frame in container.decode(video=0):
+            digest.update(frame.to_ndarray(format="rgb24").tobytes())
+    return digest.hexdigest()
+
+
+def test_a_clip_with_captions_over_a_moving_picture_is_the_same_every_time_it_is_made(tmp_path: Path) -> None:
+    # The relevance corpus is made anew each run: a picture that differed each time (ffmpeg's gradients
+    # source did, seed or not) gave OCR other frames to read, and each run other figures.
+    overlays = [Overlay(0.5, 2.0, "Amber Lantern", font="serif", size=32, colour="yellow", y="h*0.8")]
+    first = overlaid_clip(tmp_path / "a.mp4", overlays, 3)
+    second = overlaid_clip(tmp_path / "b.mp4", overlays, 3)
+    assert _picture_digest(first) == _picture_digest(second)
+
+
+def test_a_caption_wider_than_the_frame_is_drawn_smaller_so_that_all_of_it_is_read(tmp_path: Path) -> None:
+    # Three long words at 48 px bold are ~730 px: at 640 px wide they were cut at both edges
+    # ("Walnut Meadow Compass" read "alnut Meadow Compas")
+    text = "Compass Sparrow Thunder"
+    clip = overlaid_clip(
+        tmp_path / "wide.mp4", [Overlay(0.0, 3.0, text, font="sans-bold", size=48, box="navy@0.8")], 3, still=True
+    )
+    with TextExtractor(Settings(text=TextSettings(ocr=True))) as extractor:
+        read = " ".join(s.text for s in extractor.extract(clip).segments)
+    assert set(text.lower().split()) <= set(read.lower().split())
