@@ -88,11 +88,15 @@ def rank_words(hits: Iterable[R], terms: Collection[str], *, near: bool = False)
     for video_units in by_video.values():
         video_units.sort(key=lambda u: u.chosen.start_s)
         current: list[_Unit[R]] = []
+        reach = 0.0  # the latest end in ``current``: a segment starting past it by JOIN_S is of no moment of it
         for unit in video_units:
-            if current and any(_together(u.chosen, unit.chosen) for u in current):
+            at = unit.chosen.start_s
+            if current and at - JOIN_S <= reach and any(_together(u.chosen, unit.chosen) for u in reversed(current)):
                 current.append(unit)
+                reach = max(reach, unit.chosen.end_s)
             else:
                 current = [unit]
+                reach = unit.chosen.end_s
                 moments.append(current)
     scored = []
     for members in moments:
@@ -105,7 +109,7 @@ def rank_words(hits: Iterable[R], terms: Collection[str], *, near: bool = False)
     scored.sort(key=lambda m: (-m[0], m[1]))
     share = 1 / max(len(terms), 1)
     # The full-text index matched something in each hit even where these words don't see it (its tokenizer
-    # folds what ``_WORD`` keeps apart): such a hit holds the least a match can.
+    # folds what ``terms.WORD`` keeps apart): such a hit holds the least a match can.
     least = ALTERNATIVE_WEIGHT * NEAR_WEIGHT
     return [
         Ranked(unit.chosen, min(max(held, least) * share, 1.0), n, lead=_leads(unit, members[0]))

@@ -140,7 +140,7 @@ def test_a_video_no_source_on_may_read_settles_no_words_with_its_frames_and_gets
     assert record is not None and record.status is VideoStatus.INDEXED
     assert (entry := record.index_in(TEXT.table)) is not None and entry.frames == 0
     assert entry.fingerprint == text_fingerprint(record.version or "", TEXT.pipeline or "")
-    # And a text job (a redelivered one) finds them held: nothing fetched again
+    # And a text job of it run all the same (one queued earlier) finds them held: nothing fetched again
     assert p.indexer.run(job("a.mp4", JobSource.TEXT)).outcome is Outcome.UNCHANGED
     assert p.indexer.run(job("a.mp4")).text_due is False
     assert p.objects.downloads == 1
