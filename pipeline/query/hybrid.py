@@ -36,15 +36,9 @@ READINGS_READ = 24
 _TOUCH_S = 0.05
 
 
-class Reading(Protocol):
-    """A text search's hit as ``rank_words`` reads it (``storage.texts.TextHit``)."""
+class _Words(Protocol):
+    """A segment's words where they are: a ``Reading`` or a ``TextMatch``."""
 
-    @property
-    def segment_id(self) -> str: ...
-    @property
-    def video_id(self) -> str: ...
-    @property
-    def version(self) -> str: ...
     @property
     def source(self) -> str: ...
     @property
@@ -53,6 +47,17 @@ class Reading(Protocol):
     def end_s(self) -> float: ...
     @property
     def text(self) -> str: ...
+
+
+class Reading(_Words, Protocol):
+    """A text search's hit as ``rank_words`` reads it (``storage.texts.TextHit``)."""
+
+    @property
+    def segment_id(self) -> str: ...
+    @property
+    def video_id(self) -> str: ...
+    @property
+    def version(self) -> str: ...
     @property
     def alternative(self) -> int: ...
 
@@ -91,7 +96,7 @@ def rank_words(hits: Iterable[R], terms: Collection[str], *, near: bool = False)
         reach = 0.0  # the latest end in ``current``: a segment starting past it by JOIN_S is of no moment of it
         for unit in video_units:
             at = unit.chosen.start_s
-            if current and at - JOIN_S <= reach and any(_together(u.chosen, unit.chosen) for u in reversed(current)):
+            if current and at - JOIN_S <= reach and any(_one_moment(u.chosen, unit.chosen) for u in reversed(current)):
                 current.append(unit)
                 reach = max(reach, unit.chosen.end_s)
             else:
@@ -133,24 +138,19 @@ def _shares_half(a: str, b: str, *, of_first: bool = False) -> bool:
     return 2 * len(words[0] & words[1]) >= least > 0
 
 
-def _together(a: Reading, b: Reading) -> bool:
-    """Whether ``b`` (starting no earlier) is of ``a``'s moment (``_one_moment``)."""
-    return _one_moment((a.source, a.start_s, a.end_s, a.text), (b.source, b.start_s, b.end_s, b.text))
-
-
-def _one_moment(a: tuple[str, float, float, str], b: tuple[str, float, float, str]) -> bool:
-    """Whether two segments (source, start, end, text) of one video are words of one moment: of two
+def _one_moment(a: _Words, b: _Words) -> bool:
+    """Whether two segments of one video are words of one moment: of two
     sources, within ``JOIN_S`` of each other (a caption shown while a sentence is said); of one source,
     over the same time or one right after the other (a second subtitle track; one caption's frames read
     in part, one part on each), or within ``JOIN_S`` and sharing half the words of the shorter (one
     caption read again after a frame that read nothing). One source's next line after a gap is a moment
     of its own: the next caption shown, the next cue."""
-    near = b[1] - JOIN_S <= a[2] and a[1] - JOIN_S <= b[2]
-    if a[0] != b[0] or not near:
+    near = b.start_s - JOIN_S <= a.end_s and a.start_s - JOIN_S <= b.end_s
+    if a.source != b.source or not near:
         return near
-    if b[1] <= a[2] + _TOUCH_S and a[1] <= b[2] + _TOUCH_S:
+    if b.start_s <= a.end_s + _TOUCH_S and a.start_s <= b.end_s + _TOUCH_S:
         return True
-    return _shares_half(a[3], b[3])
+    return _shares_half(a.text, b.text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,9 +306,7 @@ def _joined(f: Fused, t: TextMatch, *, move: bool = True) -> Fused:
 
 def _near_text(a: TextMatch, t: TextMatch) -> bool:
     """Whether two text matches of one video are words of one moment (``_one_moment``)."""
-    if a.video_id != t.video_id:
-        return False
-    return _one_moment((a.source, a.start_s, a.end_s, a.text), (t.source, t.start_s, t.end_s, t.text))
+    return a.video_id == t.video_id and _one_moment(a, t)
 
 
 def _near(a: Moment | Fused, t: TextMatch) -> bool:
