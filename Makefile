@@ -43,7 +43,7 @@ images: system minio
 	$(ENGINE) && infra/images/build.sh
 
 lint: venv
-	$(VENV)/bin/ruff check pipeline events storage tests bench
+	$(VENV)/bin/ruff check pipeline events storage infra tests bench
 
 typecheck: venv
 	$(VENV)/bin/mypy

@@ -1,6 +1,6 @@
 """``python -m bench.ack [--rate R] [--seconds S]``: how fast ``POST /v1/index`` answers under a burst.
 
-The real app (``tests.faults.harness.start_app``: Ray Serve over MinIO and RabbitMQ containers, tiny
+The real app (``infra.harness.faults.start_app``: Ray Serve over MinIO and RabbitMQ containers, tiny
 model). First the idle figure (one request at a time), then an open-loop schedule: request i is sent
 at t0 + i/R whatever became of the earlier ones (as clients of a public API behave), each timed from
 its scheduled send, so a slow server can't hide its backlog (no coordinated omission). Every request
@@ -107,8 +107,8 @@ def main() -> None:
 
     from bench.pyspy import PY_SPY_WRITE_S, finish_py_spy
     from infra.dev.tinymodel import build_tiny_siglip
-    from tests.faults.harness import start_app
-    from tests.services import start_services, unique_prefix
+    from infra.harness.faults import start_app
+    from infra.harness.services import start_services, unique_prefix
 
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="vidx-ack-") as tmp_name:

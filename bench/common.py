@@ -66,12 +66,18 @@ def load() -> dict[str, Any]:
     return {}
 
 
+def _running_module(name: str) -> str:
+    """The module ``python -m`` ran (``bench.stages.decode``), else ``bench.<name>``."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return spec.name if spec is not None else f"bench.{name}"
+
+
 def save_section(name: str, metrics: dict[str, Any], notes: list[str] | None = None) -> dict[str, Any]:
     """Write one benchmark's results into latest.json (other sections are kept)."""
     data = load()
     data["machine"] = machine()
     section = {
-        "command": " ".join(["python", "-m", f"bench.{name}", *sys.argv[1:]]),
+        "command": " ".join(["python", "-m", _running_module(name), *sys.argv[1:]]),
         "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "metrics": metrics,
         "notes": notes or [],

@@ -177,9 +177,9 @@ def _app_run(
 ) -> tuple[Usage, Any, dict[str, str]]:
     """Index ``paths`` with the app (after a warm-up clip per consumer replica), /proc snapshots
     around it; then the profiled batch. (usage, the app's settings, {class: flame graph})."""
+    from infra.harness.faults import start_app
+    from infra.harness.services import start_services, unique_prefix
     from pipeline.settings import Settings
-    from tests.faults.harness import start_app
-    from tests.services import start_services, unique_prefix
 
     settings = Settings()
     fleet = settings.autoscale.consumer_max_replicas

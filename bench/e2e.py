@@ -137,7 +137,7 @@ def _tap(services: Any, prefix: str) -> Any:
     """A queue bound to MinIO's exchange beside the router's, consumed here: when each event arrived."""
     import pika
 
-    from bench.events import EventTap
+    from bench.stages.events import EventTap
     from events.config import AmqpSettings
 
     amqp = AmqpSettings()
@@ -281,8 +281,8 @@ def main() -> None:
     n_clips = args.clips or (FULL_FRESHNESS_CLIPS if args.full else FRESHNESS_CLIPS)
 
     from infra.dev.tinymodel import build_tiny_siglip
-    from tests.faults.harness import start_app
-    from tests.services import start_services, unique_prefix
+    from infra.harness.faults import start_app
+    from infra.harness.services import start_services, unique_prefix
 
     notes: list[str] = []
     metrics: dict[str, Any] = {}

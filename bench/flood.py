@@ -92,7 +92,7 @@ class FloodPlan:
     sample_every_s: float = 1.0
     key_prefix: str = "flood/"
     env: Mapping[str, str] = field(default_factory=dict)
-    #: A running Ray cluster to join (``bench.cluster.local_cluster``); None: a local one-node Ray.
+    #: A running Ray cluster to join (``infra.harness.cluster.local_cluster``); None: a local one-node Ray.
     ray_address: str | None = None
 
 
@@ -223,10 +223,10 @@ class Uploader:
 def run_flood(services: Any, model_dir: Path, tmp: Path, plan: FloodPlan) -> FloodResult:
     """Start the app over ``services`` (``plan.env`` on top of the test settings), measure its capacity,
     flood it, wait (bounded) until every upload is indexed, and check bucket against index."""
+    from infra.harness.faults import start_app, vidx_check
+    from infra.harness.services import unique_prefix
     from storage.ids import s3_uri, video_id
     from storage.tables import IndexStore
-    from tests.faults.harness import start_app, vidx_check
-    from tests.services import unique_prefix
 
     notes: list[str] = []
     probe_at = list(range(plan.probe_every - 1, plan.videos, plan.probe_every)) if plan.probe_every else []
@@ -315,7 +315,7 @@ def run_flood(services: Any, model_dir: Path, tmp: Path, plan: FloodPlan) -> Flo
                 thread.stop.set()
                 thread.join(JOIN_TIMEOUT_S)
             decided = decisions(settings.serve.app_name)
-            from bench.cluster import replica_nodes
+            from infra.harness.cluster import replica_nodes
 
             placed = replica_nodes(settings.serve.app_name, CONSUMER)
             ray_nodes = _alive_nodes()
@@ -410,7 +410,7 @@ def _alive_nodes() -> int:
 def wait_words(store: Any, ids: Sequence[str], timeout_s: float, poll_s: float = 2.0) -> float:
     """Wait until every one of ``ids`` that is indexed has its words in the live text table at its version
     (its text job settled; failed ones have none to read); the monotonic time it was seen so."""
-    from pipeline.reindex.text_backfill import has_words
+    from pipeline.upkeep.text_backfill import has_words
 
     deadline = time.monotonic() + timeout_s
     pending = set(ids)
@@ -456,7 +456,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from infra.dev.tinymodel import build_tiny_siglip
-    from tests.services import start_services
+    from infra.harness.services import start_services
 
     suffix = (
         ("-seedlike" if args.seed_like else "")
@@ -480,7 +480,7 @@ def main() -> None:
         tmp = Path(tmp_name)
         model_dir = build_tiny_siglip(tmp / "tiny", seed=0)
         if args.nodes > 1:
-            from bench.cluster import local_cluster
+            from infra.harness.cluster import local_cluster
 
             plan = dataclasses.replace(plan, ray_address=stack.enter_context(local_cluster(args.nodes, NODE_CPUS)))
         with start_services() as services:

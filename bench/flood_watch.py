@@ -80,7 +80,7 @@ def capacity_run(
 
 
 def backlog(services: Any, queue: str) -> tuple[int, int]:
-    from tests.services import queue_info
+    from infra.harness.services import queue_info
 
     info = queue_info(services, queue)
     return int(info.get("messages_ready") or 0), int(info.get("messages_unacknowledged") or 0)

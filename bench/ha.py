@@ -1,8 +1,8 @@
 """``python -m bench.ha``: no single node. vidx on a 3-node RabbitMQ cluster with quorum queues, a
 4-node distributed MinIO (one erasure set) — both behind HAProxy — and Ray with a head and 2 worker
-nodes (tests/ha.py, bench/cluster.py), under a bounded flood of uploads with overwrites and deletes,
+nodes (infra/harness/ha.py, infra/harness/cluster.py), under a bounded flood of uploads with overwrites and deletes,
 while a seeded schedule takes nodes away one after another and brings each back later
-(bench/ha_nodes.py): the RabbitMQ node leading the index queue SIGKILLed, a MinIO node SIGKILLed, the
+(infra/harness/ha_nodes.py): the RabbitMQ node leading the index queue SIGKILLed, a MinIO node SIGKILLed, the
 Ray worker node running an Encoder and the most consumers SIGKILLed whole, a RabbitMQ node partitioned
 for 30 s. At the end every object must be settled: 0 lost, 0 duplicated, 0 stuck, ``vidx check`` 0.
 
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, machine
-from bench.ha_nodes import (
+from infra.harness.ha_nodes import (
     BACK_TIMEOUT_S,
     MINIO_DOWN_S,
     PARTITION_S,
@@ -57,7 +57,7 @@ RECOVERY_WINDOW_S = 10.0
 
 @contextmanager
 def app_on(services: Any, address: str, model_dir: Path, state: Path, prefix: str) -> Iterator[Any]:
-    from tests.faults.harness import start_app
+    from infra.harness.faults import start_app
 
     with start_app(services, prefix, model_dir, state, address=address) as host:
         yield host
@@ -65,7 +65,7 @@ def app_on(services: Any, address: str, model_dir: Path, state: Path, prefix: st
 
 def count_status(host: Any, prefix: str, status: str) -> int:
     """Catalog rows under ``prefix`` of the upload bucket with ``status``."""
-    from tests.faults.harness import Tables
+    from infra.harness.faults import Tables
 
     uri = f"s3://{host.bucket}/{prefix}"
     return sum(1 for r in Tables(host.settings).videos().values() if r["uri"].startswith(uri) and r["status"] == status)
@@ -76,7 +76,7 @@ def burst(host: Any, variants: list[Any], n: int) -> float:
     indexed (the catalog's rows)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tests.services import eventually
+    from infra.harness.services import eventually
 
     client = host.services.minio_client()
     keys = [f"burst/v{i:04d}.mp4" for i in range(n)]
@@ -93,9 +93,9 @@ def burst(host: Any, variants: list[Any], n: int) -> float:
 
 def burst_on(ha_topology: bool, n: int, model_dir: Path, state: Path, variants: list[Any]) -> float:
     """``burst`` on fresh clusters: one RabbitMQ node and one MinIO node, or the HA topology."""
-    from bench.cluster import local_cluster
-    from tests.ha import start_ha_services
-    from tests.services import start_services, unique_prefix
+    from infra.harness.cluster import local_cluster
+    from infra.harness.ha import start_ha_services
+    from infra.harness.services import start_services, unique_prefix
 
     with local_cluster(RAY_NODES, NODE_CPUS) as address:
         if ha_topology:
@@ -210,7 +210,7 @@ class Faults:
         return f"Ray node {node_id[:12]} (replicas {replicas}) SIGKILLed whole; a new node joined"
 
     def schedule(self, ops: int) -> list[Any]:
-        from tests.faults.harness import Fault
+        from infra.harness.faults import Fault
 
         kinds = [self.kill_rabbit_leader, self.kill_minio, self.kill_ray_worker, self.partition_rabbit]
         self.rng.shuffle(kinds)
@@ -299,11 +299,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "ha-flood.png")
     args = parser.parse_args(argv)
 
-    from bench.cluster import local_cluster
     from infra.dev.tinymodel import build_tiny_siglip
-    from tests.faults.harness import StreamPlan, converge, make_variants, run_stream, vidx_check
-    from tests.ha import start_ha_services
-    from tests.services import unique_prefix
+    from infra.harness.cluster import local_cluster
+    from infra.harness.faults import StreamPlan, converge, make_variants, run_stream, vidx_check
+    from infra.harness.ha import start_ha_services
+    from infra.harness.services import unique_prefix
 
     result: dict[str, Any] = {"machine": machine(), "seed": args.seed}
     with tempfile.TemporaryDirectory(prefix="vidx-ha-") as tmp:

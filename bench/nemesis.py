@@ -1,5 +1,5 @@
 """``python -m bench.nemesis``: the nemesis at full size — ``--schedules`` (default 200) seeded schedules
-of gray faults against the real app (tests/faults/nemesis.py: Toxiproxy latency, bandwidth, stalls and
+of gray faults against the real app (infra/harness/nemesis.py: Toxiproxy latency, bandwidth, stalls and
 resets between the app and MinIO/RabbitMQ; SIGSTOP of a replica; SIGKILL of the CatalogWriter) while
 uploads, overwrites, deletes and identical re-uploads stream in. Prints one line per schedule, then
 
@@ -30,9 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from infra.dev.tinymodel import build_tiny_siglip
-    from tests.faults.harness import make_variants
-    from tests.faults.nemesis import ScheduleRun, run_nemesis, start_nemesis_app
-    from tests.services import start_services, unique_prefix
+    from infra.harness.faults import make_variants
+    from infra.harness.nemesis import ScheduleRun, run_nemesis, start_nemesis_app
+    from infra.harness.services import start_services, unique_prefix
 
     def progress(run: ScheduleRun) -> None:
         for line in run.lines():

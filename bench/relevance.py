@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
         f"corpus built in {built_s:.0f} s, indexed in {indexed_s:.0f} s (the text jobs' stages, s: {text_s}). "
         "text_job_overhead_ms: a text job's time beside reading words (claim and finish in the catalog, HEADs, "
         "the fetch, the write), per video, on a local LanceDB and local files: what a text job adds to a "
-        "video beyond its sources' own cost (bench.text_cost).",
+        "video beyond its sources' own cost (bench.stages.text_cost).",
     ]
     save_section("relevance", metrics, notes)
 

@@ -1,7 +1,7 @@
 """The targets of the performance issues (revised by the flood issue) and of the words' relevance
 (issue 22): metric name, comparison,
 threshold, and which benchmark measures it. ``bench/report.py`` marks each pass / miss / not measured.
-Figures reported beside them without a target (``event_delivery_ms_p50``, bench/events.py's per-mode
+Figures reported beside them without a target (``event_delivery_ms_p50``, bench/stages/events.py's per-mode
 delivery) are in each benchmark's section."""
 
 from __future__ import annotations

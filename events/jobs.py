@@ -24,7 +24,7 @@ class JobSource(enum.StrEnum):
     API = "api"
     RECONCILE = "reconcile"
     REPLAY = "replay"
-    #: A backfill re-embedding an indexed video with the model being switched to (``pipeline.reindex.backfill``).
+    #: A backfill re-embedding an indexed video with the model being switched to (``pipeline.upkeep.backfill``).
     REINDEX = "reindex"
     #: A text job: read the words of a video whose frames are in (``pipeline.index.words``), on the
     #: text queue, submitted by the index job that settled the frames.

@@ -164,7 +164,7 @@ CHECK_LAST_SUBMITTED = MetricDef(
     "vidx_check_last_submitted", "Repairing jobs the last round submitted", Kind.GAUGE, source=_LIVE
 )
 
-#: Every metric vidx exposes (the dashboard may use only these; tests/unit/test_dashboard.py checks).
+#: Every metric vidx exposes (the dashboard may use only these; tests/unit/infra/test_dashboard.py checks).
 METRICS: tuple[MetricDef, ...] = (
     JOBS,
     JOB_SECONDS,

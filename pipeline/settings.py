@@ -213,7 +213,7 @@ class ServeSettings(BaseModel):
     #: encoder scaling) and shed load usually clear within a few seconds.
     retry_after_s: int = Field(default=5, ge=0, le=3600)
     #: How often the Api looks up the catalog's version; ``POST /v1/index`` marks ``queued`` from the
-    #: row at the version last seen (``pipeline.index.queued_marks``), so a row changed less than this
+    #: row at the version last seen (``pipeline.jobs.queued_marks``), so a row changed less than this
     #: before the request is left as it is rather than marked (a version older than ten of these
     #: is not used: the request then reads the row before its submit).
     api_version_refresh_s: float = Field(default=0.5, gt=0, le=60)
@@ -269,7 +269,7 @@ class CheckSettings(BaseModel):
 
 
 class ReindexSettings(BaseModel):
-    """Model switches (``vidx reindex``, ``pipeline.reindex.backfill``)."""
+    """Model switches (``vidx reindex``, ``pipeline.upkeep.backfill``)."""
 
     #: A configured model (``model.id``) that differs from the index's active model starts a backfill
     #: to it at start-up; off, such a configuration is refused at start-up with what to do.

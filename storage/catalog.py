@@ -2,7 +2,7 @@
 
 Every write names the revision it read (``expected_rev``) and lands only if the row still holds it,
 so of two racing writers exactly one wins and the loser learns it lost. The transitions themselves
-(who may move a video from which state to which) live in ``pipeline.index.videostate``; docs/design/state-machine.md
+(who may move a video from which state to which) live in ``pipeline.jobs.videostate``; docs/design/state-machine.md
 draws them.
 """
 
@@ -75,7 +75,7 @@ VIDEOS_SCHEMA = pa.schema(
         #: carry, how many and the sampling interval (JSON list of ``ModelIndex``; null in rows
         #: written before per-model tables, which speak of the table ``frames``).
         pa.field("indexes", pa.string(), nullable=True),
-        #: Chosen by the writer of this revision (``pipeline.index.videostate``): a caller that lost
+        #: Chosen by the writer of this revision (``pipeline.jobs.videostate``): a caller that lost
         #: the reply to its write reads the row back to tell "landed" from "not landed".
         pa.field("write_id", pa.string(), nullable=True),
         #: Which attempt of ``task_id`` claimed the row (the task queue's retry count): a start of a later

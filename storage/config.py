@@ -79,7 +79,7 @@ class IndexSettings(BaseModel):
     num_sub_vectors: int | None = Field(default=None, ge=1)
     #: Partitions searched per query, and candidates re-ranked with exact vectors (``refine_factor·limit``).
     #: 10 of the ~244 partitions at 1M rows: recall@10 1.0 at 22–27 ms there; 5 gave 18 ms, same recall,
-    #: on clustered synthetic frames, kept as margin for real embeddings (``python -m bench.search`` sweeps it).
+    #: on clustered synthetic frames, kept as margin for real embeddings (``python -m bench.stages.search`` sweeps it).
     nprobes: int = Field(default=10, ge=1)
     refine_factor: int | None = Field(default=5, ge=1)
     #: How stale the API's search handle may be. 0: a search sees every commit finished before it

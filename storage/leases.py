@@ -1,5 +1,5 @@
 """The ``leases`` table: named leases (index maintenance, the backfill, the scheduled check) that one
-worker holds at a time, taken and renewed by one conditional ``merge_insert``. ``storage.leased_loop``
+worker holds at a time, taken and renewed by one conditional ``merge_insert``. ``pipeline.upkeep.leased_loop``
 runs a service's rounds under one."""
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ class Backfill:
 
     started_at: datetime
     #: Every job whose claim lands after this reads the target among the live models: from then on
-    #: an in-flight video no longer holds the switch back (``pipeline.reindex.backfill``).
+    #: an in-flight video no longer holds the switch back (``pipeline.upkeep.backfill``).
     live_from: datetime
     #: Started by the settings (a configured model that differs from the active one), not by a person.
     auto: bool = False

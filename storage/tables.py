@@ -2,7 +2,7 @@
 leases over one connection.
 
 Each table is its own module (``storage.catalog``, ``storage.frames``, ``storage.models``,
-``storage.leases``); schemas live there and nowhere else. ANN index upkeep is ``storage.maintenance``.
+``storage.leases``); schemas live there and nowhere else. ANN index upkeep is ``pipeline.upkeep.maintenance``.
 """
 
 from __future__ import annotations

@@ -35,12 +35,13 @@ from events.jobs import IndexJob, JobOp, JobSource
 from pipeline.index.clock import StageClock
 from pipeline.index.indexer import STEPS, Indexer
 from pipeline.index.objects import ObjectSource, S3ObjectSource
-from pipeline.reindex.text_backfill import TextBackfill
 from pipeline.settings import Settings
 from pipeline.upkeep.check import Checker
 from pipeline.upkeep.sources import S3PageLister
+from pipeline.upkeep.text_backfill import TextBackfill
 from storage.catalog import Catalog, VideoRecord, VideoStatus
-from storage.catalog_writer import CatalogWrites, GroupedCatalogWriter, PendingWrite
+from storage.commits.catalog import CatalogWrites, GroupedCatalogWriter, PendingWrite
+from storage.commits.frames import GroupedFrameWriter
 from storage.errors import TransientError
 from storage.frames import FRAMES
 from storage.ids import fingerprint, segment_id, text_fingerprint, video_id
@@ -48,7 +49,6 @@ from storage.models import ModelState, ModelTable
 from storage.s3 import ObjectHead
 from storage.tables import IndexStore
 from storage.texts import TextRow
-from storage.writer import GroupedFrameWriter
 
 #: Pauses injected at step boundaries (and between bucket operations): one with probability
 #: ``PAUSE_P``, of up to ``MAX_PAUSE_S`` — or, one time in ``1 / LONG_PAUSE_P``, of up to

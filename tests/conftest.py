@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.services import Services, start_services
+from infra.harness.services import Services, start_services
 
 
 @pytest.fixture(scope="session")

@@ -17,11 +17,11 @@ import pytest
 
 from events.jobs import IndexJob
 from events.router import EventRouter
+from infra.harness.services import Services, eventually, unique_prefix
 from pipeline.embedding.siglip import SiglipEncoder
 from pipeline.index.indexer import Indexer, JobResult
 from pipeline.settings import Settings
 from storage.tables import IndexStore
-from tests.services import Services, eventually, unique_prefix
 
 WAIT_S = 30.0
 

@@ -12,8 +12,8 @@ from events.parked import ParkedQueue
 from pipeline.api.admin import admin_router
 from pipeline.api.app import create_app
 from pipeline.api.node_metrics import NodeMetrics, QueueDepths, ray_node_endpoints
-from pipeline.index.catalog_writes import grouped_writer
-from pipeline.index.taskqueue import dead_letter_queue, queueing_sink
+from pipeline.jobs.catalog_writes import grouped_writer
+from pipeline.jobs.taskqueue import dead_letter_queue, queueing_sink
 from pipeline.metrics import Metrics
 from pipeline.query.search import QueryEncoder, SearchService
 from pipeline.reindex.lifecycle import DimOf, LiveModels, ModelLifecycle

@@ -110,13 +110,13 @@ def held_app(spec: HeldCommands[Any]) -> typer.Typer:
 
 
 def _dead_letter_queue(settings: Settings) -> DeadLetterQueue:
-    from pipeline.index.taskqueue import dead_letter_queue  # imports Ray: only when a command needs it
+    from pipeline.jobs.taskqueue import dead_letter_queue  # imports Ray: only when a command needs it
 
     return dead_letter_queue(settings)
 
 
 def _replay_dead_letters(settings: Settings, ids: list[str] | None) -> ReplayReport[DeadLetter]:
-    from pipeline.index.taskqueue import dead_letter_queue, queueing_sink
+    from pipeline.jobs.taskqueue import dead_letter_queue, queueing_sink
     from storage.tables import IndexStore
 
     return dead_letter_queue(settings).replay(queueing_sink(settings, IndexStore(settings.s3)), ids)

@@ -67,7 +67,7 @@ def check(
     with errors():
         buckets = configured_buckets(settings, bucket)
     with errors(*((minio(settings), rabbitmq(settings)) if repair else (minio(settings),))):
-        from pipeline.index.taskqueue import queueing_sink
+        from pipeline.jobs.taskqueue import queueing_sink
         from pipeline.upkeep.check import build_checker
         from storage.tables import IndexStore
 

@@ -10,13 +10,13 @@ import logging
 import mimetypes
 import unicodedata
 import webbrowser
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
 
-from pipeline.cli import dev
 from pipeline.cli.admin import dlq_app, parked_app
 from pipeline.cli.check import check, reconcile
 from pipeline.cli.common import ApiClient, CliError, settings_of
@@ -50,13 +50,6 @@ def _main(ctx: typer.Context) -> None:
         where = ".".join(str(part) for part in first["loc"])
         fail(f"invalid settings: {where}: {first['msg']} (from VIDX_{where.upper().replace('.', '__')})", 2)
 
-
-# -- the local stack ------------------------------------------------------------------------------------
-
-
-app.command()(dev.up)
-app.command()(dev.down)
-app.command()(dev.status)
 
 # -- data -----------------------------------------------------------------------------------------------
 
@@ -183,9 +176,6 @@ def index(
     typer.echo(f"{answer['status']}: {uri} (video {answer['video_id']}, task {answer['task_id']})")
 
 
-app.command("tiny-model")(dev.tiny_model)
-
-
 def _prepare_services(settings: Settings) -> None:
     """Declare the event queue, create the buckets and subscribe them (idempotent)."""
     import pika
@@ -224,9 +214,6 @@ def serve(ctx: typer.Context) -> None:
         )
 
 
-app.command()(dev.demo)
-
-
 @app.command("open")
 def open_page(
     ctx: typer.Context,
@@ -251,6 +238,20 @@ app.command()(reindex)
 app.command("serve-config")(serve_config)
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(parked_app, name="parked")
+
+
+#: The entry-point group through which other packages add commands: each entry is a function that
+#: takes this ``typer.Typer`` and registers its commands on it (the local stack's, ``infra.dev.cli``).
+PLUGIN_GROUP = "vidx.cli"
+
+
+def register_plugins(target: typer.Typer) -> None:
+    """Let every installed ``vidx.cli`` entry point add its commands to ``target``."""
+    for plugin in sorted(entry_points(group=PLUGIN_GROUP), key=lambda ep: ep.name):
+        plugin.load()(target)
+
+
+register_plugins(app)
 
 
 def main() -> None:

@@ -1,2 +1,2 @@
-"""One index job: the consumer's task, the state machine over the catalog, the stages it runs, and
-the task queue that carries it."""
+"""Running one job: the consumer's task, the job kinds (frames, words) and the stages they run. How a
+job is submitted and how a row changes is ``pipeline.jobs``."""

@@ -1,6 +1,6 @@
 """The index job, without Ray: read the video's row, HEAD the object, then remove its rows, confirm
 them, or fetch, decode, embed and replace them — each catalog change a compare-and-set through
-``pipeline.index.videostate``. docs/design/state-machine.md explains why every interleaving converges.
+``pipeline.jobs.videostate``. docs/design/state-machine.md explains why every interleaving converges.
 """
 
 from __future__ import annotations
@@ -18,20 +18,20 @@ from pipeline.index.objects import ObjectSource, S3ObjectSource
 from pipeline.index.plan import IndexPlan, Step, claims, count_crashes, plan_index, plan_removal, stale_words
 from pipeline.index.result import ConsumerKilled, JobResult, Outcome
 from pipeline.index.settle import MAX_CONVERGE_ROUNDS, RowLost, RowSettling
-from pipeline.index.videostate import Attempt, JobRows, VideoStates, settling
 from pipeline.index.words import WordReader
+from pipeline.jobs.videostate import Attempt, JobRows, VideoStates, settling
 from pipeline.metrics import Metrics
 from pipeline.settings import Settings
 from pipeline.text.settings import pipeline_may_read
 from storage.catalog import VideoRecord
-from storage.catalog_writer import CatalogWrites, PendingWrite
+from storage.commits.catalog import CatalogWrites, PendingWrite
+from storage.commits.frames import FrameWriter
 from storage.errors import PermanentError, TransientError
 from storage.frames import FRAMES, FrameRow, VideoFrames
 from storage.models import TEXT_MODEL_PREFIX, ModelIndex, ModelTable
 from storage.s3 import ObjectHead
 from storage.tables import IndexStore
 from storage.texts import TextRow, VideoText
-from storage.writer import FrameWriter
 
 log = logging.getLogger(__name__)
 

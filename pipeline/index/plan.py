@@ -2,7 +2,7 @@
 
 ``plan_index`` for an object that exists, ``plan_removal`` for one that is gone. The indexer
 (``pipeline.index.indexer``) carries a plan out and re-reads before every settling write, so a plan
-is only ever acted on through the compare-and-set transitions of ``pipeline.index.videostate``.
+is only ever acted on through the compare-and-set transitions of ``pipeline.jobs.videostate``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import enum
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pipeline.index.videostate import Attempt
+from pipeline.jobs.videostate import Attempt
 from storage.catalog import VideoRecord, VideoStatus
 from storage.ids import fingerprint, text_fingerprint
 from storage.models import ModelIndex, ModelTable

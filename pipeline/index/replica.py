@@ -7,15 +7,15 @@ from typing import TYPE_CHECKING
 
 from pipeline.embedding.encoders import HandleEmbedders, PoolEmbedders
 from pipeline.embedding.pool import ModelPool
-from pipeline.index.catalog_writes import HandleCatalogWrites
 from pipeline.index.consumer import IndexTaskHandler
 from pipeline.index.extract import Embedders
 from pipeline.index.holders import holder_alive, process_holder
 from pipeline.index.indexer import Indexer
 from pipeline.index.objects import S3ObjectSource
-from pipeline.index.taskqueue import CeleryJobSink, dead_letter_queue
 from pipeline.index.words import TextStage
 from pipeline.index.writers import FrameWriters
+from pipeline.jobs.catalog_writes import HandleCatalogWrites
+from pipeline.jobs.taskqueue import CeleryJobSink, dead_letter_queue
 from pipeline.metrics import Metrics
 from pipeline.reindex.lifecycle import LiveModels
 from pipeline.settings import Settings

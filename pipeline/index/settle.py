@@ -2,7 +2,7 @@
 its rows were committed (``_finish``), confirm rows that already hold (``_confirm``), put it back as it
 was when a job that only adds a table fails (``_release``), put it back in flight after a job changed the
 rows and left (``_unsettle``), record a failure, and take a claim's outcome — every write a
-compare-and-set through ``pipeline.index.videostate``. ``Indexer`` (``pipeline.index.indexer``) is built
+compare-and-set through ``pipeline.jobs.videostate``. ``Indexer`` (``pipeline.index.indexer``) is built
 on it."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 from events.jobs import IndexJob, JobSource
 from pipeline.index.clock import StageClock
 from pipeline.index.plan import IndexPlan
-from pipeline.index.videostate import VideoStates
+from pipeline.jobs.videostate import VideoStates
 from storage.catalog import IN_FLIGHT, VideoRecord, VideoStatus
-from storage.catalog_writer import PendingWrite
+from storage.commits.catalog import PendingWrite
 from storage.errors import TransientError
 from storage.models import ModelIndex, ModelTable
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 
 from pipeline.settings import WriterSettings
+from storage.commits.frames import GroupedFrameWriter
 from storage.tables import IndexStore
-from storage.writer import GroupedFrameWriter
 
 
 class FrameWriters:

@@ -1,1 +1,2 @@
-"""Switching the embedding model: the model lifecycle and the backfill that re-embeds every video."""
+"""Switching the embedding model: the model lifecycle (preflight, start, abort, cleanup, the live tables).
+The backfill that re-embeds every video runs in ``pipeline.upkeep``."""

@@ -1,7 +1,7 @@
 """Model lifecycle operations: the start-up check of the configured model against the index, and
 ``vidx reindex`` (start, abort, cleanup, status) over the ``models`` row (``storage.models``).
 
-The backfill itself, and the switch when it completes, are ``pipeline.reindex.backfill``'s. Every change
+The backfill itself, and the switch when it completes, are ``pipeline.upkeep.backfill``'s. Every change
 here is one compare-and-set of the lifecycle row; a change that loses to another writer is decided
 again on what that writer left.
 """

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from ray import serve
 
-from pipeline.index.catalog_writes import SharedCatalogWriter
+from pipeline.jobs.catalog_writes import SharedCatalogWriter
 from pipeline.metrics import Metrics, RayBackend
 from pipeline.serve.logs import route_logs_to_replica
 from pipeline.settings import Settings
 from storage.catalog import VideoRecord
 
-#: Room for ``close`` (``storage.catalog_writer.CLOSE_TIMEOUT_S``) when the replica stops.
+#: Room for ``close`` (``storage.commits.catalog.CLOSE_TIMEOUT_S``) when the replica stops.
 SHUTDOWN_TIMEOUT_S = 45.0
 
 

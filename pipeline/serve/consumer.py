@@ -12,7 +12,7 @@ from ray.serve.handle import DeploymentHandle
 from ray.serve.task_consumer import task_consumer, task_handler
 
 from events.jobs import INDEX_TASK
-from pipeline.index.taskqueue import task_processor_config
+from pipeline.jobs.taskqueue import task_processor_config
 from pipeline.serve.autoscale import replica_options
 from pipeline.serve.logs import logging_config, route_logs_to_replica
 from pipeline.serve.resources import SHUTDOWN_MARGIN_S, niced_while_starting

@@ -9,7 +9,7 @@ class TextSettings(BaseModel):
     """The words in a video (``pipeline.text``): which sources are read, and how. Every source is off by
     default, by its cost (docs/design/text.md, "Defaults"): a video a turned-on source may read (``pipeline_may_read``)
     costs a text job (a fetch and two catalog commits, whatever it finds), and OCR and speech cost
-    CPU-seconds per video-minute (``bench.text_cost``); ``bench.relevance`` gives what each finds."""
+    CPU-seconds per video-minute (``bench.stages.text_cost``); ``bench.relevance`` gives what each finds."""
 
     #: Text subtitle tracks (SubRip, ASS/SSA, mov_text, WebVTT): no model, next to no cost.
     subtitles: bool = False

@@ -18,9 +18,9 @@ from typing import Any
 
 from pipeline.metrics import Metrics
 from pipeline.upkeep.check import Checker, CheckReport
+from pipeline.upkeep.leased_loop import LeasedLoop
 from storage.catalog import VideoRecord
 from storage.errors import PermanentError, TransientError
-from storage.leased_loop import LeasedLoop
 from storage.leases import Leases
 
 log = logging.getLogger(__name__)

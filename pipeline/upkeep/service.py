@@ -54,12 +54,12 @@ class UpkeepServices:
     def from_settings(cls, settings: Settings, metrics: Metrics, dim_of: DimOf) -> UpkeepServices:
         """The services of the app configured by ``settings``, over its index and task queue;
         ``dim_of(model_id)``: a model's vector size (``pipeline.embedding.config.model_dim``)."""
-        from pipeline.index.taskqueue import CeleryJobSink, queueing_sink
-        from pipeline.reindex.backfill import BackfillCoordinator
+        from pipeline.jobs.taskqueue import CeleryJobSink, queueing_sink
         from pipeline.reindex.lifecycle import LiveModels, ModelLifecycle
-        from pipeline.reindex.text_backfill import TextBackfill
+        from pipeline.upkeep.backfill import BackfillCoordinator
         from pipeline.upkeep.check import build_checker
-        from storage.maintenance import IndexMaintainer
+        from pipeline.upkeep.maintenance import IndexMaintainer
+        from pipeline.upkeep.text_backfill import TextBackfill
         from storage.tables import IndexStore
 
         store = IndexStore(settings.s3)

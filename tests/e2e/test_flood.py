@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.flood import FloodPlan, run_flood
-from tests.services import Services
+from infra.harness.services import Services
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
 

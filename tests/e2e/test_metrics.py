@@ -18,12 +18,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from infra.harness.faults import AppHost, start_app
+from infra.harness.services import Services, eventually, unique_prefix
 from storage.catalog import VideoRecord, VideoStatus
 from storage.ids import video_id
 from storage.tables import IndexStore
-from tests.faults.harness import AppHost, start_app
 from tests.media import frame_at, write_corrupt_mp4, write_video
-from tests.services import Services, eventually, unique_prefix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -211,7 +211,7 @@ def niceness(pid: int, tid: int | None = None) -> int:
 def test_consumer_replicas_work_at_the_apis_priority_once_started(host: AppHost) -> None:
     """A consumer replica is niced only while it starts (``serve.consumer_start_nice``): once running,
     every thread of its process is back at Ray's niceness, the Api's (pipeline/serve/resources.py
-    ``niced_while_starting``; its nicing during the start is shown by tests/unit/test_niced_while_starting.py).
+    ``niced_while_starting``; its nicing during the start is shown by tests/unit/serve/test_niced_while_starting.py).
     Autoscaling may be starting a replica right now: that one is niced until its start ends."""
     assert host.settings.serve.consumer_start_nice > 0
     (api,) = host.replica_pids("Api")

@@ -18,11 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from infra.harness.services import SECRET_KEY, Services, eventually, unique_prefix
 from pipeline.settings import Settings
 from storage.ids import video_id
 from tests.harness import report_lines
 from tests.media import write_video
-from tests.services import SECRET_KEY, Services, eventually, unique_prefix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

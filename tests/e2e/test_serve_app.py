@@ -15,12 +15,12 @@ import httpx
 import pytest
 from PIL import Image
 
+from infra.harness.faults import start_app
+from infra.harness.services import Services, eventually, unique_prefix
 from pipeline.settings import Settings
 from storage.ids import video_id
 from tests.e2e.test_metrics import metric_sum
-from tests.faults.harness import start_app
 from tests.media import frame_at, write_corrupt_mp4, write_video
-from tests.services import Services, eventually, unique_prefix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from infra.dev.textclips import Cue, Line, Overlay, overlaid_clip, spoken_clip, subtitled_clip
-from tests.faults.harness import AppHost, start_app
+from infra.harness.faults import AppHost, start_app
+from infra.harness.services import Services, eventually, unique_prefix
 from tests.harness import report_lines
-from tests.services import Services, eventually, unique_prefix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

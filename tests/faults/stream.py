@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.faults.harness import (
+from infra.harness.faults import (
     AppHost,
     Fault,
     StreamLog,
@@ -30,7 +30,7 @@ from tests.faults.harness import (
     run_stream,
     start_app,
 )
-from tests.services import restart_rabbitmq, start_services, unique_prefix
+from infra.harness.services import restart_rabbitmq, start_services, unique_prefix
 
 #: Longest wait for the index to catch up with the bucket after the stream.
 CONVERGE_TIMEOUT_S = 1200.0

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from infra.harness.services import Services
 from tests.harness import Stack, running_stack
-from tests.services import Services
 
 
 @pytest.fixture

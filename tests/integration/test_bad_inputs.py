@@ -27,6 +27,8 @@ from PIL import Image
 
 from events.jobs import IndexJob, JobOp
 from events.router import EventRouter
+from infra.harness.faults import vidx_check
+from infra.harness.services import Services, eventually, unique_prefix
 from pipeline.embedding.siglip import SiglipEncoder
 from pipeline.index.indexer import Indexer, JobResult, Outcome
 from pipeline.index.objects import S3ObjectSource
@@ -37,7 +39,6 @@ from storage.errors import PermanentError, TransientError
 from storage.frames import FRAMES
 from storage.s3 import ObjectHead
 from storage.tables import IndexStore
-from tests.faults.harness import vidx_check
 from tests.harness import WAIT_S, QueueSink, report_lines
 from tests.media import (
     MATRIX_FORMATS,
@@ -53,7 +54,6 @@ from tests.media import (
     write_truncated,
     write_video,
 )
-from tests.services import Services, eventually, unique_prefix
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -6,9 +6,9 @@ import io
 
 import pytest
 
+from infra.harness.services import Services, unique_prefix
 from pipeline.settings import Settings
 from pipeline.upkeep.sources import S3PageLister
-from tests.services import Services, unique_prefix
 
 pytestmark = pytest.mark.integration
 

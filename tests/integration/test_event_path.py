@@ -15,12 +15,12 @@ import pika
 import pytest
 
 from events.jobs import JobOp
+from infra.harness.services import eventually
 from pipeline.index.indexer import Outcome
 from storage.catalog import VideoStatus
 from storage.errors import CorruptVideo, PermanentError
 from tests.harness import WAIT_S, Stack
 from tests.media import frame_at, write_corrupt_mp4, write_video
-from tests.services import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.harness import (
+from infra.harness.faults import (
     BUSY_TIMEOUT_S,
     JOIN_TIMEOUT_S,
     AppHost,
@@ -35,9 +35,9 @@ from tests.faults.harness import (
     start_app,
     vidx_check,
 )
+from infra.harness.services import Services, kill_rabbitmq, queue_counts, restart_minio, restart_rabbitmq, unique_prefix
 from tests.faults.stream import run_long_stream
 from tests.harness import report_lines
-from tests.services import Services, kill_rabbitmq, queue_counts, restart_minio, restart_rabbitmq, unique_prefix
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
 

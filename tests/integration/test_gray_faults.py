@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from infra.harness.faults import AppHost, Fault, StreamPlan, Tables, Variant, make_variants, start_app, vidx_check
+from infra.harness.nemesis import pause
+from infra.harness.services import Services, eventually, queue_counts, unique_prefix
 from storage.ids import video_id
-from tests.faults.harness import AppHost, Fault, StreamPlan, Tables, Variant, make_variants, start_app, vidx_check
-from tests.faults.nemesis import pause
 from tests.harness import report_lines
 from tests.integration.test_faults import OPS, RATE_PER_S, scenario
-from tests.services import Services, eventually, queue_counts, unique_prefix
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
 

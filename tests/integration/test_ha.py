@@ -1,4 +1,4 @@
-"""vidx on a 3-node RabbitMQ cluster with quorum queues (tests/ha.py: the nodes behind HAProxy, MinIO
+"""vidx on a 3-node RabbitMQ cluster with quorum queues (infra/harness/ha.py: the nodes behind HAProxy, MinIO
 publishing its bucket events through it): a stream of about a hundred uploads with overwrites and
 deletes runs while the node leading the index queue is SIGKILLed with a task in the hands of a
 consumer. Every queue vidx declared is a quorum queue; a new leader takes over, the killed node
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.harness import (
+from infra.harness.faults import (
     BUSY_TIMEOUT_S,
     AppHost,
     Fault,
@@ -29,9 +29,9 @@ from tests.faults.harness import (
     start_app,
     vidx_check,
 )
-from tests.ha import RabbitCluster, start_ha_services
+from infra.harness.ha import RabbitCluster, start_ha_services
+from infra.harness.services import queue_counts, unique_prefix
 from tests.harness import report_lines
-from tests.services import queue_counts, unique_prefix
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -13,14 +13,14 @@ import pytest
 
 from events.jobs import IndexJob, JobOp, JobSource
 from infra.dev.samples import write_video
+from infra.harness.services import Services, unique_prefix
 from pipeline.index.indexer import Indexer, Outcome
 from pipeline.settings import Settings
+from pipeline.upkeep.maintenance import optimize
 from storage.catalog import VideoStatus
 from storage.ids import video_id
-from storage.maintenance import optimize
 from tests.concurrency import ColourEmbedder, World, run_schedule, sample_videos, world
 from tests.harness import report_lines
-from tests.services import Services, unique_prefix
 
 pytestmark = pytest.mark.integration
 

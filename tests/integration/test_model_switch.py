@@ -26,17 +26,17 @@ import pytest
 from PIL import Image
 
 from infra.dev.samples import expected_sample_count
-from pipeline.reindex.backfill import has_model
+from infra.harness.faults import STARTUP_TIMEOUT_S, AppHost, _free_port, start_app
+from infra.harness.services import Services, eventually, queue_counts, unique_prefix
+from pipeline.upkeep.backfill import has_model
 from pipeline.upkeep.check import build_checker
 from storage.catalog import VideoStatus
 from storage.ids import fingerprint, video_id
 from storage.models import ModelTable
 from storage.sampling import Sampling
 from storage.tables import IndexStore
-from tests.faults.harness import STARTUP_TIMEOUT_S, AppHost, _free_port, start_app
 from tests.harness import report_lines
 from tests.media import frame_at, write_video
-from tests.services import Services, eventually, queue_counts, unique_prefix
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 

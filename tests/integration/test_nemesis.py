@@ -1,4 +1,4 @@
-"""The nemesis (tests/faults/nemesis.py) in CI size: ``NEMESIS_SCHEDULES`` seeded schedules of gray
+"""The nemesis (infra/harness/nemesis.py) in CI size: ``NEMESIS_SCHEDULES`` seeded schedules of gray
 faults — latency with jitter, bandwidth limits, stalls and connection resets between the app and MinIO or
 RabbitMQ (Toxiproxy), SIGSTOP/SIGCONT of the CatalogWriter, a consumer or the router, SIGKILL of the
 CatalogWriter — fired while uploads, overwrites, deletes and identical re-uploads stream in (the
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.harness import AppHost, make_variants
-from tests.faults.nemesis import KINDS, Proxies, ScheduleRun, run_nemesis, start_nemesis_app
+from infra.harness.faults import AppHost, make_variants
+from infra.harness.nemesis import KINDS, Proxies, ScheduleRun, run_nemesis, start_nemesis_app
+from infra.harness.services import Services, unique_prefix
 from tests.harness import report_lines
-from tests.services import Services, unique_prefix
 
 # The bound: a failing run takes longer than a passing one (each schedule waits up to SETTLE_BOUND_S) and
 # is stopped here rather than let CI run past its hour.

@@ -21,12 +21,8 @@ import pytest
 
 from events.deadletters import DeadLetter, DeadLetterQueue, FailureKind
 from infra.dev.samples import expected_sample_count, write_video
-from storage.catalog import VideoRecord, VideoStatus
-from storage.ids import video_id
-from storage.tables import IndexStore
-from tests.faults.harness import AppHost, KillEveryStart, start_app
-from tests.harness import report_lines
-from tests.services import (
+from infra.harness.faults import AppHost, KillEveryStart, start_app
+from infra.harness.services import (
     Services,
     close_connection,
     consumer_connections,
@@ -36,6 +32,10 @@ from tests.services import (
     redeliveries,
     unique_prefix,
 )
+from storage.catalog import VideoRecord, VideoStatus
+from storage.ids import video_id
+from storage.tables import IndexStore
+from tests.harness import report_lines
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -24,11 +24,11 @@ from events.config import AmqpSettings, VideoFilterSettings
 from events.jobs import IndexJob
 from events.router import CONNECTION_NAME, EventRouter
 from events.subscribe import declare_event_topology
+from infra.harness.services import Services, eventually, unique_prefix
 from pipeline.cli.admin import parked_app
 from pipeline.settings import Settings
 from storage.errors import TransientError
-from tests.services import Services, eventually, unique_prefix
-from tests.unit.test_records import minio_body, minio_record
+from tests.unit.events.test_records import minio_body, minio_record
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

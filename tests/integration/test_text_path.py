@@ -13,12 +13,12 @@ import pytest
 from ray import serve
 
 from infra.dev.textclips import Cue, subtitled_clip
+from infra.harness.faults import AppHost, start_app
+from infra.harness.services import Services, eventually, queue_counts, unique_prefix
 from storage.catalog import VideoRecord, VideoStatus
 from storage.ids import text_fingerprint, video_id
 from storage.tables import IndexStore
-from tests.faults.harness import AppHost, start_app
 from tests.harness import report_lines
-from tests.services import Services, eventually, queue_counts, unique_prefix
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

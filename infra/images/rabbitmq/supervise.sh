@@ -1,6 +1,6 @@
 #!/bin/sh
 # PID 1 of the RabbitMQ image: runs the broker and starts it again when it dies, so a broker killed
-# with SIGKILL (tests/services.py: kill_rabbitmq) comes back in the same container, at the same
+# with SIGKILL (infra/harness/services.py: kill_rabbitmq) comes back in the same container, at the same
 # address, with the same node name and data directory. SIGTERM or SIGINT (a container stop) stops the
 # broker cleanly and ends this script with the broker's status. At most RABBITMQ_MAX_RESTARTS restarts.
 set -u
