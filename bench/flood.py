@@ -17,10 +17,8 @@ import io
 import json
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +30,7 @@ from bench.flood_watch import (
     ENCODER,
     Prober,
     Sampler,
+    Uploader,
     ack_latencies_ms,
     capacity_run,
     catalog_version,
@@ -63,7 +62,6 @@ SEED_LIKE_ENV = {
     "VIDX_AUTOSCALE__UPSCALE_DELAY_S": "15",
     "VIDX_AUTOSCALE__DOWNSCALE_DELAY_S": "60",
 }
-UPLOAD_ATTEMPTS = 5
 WARMUP_TIMEOUT_S = 300.0
 #: Longest wait for the capacity batch, and for the queue to empty before the flood starts.
 CAPACITY_TIMEOUT_S = 600.0
@@ -184,41 +182,6 @@ def probe_png(seed: int) -> bytes:
 
 
 # -- measuring the app -------------------------------------------------------------------------------
-class Uploader:
-    """Puts objects into the app's upload bucket from a bounded pool, one MinIO client per thread."""
-
-    def __init__(self, services: Any, bucket: str, threads: int) -> None:
-        self._services = services
-        self._bucket = bucket
-        self._local = threading.local()
-        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="flood-upload")
-        self.lock = threading.Lock()
-        self.offered = 0
-        self.uploaded: dict[str, float] = {}  # key -> monotonic time the upload finished
-        self.errors: list[str] = []
-
-    def put(self, key: str, data: bytes) -> None:
-        client = getattr(self._local, "client", None)
-        if client is None:
-            client = self._local.client = self._services.minio_client()
-        for attempt in range(UPLOAD_ATTEMPTS):
-            try:
-                client.put_object(self._bucket, key, io.BytesIO(data), len(data), content_type="video/mp4")
-                with self.lock:
-                    self.uploaded[key] = time.monotonic()
-                return
-            except Exception as exc:  # the store is busy; try again a bit later
-                if attempt == UPLOAD_ATTEMPTS - 1:
-                    with self.lock:
-                        self.errors.append(f"{key}: {exc!r}"[:300])
-                time.sleep(1.0)
-
-    def submit(self, key: str, data: bytes) -> None:
-        with self.lock:
-            self.offered += 1
-        self.pool.submit(self.put, key, data)
-
-
 # -- the run -----------------------------------------------------------------------------------------
 def run_flood(services: Any, model_dir: Path, tmp: Path, plan: FloodPlan) -> FloodResult:
     """Start the app over ``services`` (``plan.env`` on top of the test settings), measure its capacity,

@@ -1,9 +1,11 @@
-"""What ``bench.flood`` watches while it runs, and what it makes of it: catalog statuses, the index
-queue, replicas per deployment, the autoscaling policy's decisions, the once-a-second sampler, the
-upload → searchable probes, the ack timer; then the scaling figures and the plots."""
+"""What ``bench.flood`` uploads with and watches while it runs, and what it makes of it: the uploader,
+catalog statuses, the index queue, replicas per deployment, the autoscaling policy's decisions, the
+once-a-second sampler, the upload → searchable probes, the ack timer; then the scaling figures and the
+plots. ``bench.flood`` imports this module; it imports nothing of ``bench.flood``."""
 
 from __future__ import annotations
 
+import io
 import itertools
 import re
 import threading
@@ -11,19 +13,53 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from bench.flood import Uploader
+from typing import Any
 
 DECISION = re.compile(
     r"vidx autoscale: deployment=(?P<deployment>\S+) current=(?P<current>\d+) desired=(?P<desired>\d+) "
     r"backlog=(?P<backlog>\d+) at=(?P<at>[\d.]+)"
 )
 CONSUMER, ENCODER = "IndexConsumer", "Encoder"
+#: Tries of one upload before it counts as an error.
+UPLOAD_ATTEMPTS = 5
 #: Ids per catalog query (one ``IN`` list).
 IDS_PER_QUERY = 500
 PROBE_POLL_S = 0.5
+
+
+class Uploader:
+    """Puts objects into the app's upload bucket from a bounded pool, one MinIO client per thread."""
+
+    def __init__(self, services: Any, bucket: str, threads: int) -> None:
+        self._services = services
+        self._bucket = bucket
+        self._local = threading.local()
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="flood-upload")
+        self.lock = threading.Lock()
+        self.offered = 0
+        self.uploaded: dict[str, float] = {}  # key -> monotonic time the upload finished
+        self.errors: list[str] = []
+
+    def put(self, key: str, data: bytes) -> None:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = self._services.minio_client()
+        for attempt in range(UPLOAD_ATTEMPTS):
+            try:
+                client.put_object(self._bucket, key, io.BytesIO(data), len(data), content_type="video/mp4")
+                with self.lock:
+                    self.uploaded[key] = time.monotonic()
+                return
+            except Exception as exc:  # the store is busy; try again a bit later
+                if attempt == UPLOAD_ATTEMPTS - 1:
+                    with self.lock:
+                        self.errors.append(f"{key}: {exc!r}"[:300])
+                time.sleep(1.0)
+
+    def submit(self, key: str, data: bytes) -> None:
+        with self.lock:
+            self.offered += 1
+        self.pool.submit(self.put, key, data)
 
 
 def statuses(store: Any, ids: Iterable[str]) -> dict[str, str]:

@@ -13,7 +13,7 @@ import sys
 
 from bench.common import ROOT
 
-#: Seconds per schedule the run may take, at most (the CI size's bound is 1800 s for 40).
+#: Seconds per schedule the run may take, at most (the CI size's bound is 1800 s for 200).
 BOUND_PER_SCHEDULE_S = 9.0
 
 

@@ -1,4 +1,4 @@
-"""The concurrency checker in CI: 40 seeded schedules (1000 in ``python -m bench.interleavings``) of
+"""The concurrency checker in CI: 200 seeded schedules (1000 in ``python -m bench.interleavings``) of
 racing real jobs on LanceDB-on-MinIO (tests/concurrency.py), and the delete-vs-reindex interleaving of
 issue 8 as a deterministic test."""
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 #: Schedules per CI run (VIDX_INTERLEAVINGS overrides; ``python -m bench.interleavings`` runs 1000), and
 #: the bound on the whole run.
-SCHEDULES = int(os.environ.get("VIDX_INTERLEAVINGS", "40"))
+SCHEDULES = int(os.environ.get("VIDX_INTERLEAVINGS", "200"))
 FIRST_SEED = int(os.environ.get("VIDX_INTERLEAVINGS_SEED", "1"))
 RUN_BOUND_S = float(os.environ.get("VIDX_INTERLEAVINGS_BOUND_S", "1800"))
 #: Schedules between compactions of the shared tables (commits slow down as versions pile up).
