@@ -17,6 +17,11 @@ EventDelivery = Literal["dual", "queue_dir"]
 UNLIMITED_DELIVERIES = 1_000_000
 
 
+def _amqp_target_arn(target_id: str) -> str:
+    """The ARN of MinIO's AMQP notification target ``target_id``."""
+    return f"arn:minio:sqs::{target_id}:amqp"
+
+
 class AmqpSettings(BaseModel):
     """RabbitMQ as MinIO's notification target and as the task queue's broker."""
 
@@ -94,13 +99,13 @@ class AmqpSettings(BaseModel):
     @property
     def queue_arn(self) -> str:
         """The durable target's ARN."""
-        return f"arn:minio:sqs::{self.minio_target_id}:amqp"
+        return _amqp_target_arn(self.minio_target_id)
 
     @property
     def queue_arns(self) -> list[str]:
         """Every ARN a watched bucket publishes to: the durable target's, then the fast one's (``dual``)."""
         if self.event_delivery == "dual":
-            return [self.queue_arn, f"arn:minio:sqs::{self.minio_fast_target_id}:amqp"]
+            return [self.queue_arn, _amqp_target_arn(self.minio_fast_target_id)]
         return [self.queue_arn]
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import unquote_plus
 
 from storage.errors import PermanentError
+from storage.ids import s3_uri
 
 
 class EventKind(enum.StrEnum):
@@ -45,7 +46,7 @@ class BucketEvent:
 
     @property
     def uri(self) -> str:
-        return f"s3://{self.bucket}/{self.key}"
+        return s3_uri(self.bucket, self.key)
 
 
 def _kind(event_name: str) -> EventKind | None:

@@ -176,13 +176,7 @@ def reindex(
     completes. Give exactly one of --model, --status, --abort, --cleanup."""
     settings = settings_of(ctx)
     with errors():
-        if sum((model is not None, show_status, abort, cleanup)) != 1:
-            raise CliError("give exactly one of --model ID, --status, --abort, --cleanup")
-        if wait and model is None:
-            raise CliError("--wait goes with --model ID (the same ID again follows a backfill already running)")
-        model_id = None if model is None else model.strip()
-        if model_id == "":
-            raise CliError("--model needs a model id")
+        model_id = _model_asked(model, show_status, abort, cleanup, wait)
     with errors(minio(settings)):
         lifecycle = open_lifecycle(settings)
         if model_id is not None:
@@ -192,19 +186,43 @@ def reindex(
         elif abort:
             _abort(lifecycle, as_json)
         elif cleanup:
-            dropped = lifecycle.cleanup()
-            status = lifecycle.status()
-            if as_json:
-                print_json({"dropped": dropped, "status": status})
-            else:
-                typer.echo(f"dropped {len(dropped)} table(s){': ' + ', '.join(dropped) if dropped else ''}")
-                _echo_status(status)
+            _cleanup(lifecycle, as_json)
         else:
-            status = lifecycle.status()
-            if as_json:
-                print_json(status)
-            else:
-                _echo_status(status)
+            _show_status(lifecycle, as_json)
+
+
+def _model_asked(model: str | None, show_status: bool, abort: bool, cleanup: bool, wait: bool) -> str | None:
+    """The model ``--model`` asks for (None: another action was chosen).
+
+    Raises:
+        CliError: not exactly one action, ``--wait`` without ``--model``, or an empty model id.
+    """
+    if sum((model is not None, show_status, abort, cleanup)) != 1:
+        raise CliError("give exactly one of --model ID, --status, --abort, --cleanup")
+    if wait and model is None:
+        raise CliError("--wait goes with --model ID (the same ID again follows a backfill already running)")
+    model_id = None if model is None else model.strip()
+    if model_id == "":
+        raise CliError("--model needs a model id")
+    return model_id
+
+
+def _show_status(lifecycle: ModelLifecycle, as_json: bool) -> None:
+    status = lifecycle.status()
+    if as_json:
+        print_json(status)
+    else:
+        _echo_status(status)
+
+
+def _cleanup(lifecycle: ModelLifecycle, as_json: bool) -> None:
+    dropped = lifecycle.cleanup()
+    status = lifecycle.status()
+    if as_json:
+        print_json({"dropped": dropped, "status": status})
+    else:
+        typer.echo(f"dropped {len(dropped)} table(s){': ' + ', '.join(dropped) if dropped else ''}")
+        _echo_status(status)
 
 
 def _abort(lifecycle: ModelLifecycle, as_json: bool) -> None:

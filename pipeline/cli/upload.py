@@ -20,7 +20,7 @@ import typer
 from pipeline.cli.common import HTTP_TIMEOUT_S, ApiClient, ApiError, CliError, settings_of
 from pipeline.cli.errors import errors, minio, redact
 from pipeline.cli.output import Column, print_json, progress_bar, table
-from storage.ids import video_id
+from storage.ids import s3_uri, video_id
 
 #: Exit status when ``--wait`` (or ``vidx wait``) ran out of time, as timeout(1); failures exit 1.
 TIMEOUT_EXIT = 124
@@ -222,7 +222,7 @@ def upload(
         with progress_bar(total, as_json=as_json, unit="B", unit_scale=True, unit_divisor=1024) as bar:
             for path, name in files:
                 key = f"{prefix}{name}"
-                item = Uploaded(f"s3://{target}/{key}", video_id(target, key))
+                item = Uploaded(s3_uri(target, key), video_id(target, key))
                 old_etag = None
                 if api is not None:
                     before = api.request("GET", "/v1/videos", params={"uri": item.uri})["videos"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -14,13 +13,13 @@ from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
-from PIL import Image, ImageOps, UnidentifiedImageError
 from pydantic import BaseModel
 
 from pipeline.metrics import Metrics
 from pipeline.query.hybrid import READINGS_READ, Fused, Ranked, TextMatch, fuse, rank_words
+from pipeline.query.images import decode_query_image
 from pipeline.query.links import MediaSigner, S3Links, media_signer
-from pipeline.query.moments import FrameHit, merge_moments
+from pipeline.query.moments import FrameHit, Moment, merge_moments
 from pipeline.query.terms import VISUAL, TextQuery, parse_query, parse_sources, text_match
 from pipeline.settings import Settings
 from storage.catalog import VideoRecord
@@ -40,9 +39,6 @@ MAX_HITS_PER_MOMENT = 50
 #: Segments fetched per requested moment from the words, and moments from the frames, before fusion.
 TEXT_CANDIDATES_PER_MOMENT = 3
 FUSION_MOMENTS_PER_MOMENT = 3
-#: Image formats a query may use. Pillow's other plugins stay off: some hand the file to outside
-#: programs (EPS runs Ghostscript) and rarely used decoders are where parser bugs live.
-QUERY_IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
 
 
 class QueryEncoder(Protocol):
@@ -88,36 +84,6 @@ class SearchResponse(BaseModel):
     took_ms: float
     #: The model that embedded the query and whose table was searched.
     model: str
-
-
-def decode_query_image(data: bytes, max_bytes: int, max_pixels: int, max_side: int | None = None) -> NDArray[np.uint8]:
-    """Decode a query image to upright RGB (turned by its EXIF orientation, as viewers show it: phone
-    photos are stored sideways); its size is checked from the header before any pixel is decoded.
-    With ``max_side`` it is scaled down to that longest side (a JPEG is decoded at a reduced size
-    already), so what goes to the Encoder is small whatever was sent. CPU-bound: call it on a thread.
-
-    Raises:
-        LimitExceeded: over the byte or pixel limit (a small file can declare a huge picture).
-        InvalidInput: not an image in one of ``QUERY_IMAGE_FORMATS``.
-    """
-    if len(data) > max_bytes:
-        raise LimitExceeded(f"image exceeds max bytes {max_bytes}")
-    try:
-        image = Image.open(io.BytesIO(data), formats=QUERY_IMAGE_FORMATS)
-        # Image.open reads only the header: the pixel count is known before decoding.
-        if image.width * image.height > max_pixels:
-            raise LimitExceeded(f"image exceeds max pixels {max_pixels} ({image.width}x{image.height})")
-        if max_side is not None:
-            image.draft("RGB", (max_side, max_side))  # JPEG: decode at 1/2, 1/4 or 1/8 size
-        upright = ImageOps.exif_transpose(image)
-        if max_side is not None and max(upright.size) > max_side:
-            upright.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
-        rgb = np.asarray(upright.convert("RGB"), dtype=np.uint8)
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise LimitExceeded(f"image exceeds max pixels {max_pixels}") from exc
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
-        raise InvalidInput(f"not a readable image ({', '.join(QUERY_IMAGE_FORMATS)}): {type(exc).__name__}") from exc
-    return rgb
 
 
 class SearchService:
@@ -242,10 +208,41 @@ class SearchService:
         """The moments of the frames nearest ``vector`` (None: the frames are not searched); with
         ``words`` (the text table, the query, the text sources), fused with the segments that match."""
         moments_k = k if words is None else k * FUSION_MOMENTS_PER_MOMENT
-        rows: list[dict[str, object]] = []
-        if vector is not None:
-            limit = min(k * CANDIDATES_PER_MOMENT, MAX_CANDIDATES)  # as many frames as a visual search reads
-            rows = await asyncio.to_thread(self.frames(model).search, vector, limit, self._settings.index)
+        hits, versions = await self._nearest_frames(model, vector, k)
+        text_hits = await self._matching_words(words, k) if words is not None else []
+        wanted = {h.video_id for h in hits} | {r.hit.video_id for r in text_hits}
+        records = await asyncio.to_thread(self._store.catalog.get_many, wanted) if wanted else {}
+        durations_s = {vid: r.duration_s for vid, r in records.items() if r.duration_s is not None}
+        # Each video's frames were sampled at its own interval (the setting may have changed since).
+        samplings = {vid: e.sampling for vid, r in records.items() if (e := r.index_in(model.table)) is not None}
+        moments = merge_moments(
+            hits, self._settings.sampling.spec, moments_k, durations_s=durations_s, sampling_by_video=samplings
+        )
+        hits_s: dict[str, list[float]] = {}
+        for hit in hits:  # best first
+            hits_s.setdefault(hit.video_id, []).append(hit.ts_s)
+        results: list[MomentOut] = []
+        base = base_url.rstrip("/")
+        for f in self._fused(moments, text_hits, records, words, k):
+            shown = self._shown_frame(f, model, records, versions)
+            if shown is None:
+                continue
+            results.append(
+                await self._moment_out(f, shown, base, durations_s.get(f.video_id), hits_s.get(f.video_id, []))
+            )
+        return SearchResponse(results=results, took_ms=_took_ms(started), model=model.model)
+
+    async def _nearest_frames(
+        self, model: ModelTable, vector: NDArray[np.float32] | None, k: int
+    ) -> tuple[list[FrameHit], dict[str, str]]:
+        """The candidate frames nearest ``vector``, best first, and each one's content version by frame id
+        (none when ``vector`` is None)."""
+        if vector is None:
+            return [], {}
+        limit = min(k * CANDIDATES_PER_MOMENT, MAX_CANDIDATES)  # as many frames as a visual search reads
+        rows: list[dict[str, object]] = await asyncio.to_thread(
+            self.frames(model).search, vector, limit, self._settings.index
+        )
         hits = [
             FrameHit(
                 frame_id=str(r["frame_id"]),
@@ -256,64 +253,62 @@ class SearchService:
             )
             for r in rows
         ]
-        versions = {str(r["frame_id"]): str(r["version"]) for r in rows}
-        hits_s: dict[str, list[float]] = {}
-        for hit in hits:  # best first
-            hits_s.setdefault(hit.video_id, []).append(hit.ts_s)
-        text_hits = []
-        if words is not None:
-            text, query, sources = words
-            table = self._store.text_table(text.table)
-            limit = min(k * TEXT_CANDIDATES_PER_MOMENT, MAX_CANDIDATES)
-            fuzzy = self._settings.text.search_fuzzy
-            text_hits = await asyncio.to_thread(_search_words, table, query, limit, sources, fuzzy)
-        wanted = {h.video_id for h in hits} | {r.hit.video_id for r in text_hits}
-        records = await asyncio.to_thread(self._store.catalog.get_many, wanted) if wanted else {}
-        durations_s = {vid: r.duration_s for vid, r in records.items() if r.duration_s is not None}
-        # Each video's frames were sampled at its own interval (the setting may have changed since).
-        samplings = {vid: e.sampling for vid, r in records.items() if (e := r.index_in(model.table)) is not None}
-        moments = merge_moments(
-            hits, self._settings.sampling.spec, moments_k, durations_s=durations_s, sampling_by_video=samplings
-        )
+        return hits, {str(r["frame_id"]): str(r["version"]) for r in rows}
+
+    async def _matching_words(self, words: tuple[ModelTable, TextQuery, list[str]], k: int) -> list[Ranked[TextHit]]:
+        """The candidate segments of the text table whose words match the query, in the given sources."""
+        text, query, sources = words
+        table = self._store.text_table(text.table)
+        limit = min(k * TEXT_CANDIDATES_PER_MOMENT, MAX_CANDIDATES)
+        fuzzy = self._settings.text.search_fuzzy
+        return await asyncio.to_thread(_search_words, table, query, limit, sources, fuzzy)
+
+    def _fused(
+        self,
+        moments: list[Moment],
+        text_hits: list[Ranked[TextHit]],
+        records: dict[str, VideoRecord],
+        words: tuple[ModelTable, TextQuery, list[str]] | None,
+        k: int,
+    ) -> list[Fused]:
+        """The ``k`` moments answered: the visual moments fused with the words that still match the
+        catalog's current version of their video, or the visual moments alone when no words do."""
         matches: list[TextMatch] = []
         if words is not None:
             text, query, _ = words
             matches = _current_matches(text_hits, records, text, query, self._settings.text.search_fuzzy)
         if matches:
-            fused = [_rounded(f) for f in fuse(moments, matches, k)]
-        else:  # the words took no part: the visual moments, scored by their best frame's similarity
-            fused = [Fused(m.video_id, m.uri, m.start_s, m.end_s, m.ts_s, m.score, (VISUAL,), m) for m in moments[:k]]
-        results: list[MomentOut] = []
-        base = base_url.rstrip("/")
-        for f in fused:
-            shown = self._shown_frame(f, model, records, versions)
-            if shown is None:
-                continue
-            frame, version = shown
-            bucket, _, key = f.uri.removeprefix("s3://").partition("/")
-            link = await self.links.presign_get(bucket, key)
-            # The content version is in the link: a video overwritten gets new thumbnail links.
-            thumbnail = self._thumbnails.sign(f"/v1/frames/{frame}/thumbnail", {"v": version})
-            results.append(
-                MomentOut(
-                    video_id=f.video_id,
-                    uri=f.uri,
-                    score=f.score,
-                    start_s=f.start_s,
-                    end_s=f.end_s,
-                    ts_s=f.ts_s,
-                    thumbnail_url=base + thumbnail,
-                    # A media fragment makes players start at the best frame (or the matched words).
-                    video_url=f"{link}#t={f.ts_s:g}",
-                    duration_s=durations_s.get(f.video_id),
-                    hits_s=hits_s.get(f.video_id, [])[:MAX_HITS_PER_MOMENT],
-                    sources=list(f.sources),
-                    text=f.text.text if f.text else None,
-                    text_source=f.text.source if f.text else None,
-                    text_marks=list(f.text.marks) if f.text else [],
-                )
-            )
-        return SearchResponse(results=results, took_ms=_took_ms(started), model=model.model)
+            return [_rounded(f) for f in fuse(moments, matches, k)]
+        # The words took no part: the visual moments, scored by their best frame's similarity.
+        return [Fused(m.video_id, m.uri, m.start_s, m.end_s, m.ts_s, m.score, (VISUAL,), m) for m in moments[:k]]
+
+    async def _moment_out(
+        self, f: Fused, shown: tuple[str, str], base: str, duration_s: float | None, hits_s: list[float]
+    ) -> MomentOut:
+        """One answered moment with its links: ``shown`` is the frame its thumbnail shows and that
+        frame's content version, ``hits_s`` the video's candidate frame times, best first."""
+        frame, version = shown
+        bucket, _, key = f.uri.removeprefix("s3://").partition("/")
+        link = await self.links.presign_get(bucket, key)
+        # The content version is in the link: a video overwritten gets new thumbnail links.
+        thumbnail = self._thumbnails.sign(f"/v1/frames/{frame}/thumbnail", {"v": version})
+        return MomentOut(
+            video_id=f.video_id,
+            uri=f.uri,
+            score=f.score,
+            start_s=f.start_s,
+            end_s=f.end_s,
+            ts_s=f.ts_s,
+            thumbnail_url=base + thumbnail,
+            # A media fragment makes players start at the best frame (or the matched words).
+            video_url=f"{link}#t={f.ts_s:g}",
+            duration_s=duration_s,
+            hits_s=hits_s[:MAX_HITS_PER_MOMENT],
+            sources=list(f.sources),
+            text=f.text.text if f.text else None,
+            text_source=f.text.source if f.text else None,
+            text_marks=list(f.text.marks) if f.text else [],
+        )
 
     def _shown_frame(
         self, f: Fused, model: ModelTable, records: dict[str, VideoRecord], versions: dict[str, str]

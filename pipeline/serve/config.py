@@ -122,18 +122,13 @@ def deployment_options(settings: Settings, gpu: bool) -> list[dict[str, Any]]:
     the broker's credentials, and a config's ``autoscaling_config`` would replace it."""
     from pipeline.serve.autoscale import replica_options
     from pipeline.serve.encoder import Encoder
-    from pipeline.serve.resources import SHUTDOWN_MARGIN_S, gpu_shares
+    from pipeline.serve.resources import gpu_shares
 
     s = settings.serve
     encoder_gpus, consumer_gpus = gpu_shares(settings, gpu)
     encoder_replicas = replica_options(settings, "Encoder")
     if "autoscaling_config" in encoder_replicas:
         encoder_replicas = {"autoscaling_config": encoder_replicas["autoscaling_config"].model_dump(exclude_unset=True)}
-    consumer_replicas = {} if settings.autoscale.enabled else {"num_replicas": s.consumer_replicas}
-
-    def logs() -> dict[str, Any]:  # one dict per deployment (a shared one would render as a YAML alias)
-        return {"logging_config": {"encoding": s.log_encoding}}
-
     options: list[dict[str, Any]] = [
         {
             "name": "Api",
@@ -141,40 +136,60 @@ def deployment_options(settings: Settings, gpu: bool) -> list[dict[str, Any]]:
             "max_queued_requests": s.api_max_queued_requests,
             "backpressure_config": {"status_code": 503, "retry_after_s": s.retry_after_s},
             "ray_actor_options": {"num_cpus": s.api_num_cpus},
-            **logs(),
+            **_logs(settings),
         },
         {
             "name": "Encoder",
             **encoder_replicas,
             "max_ongoing_requests": Encoder.max_ongoing_requests,  # type: ignore[attr-defined]  # a Deployment
             "ray_actor_options": {"num_cpus": s.encoder_num_cpus, "num_gpus": encoder_gpus},
-            **logs(),
+            **_logs(settings),
         },
-        {
-            "name": "IndexConsumer",
-            **consumer_replicas,
-            "max_ongoing_requests": s.consumer_concurrency,
-            "graceful_shutdown_timeout_s": s.drain_timeout_s + SHUTDOWN_MARGIN_S,
-            "ray_actor_options": {"num_cpus": s.consumer_num_cpus, "num_gpus": consumer_gpus},
-            **logs(),
-        },
-        {"name": "EventRouter", "ray_actor_options": {"num_cpus": s.router_num_cpus}, **logs()},
-        {"name": "Upkeep", "ray_actor_options": {"num_cpus": s.router_num_cpus}, **logs()},
+        _consumer_options(
+            settings, "IndexConsumer", s.consumer_replicas, s.consumer_concurrency, s.consumer_num_cpus, consumer_gpus
+        ),
+        {"name": "EventRouter", "ray_actor_options": {"num_cpus": s.router_num_cpus}, **_logs(settings)},
+        {"name": "Upkeep", "ray_actor_options": {"num_cpus": s.router_num_cpus}, **_logs(settings)},
     ]
     if settings.text.on:  # the TextConsumer exists only while a text source is on
         options.append(
-            {
-                "name": "TextConsumer",
-                **({} if settings.autoscale.enabled else {"num_replicas": s.text_consumer_replicas}),
-                "max_ongoing_requests": s.text_consumer_concurrency,
-                "graceful_shutdown_timeout_s": s.drain_timeout_s + SHUTDOWN_MARGIN_S,
-                "ray_actor_options": {"num_cpus": s.text_consumer_num_cpus, "num_gpus": 0},
-                **logs(),
-            }
+            _consumer_options(
+                settings,
+                "TextConsumer",
+                s.text_consumer_replicas,
+                s.text_consumer_concurrency,
+                s.text_consumer_num_cpus,
+                num_gpus=0,
+            )
         )
     if settings.writer.catalog_grouped:  # the deployment exists only then (a config may not name others)
-        options.append({"name": "CatalogWriter", "ray_actor_options": {"num_cpus": s.router_num_cpus}, **logs()})
+        options.append(
+            {"name": "CatalogWriter", "ray_actor_options": {"num_cpus": s.router_num_cpus}, **_logs(settings)}
+        )
     return options
+
+
+def _consumer_options(
+    settings: Settings, name: str, replicas: int, concurrency: int, num_cpus: float, num_gpus: float
+) -> dict[str, Any]:
+    """A task consumer deployment's options (the IndexConsumer's, the TextConsumer's). While autoscaling
+    is on the replica count stays out: the app builder's policy sets it."""
+    from pipeline.serve.resources import SHUTDOWN_MARGIN_S
+
+    s = settings.serve
+    return {
+        "name": name,
+        **({} if settings.autoscale.enabled else {"num_replicas": replicas}),
+        "max_ongoing_requests": concurrency,
+        "graceful_shutdown_timeout_s": s.drain_timeout_s + SHUTDOWN_MARGIN_S,
+        "ray_actor_options": {"num_cpus": num_cpus, "num_gpus": num_gpus},
+        **_logs(settings),
+    }
+
+
+def _logs(settings: Settings) -> dict[str, Any]:
+    """A deployment's logging options: a new dict each time (a shared one would render as a YAML alias)."""
+    return {"logging_config": {"encoding": settings.serve.log_encoding}}
 
 
 def serve_config(settings: Settings, gpu: bool = False) -> dict[str, Any]:

@@ -5,7 +5,7 @@ the text queue with its own replicas and CPUs (it exists only while a text sourc
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -17,6 +17,9 @@ from pipeline.serve.autoscale import replica_options
 from pipeline.serve.logs import logging_config, route_logs_to_replica
 from pipeline.serve.resources import SHUTDOWN_MARGIN_S, niced_while_starting
 from pipeline.settings import Settings
+
+if TYPE_CHECKING:
+    from pipeline.index.consumer import TaskContext
 
 log = logging.getLogger(__name__)
 
@@ -74,17 +77,21 @@ def consumer_deployment(settings: Settings, num_gpus: float = 0.0, *, text: bool
 
         @task_handler(name=INDEX_TASK)
         def index_video(self, job: dict[str, Any]) -> dict[str, Any]:
-            from celery import current_task
-
-            from pipeline.index.consumer import TaskContext
-
-            request = current_task.request
-            delivery = getattr(request, "delivery_info", None) or {}
-            context = TaskContext(
-                task_id=str(request.id),
-                retries=int(getattr(request, "retries", 0) or 0),
-                redelivered=bool(delivery.get("redelivered", False)),
-            )
-            return self._handler.handle(job, context)
+            return self._handler.handle(job, _current_task_context())
 
     return IndexConsumer
+
+
+def _current_task_context() -> TaskContext:
+    """What Celery knows of the task being run: its id, its retries, whether the broker redelivered it."""
+    from celery import current_task
+
+    from pipeline.index.consumer import TaskContext
+
+    request = current_task.request
+    delivery = getattr(request, "delivery_info", None) or {}
+    return TaskContext(
+        task_id=str(request.id),
+        retries=int(getattr(request, "retries", 0) or 0),
+        redelivered=bool(delivery.get("redelivered", False)),
+    )

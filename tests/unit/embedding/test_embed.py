@@ -17,7 +17,7 @@ from PIL import Image
 
 from infra.dev.tinymodel import HIDDEN_SIZE, build_tiny_siglip
 from pipeline.embedding.siglip import SiglipEncoder
-from pipeline.query.search import decode_query_image
+from pipeline.query.images import decode_query_image
 from pipeline.settings import ModelSettings
 from storage.errors import InvalidInput, ModelUnavailable
 from tests.media import ORIENTATIONS, oriented_image

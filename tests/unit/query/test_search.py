@@ -13,7 +13,8 @@ import pytest
 from numpy.typing import NDArray
 from PIL import Image
 
-from pipeline.query.search import SearchResponse, SearchService, decode_query_image
+from pipeline.query.images import decode_query_image
+from pipeline.query.search import SearchResponse, SearchService
 from pipeline.settings import Settings
 from storage.catalog import VideoRecord, VideoStatus
 from storage.errors import InvalidInput, LimitExceeded
