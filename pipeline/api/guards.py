@@ -1,5 +1,6 @@
-"""What stands between a request and a route: bearer keys, body bounds, admission (load shedding)
-and per-caller rate limits, and the JSON error every refusal is answered with.
+"""What stands between a request and a route, as the app's middleware: admission (load shedding),
+bearer keys, per-caller rate limits and body bounds, installed in the order they run
+(``install_guards``), and the JSON error every refusal is answered with.
 
 Rate limits are a token bucket per caller and endpoint class, kept by each Api replica in memory
 (bounded): with N replicas a key gets up to N times the rate, and a replica that restarts forgets. A
@@ -19,11 +20,16 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from fastapi import HTTPException
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
 from pydantic import SecretStr
 from starlette._utils import get_route_path
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from pipeline.api.routes.web import is_page_path
+from pipeline.query.links import MediaSigner
+from pipeline.settings import LimitSettings, Settings
 
 #: Callers remembered per endpoint class; the least recently seen is forgotten first (a forgotten
 #: caller starts again with a full bucket).
@@ -53,18 +59,6 @@ THUMBNAIL_PATH = re.compile(r"/v1/frames/[^/]+/thumbnail")
 #: The path answered whatever the load: probes must tell "busy" from "down".
 UNSHED_PATHS = frozenset({PUBLIC_PATH})
 METRICS_PATH = "/metrics"
-
-HTTP_CODES = {
-    400: "bad_request",
-    401: "unauthorized",
-    403: "forbidden",
-    404: "not_found",
-    429: "rate_limited",
-    405: "method_not_allowed",
-    413: "too_large",
-    422: "invalid_request",
-    503: "unavailable",
-}
 
 
 class Access(enum.Enum):
@@ -243,3 +237,97 @@ class RateLimit:
         while len(self._buckets) > self._max_callers:
             self._buckets.popitem(last=False)
         return None if admitted else max(1, math.ceil((1.0 - tokens) / self._rate))
+
+
+def rate_limits(limits: LimitSettings) -> dict[str, RateLimit]:
+    """The rate limit of each endpoint class (``rate_class``) whose rate is on (over 0)."""
+    return {
+        kind: RateLimit(rate, burst)
+        for kind, rate, burst in (
+            ("index", limits.index_rate_per_s, limits.index_burst),
+            ("search", limits.search_rate_per_s, limits.search_burst),
+        )
+        if rate > 0
+    }
+
+
+class KeyCheck(BaseHTTPMiddleware):
+    """Lets a request through with a valid key (the admin key under ``/v1/admin``), or without one
+    to ``/healthz``, the page and its assets, and a thumbnail with a live signed link. Without any
+    keys the API is open, but the admin routes are off."""
+
+    def __init__(self, app: ASGIApp, keys: BearerKeys, thumbnails: MediaSigner) -> None:
+        super().__init__(app)
+        self._keys = keys
+        self._thumbnails = thumbnails
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        path = route_path(request.scope)
+        if path == PUBLIC_PATH or (request.method in ("GET", "HEAD") and is_page_path(path)):
+            return await call_next(request)
+        signed = THUMBNAIL_PATH.fullmatch(path) and self._thumbnails.verify(path, dict(request.query_params))
+        if signed and request.method in ("GET", "HEAD"):
+            return await call_next(request)
+        if is_admin_path(path) and not self._keys.admin_enabled:
+            # Dead letters and reconcile are never open: without an admin key they are off.
+            return error_response(
+                403, "forbidden", "admin endpoints are off: set VIDX_ADMIN_KEY or VIDX_ADMIN_KEY_FILE"
+            )
+        if not self._keys.enabled:
+            return await call_next(request)
+        access = self._keys.access(request.headers.get("authorization"))
+        if access is Access.NONE:
+            given = "authorization" in request.headers
+            response = error_response(401, "unauthorized", "a valid API key is required: Authorization: Bearer KEY")
+            response.headers["WWW-Authenticate"] = 'Bearer realm="vidx"' + (', error="invalid_token"' if given else "")
+            return response
+        if is_admin_path(path) and access is not Access.ADMIN:
+            return error_response(403, "forbidden", "this endpoint needs the admin key")
+        return await call_next(request)
+
+
+class RateLimits(BaseHTTPMiddleware):
+    """Answers 429 with ``Retry-After`` to a caller over its endpoint class's rate (``rates``, by
+    ``rate_class``); requests of no limited class pass uncounted."""
+
+    def __init__(self, app: ASGIApp, rates: dict[str, RateLimit], keys: BearerKeys) -> None:
+        super().__init__(app)
+        self._rates = rates
+        self._keys = keys
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        kind = rate_class(request.method, route_path(request.scope))
+        limit = self._rates.get(kind) if kind is not None else None
+        if limit is not None:
+            host = request.client.host if request.client else None
+            caller = caller_of(request.headers.get("authorization"), host, self._keys.enabled)
+            if (wait_s := limit.take(caller)) is not None:
+                response = error_response(
+                    429, "rate_limited", f"too many {kind} requests from this key; retry after {wait_s} s"
+                )
+                response.headers["Retry-After"] = str(wait_s)
+                return response
+        return await call_next(request)
+
+
+def install_guards(app: FastAPI, settings: Settings, thumbnails: MediaSigner) -> None:
+    """Installs the guards; they run in this order: admission, so shed load costs no key check and
+    reads no body; the key check; rate limits, so only callers with a valid key (or any, without
+    keys) are counted; the body bound, so no body is read before the key is checked.
+    ``thumbnails``: the signer whose live links open a thumbnail without a key."""
+    keys = BearerKeys(settings.api_keys, settings.admin_key)
+    limits, serve = settings.limits, settings.serve
+
+    def max_body_bytes(path: str) -> int:
+        return limits.max_image_bytes + MULTIPART_OVERHEAD_BYTES if path == IMAGE_SEARCH_PATH else MAX_BODY_BYTES
+
+    # Each middleware added wraps the ones before it: added innermost first.
+    app.add_middleware(BodyLimit, max_bytes_for=max_body_bytes)
+    app.add_middleware(RateLimits, rates=rate_limits(limits), keys=keys)
+    app.add_middleware(KeyCheck, keys=keys, thumbnails=thumbnails)
+    app.add_middleware(
+        Admission,
+        max_in_flight=serve.api_max_in_flight,
+        retry_after_s=serve.retry_after_s,
+        max_scrapes=serve.metrics_max_in_flight,
+    )

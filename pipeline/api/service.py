@@ -9,9 +9,9 @@ from typing import Any
 from fastapi import FastAPI
 
 from events.parked import ParkedQueue
-from pipeline.api.admin import admin_router
 from pipeline.api.app import create_app
 from pipeline.api.node_metrics import NodeMetrics, QueueDepths, ray_node_endpoints
+from pipeline.api.routes.admin import admin_router
 from pipeline.jobs.catalog_writes import grouped_writer
 from pipeline.jobs.taskqueue import dead_letter_queue, queueing_sink
 from pipeline.metrics import Metrics

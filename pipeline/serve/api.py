@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 @serve.deployment(name="Api")
 @serve.ingress()
 class Api:
-    """The HTTP ingress. Routes live in ``pipeline.api.app.create_app``, wiring in ``pipeline.api.service``."""
+    """The HTTP ingress. Routes live in ``pipeline.api.routes`` (one router per resource, included by
+    ``pipeline.api.app.create_app``), wiring in ``pipeline.api.service``."""
 
     def __init__(
         self,

@@ -16,8 +16,8 @@ from events.deadletters import DeadLetter, FailureKind
 from events.held import ReplayReport
 from events.jobs import IndexJob, JobOp, JobSink, JobSource
 from events.parked import ParkedEvent
-from pipeline.api.admin import admin_router
 from pipeline.api.app import create_app
+from pipeline.api.routes.admin import admin_router
 from pipeline.reindex.lifecycle import ModelLifecycle
 from pipeline.settings import Settings
 from pipeline.upkeep.check import CheckReport, Finding, Inconsistency

@@ -1,5 +1,5 @@
-"""pipeline/api/web.py and pipeline/query/links.py: the page, its assets, upload links and signed
-thumbnail links, over the API's stand-ins (no Ray, no storage)."""
+"""pipeline/api/routes/web.py, pipeline/api/routes/uploads.py and pipeline/query/links.py: the page, its
+assets, upload links and signed thumbnail links, over the API's stand-ins (no Ray, no storage)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from pipeline.api.web import ASSETS, upload_key
+from pipeline.api.routes.uploads import upload_key
+from pipeline.api.routes.web import ASSETS
 from pipeline.query.links import EXPIRY_STEP_S, MediaSigner, S3Links, derive_key, media_signer
 from pipeline.settings import Settings
 from storage.catalog import VideoRecord, VideoStatus

@@ -1,6 +1,7 @@
-"""Admin routes under ``/v1/admin`` (the auth middleware lets only the admin key through): the
-dead-letter queue, parked events, reconcile and the model lifecycle, the same operations as
-``vidx dlq``, ``vidx parked``, ``vidx reconcile`` and ``vidx reindex``."""
+"""Admin routes under ``/v1/admin`` (the key check lets only the admin key through): the
+dead-letter queue, parked events, reconcile, and the model lifecycle's routes
+(``pipeline.api.routes.model``); the same operations as ``vidx dlq``, ``vidx parked``,
+``vidx reconcile`` and ``vidx reindex``."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ import functools
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
-from fastapi import APIRouter, HTTPException, Query
-from pydantic import BaseModel, StringConstraints, model_validator
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, model_validator
 
 from events.deadletters import DeadLetter
 from events.held import Held, ReplayReport
 from events.jobs import JobSink
 from events.parked import ParkedEvent
-from pipeline.reindex.lifecycle import status_json
+from pipeline.api.guards import ADMIN_PREFIX
+from pipeline.api.routes.model import model_router
 from pipeline.upkeep.check import CheckReport
 from storage.errors import InvalidInput
 
@@ -28,10 +30,6 @@ MAX_CHANGES_SHOWN = 100
 #: Most dead letters or parked events one listing returns (module level: FastAPI resolves the
 #: ``Query`` annotations in the module's namespace).
 MAX_LIST = 1000
-#: Longest model id a reindex body may name (hub ids and checkpoint paths are far shorter).
-MAX_MODEL_ID_CHARS = 512
-#: The answer of the reindex routes when the app was built without a model lifecycle.
-NO_LIFECYCLE = "model lifecycle not available"
 
 
 class DeadLetters(Protocol):
@@ -66,11 +64,6 @@ class ReconcileRequest(BaseModel):
     bucket: str | None = None
     prefix: str = ""
     dry_run: bool = False
-
-
-class ReindexRequest(BaseModel):
-    #: The model to backfill to: a hub id or a checkpoint directory the app can read.
-    model: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_MODEL_ID_CHARS)]
 
 
 def _report(report: CheckReport) -> dict[str, Any]:
@@ -112,15 +105,9 @@ def admin_router(
     reconcile: Callable[[str, str, bool], CheckReport],
     lifecycle: ModelLifecycle | None = None,
 ) -> APIRouter:
-    """The admin routes over plain services (testable without Ray or a broker). Without
-    ``lifecycle`` the reindex routes answer 503."""
-    router = APIRouter(prefix="/v1/admin")
-
-    def models() -> ModelLifecycle:
-        if lifecycle is None:
-            raise HTTPException(503, NO_LIFECYCLE)
-        return lifecycle
-
+    """The admin routes over plain services (testable without Ray or a broker), with the model
+    lifecycle's (``model_router``): without ``lifecycle`` those answer 503."""
+    router = APIRouter(prefix=ADMIN_PREFIX)
     held_routes(router, "/dlq", "dead_letters", dead_letters.list, functools.partial(dead_letters.replay, jobs))
     held_routes(router, "/parked", "parked", parked.list, parked.replay)
 
@@ -132,27 +119,5 @@ def admin_router(
         reports = [await asyncio.to_thread(reconcile, b, body.prefix, body.dry_run) for b in chosen]
         return {"reports": [_report(r) for r in reports]}
 
-    # Refusals (ReindexRefused) are 409s, mapped with the API's other errors (``pipeline.api.app``).
-    @router.get("/reindex")
-    async def reindex_status() -> dict[str, Any]:
-        return await asyncio.to_thread(models().status)
-
-    @router.post("/reindex", status_code=202)
-    async def reindex_start(body: ReindexRequest) -> dict[str, Any]:
-        chosen = models()
-        state = await asyncio.to_thread(chosen.start, body.model)
-        return status_json(state, chosen.configured)
-
-    @router.post("/reindex/abort")
-    async def reindex_abort() -> dict[str, Any]:
-        chosen = models()
-        state = await asyncio.to_thread(chosen.abort)
-        return status_json(state, chosen.configured)
-
-    @router.post("/reindex/cleanup")
-    async def reindex_cleanup() -> dict[str, Any]:
-        chosen = models()
-        dropped = await asyncio.to_thread(chosen.cleanup)
-        return {"dropped": dropped, "status": await asyncio.to_thread(chosen.status)}
-
+    router.include_router(model_router(lifecycle))
     return router

@@ -1,9 +1,6 @@
-"""The web page (``GET /`` and its assets under ``/ui/``) and the upload links it uses.
-
-The page is plain HTML/JS/CSS from ``pipeline/api/webui`` (no CDN, no build step). Uploads go from the
-browser straight to the bucket through a presigned PUT (``POST /v1/uploads``), so indexing still
-starts from the bucket event, exactly as for any other client.
-"""
+"""``POST /v1/uploads``: a presigned PUT for one file into the upload bucket. Uploads go from the
+client (the web page) straight to the bucket, so indexing still starts from the bucket event,
+exactly as for any other client."""
 
 from __future__ import annotations
 
@@ -12,11 +9,8 @@ import posixpath
 import re
 import unicodedata
 from datetime import datetime
-from importlib import resources
-from urllib.parse import urlsplit
 
-from fastapi import APIRouter, HTTPException
-from fastapi.responses import Response
+from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from pipeline.query.links import S3Links
@@ -25,24 +19,10 @@ from storage.errors import InvalidInput, LimitExceeded
 from storage.ids import video_id
 from storage.tables import IndexStore
 
-#: The page's files and their media types: nothing else under /ui/ is served.
-ASSETS = {
-    "app.js": "text/javascript; charset=utf-8",
-    "app.css": "text/css; charset=utf-8",
-    "favicon.svg": "image/svg+xml",
-}
-PAGE_PATHS = frozenset({"/", "/index.html"})
-ASSET_PREFIX = "/ui/"
 #: Longest object key an upload may choose (S3's own limit is 1024 bytes).
 MAX_KEY_BYTES = 1024
 #: Content types an upload may declare (it is signed into the PUT and stored with the object).
 UPLOAD_CONTENT_TYPE = re.compile(r"video/[A-Za-z0-9][A-Za-z0-9.+-]*|application/octet-stream")
-
-
-def is_page_path(path: str) -> bool:
-    """The page and its assets: served without a key (they hold no data; the page asks for one).
-    ``""`` is the app's mount point without its slash (a route prefix such as ``/vidx``)."""
-    return path in PAGE_PATHS or path == "" or (path.startswith(ASSET_PREFIX) and path[len(ASSET_PREFIX) :] in ASSETS)
 
 
 class UploadRequest(BaseModel):
@@ -80,56 +60,9 @@ def upload_key(name: str) -> str:
     return base
 
 
-def _origin(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}"
-
-
-def content_security_policy(settings: Settings) -> str:
-    """Only this origin, plus the object store for playing and uploading videos."""
-    s3 = _origin(settings.s3.public_endpoint_url or settings.s3.endpoint_url)
-    return "; ".join(
-        [
-            "default-src 'self'",
-            "img-src 'self' data:",
-            f"media-src 'self' {s3}",
-            f"connect-src 'self' {s3}",
-            "style-src 'self'",
-            "script-src 'self'",
-            "object-src 'none'",
-            "base-uri 'none'",
-            "form-action 'self'",
-            "frame-ancestors 'none'",
-        ]
-    )
-
-
-def _read(name: str) -> bytes:
-    return resources.files("pipeline.api").joinpath("webui", name).read_bytes()
-
-
-def web_router(settings: Settings, links: S3Links, store: IndexStore) -> APIRouter:
-    """The page, its assets and ``POST /v1/uploads`` (a user key, like any other API call)."""
+def uploads_router(settings: Settings, links: S3Links, store: IndexStore) -> APIRouter:
+    """``POST /v1/uploads`` (a user key, like any other API call); ``links`` signs the PUTs."""
     router = APIRouter()
-    csp = content_security_policy(settings)
-    page_headers = {
-        "Cache-Control": "no-cache",
-        "Content-Security-Policy": csp,
-        "X-Content-Type-Options": "nosniff",
-        "Referrer-Policy": "no-referrer",
-    }
-
-    @router.get("/", include_in_schema=False)
-    @router.get("/index.html", include_in_schema=False)
-    async def page() -> Response:
-        return Response(_read("index.html"), media_type="text/html; charset=utf-8", headers=page_headers)
-
-    @router.get(ASSET_PREFIX + "{name}", include_in_schema=False)
-    async def asset(name: str) -> Response:
-        if name not in ASSETS:
-            raise HTTPException(404, f"no asset {name}")
-        headers = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
-        return Response(_read(name), media_type=ASSETS[name], headers=headers)
 
     @router.post("/v1/uploads")
     async def upload(body: UploadRequest) -> UploadLink:
