@@ -20,9 +20,11 @@ from typing import Any
 import pyarrow as pa
 
 from storage.db import (
+    NEXT_REVISION,
     PRIMARY_KEY,
     FreshTable,
     IndexDatabase,
+    compare_and_set,
     merge_on,
     read_errors_are_transient,
     sql_quote,
@@ -291,13 +293,7 @@ class Catalog:
         """
         written = record.evolve(rev=expected_rev + 1, updated_at=datetime.now(UTC))
         data = pa.Table.from_pylist([written.to_row()], schema=VIDEOS_SCHEMA)
-        merge = merge_on(self._videos(), "video_id")
-        if expected_rev == 0:
-            result = merge.when_not_matched_insert_all().execute(data)
-        else:
-            result = merge.when_matched_update_all(where="target.rev + 1 = source.rev").execute(data)
-        landed = int(result.num_updated_rows) + int(result.num_inserted_rows) > 0
-        return written if landed else None
+        return written if compare_and_set(self._videos(), "video_id", data, expected_rev) else None
 
     @write_errors_are_transient
     def write_many(self, writes: Sequence[tuple[VideoRecord, int]]) -> list[VideoRecord | None]:
@@ -323,7 +319,7 @@ class Catalog:
         # revision always finds its row.
         result = (
             merge_on(self._videos(), "video_id")
-            .when_matched_update_all(where="target.rev + 1 = source.rev")
+            .when_matched_update_all(where=NEXT_REVISION)
             .when_not_matched_insert_all()
             .execute(data)
         )

@@ -38,6 +38,21 @@ def merge_on(table: Any, key: str) -> Any:
     return table.merge_insert(key).use_index(False)
 
 
+#: A merge's update condition for compare-and-set rows: the source row is the target's next revision.
+NEXT_REVISION = "target.rev + 1 = source.rev"
+
+
+def compare_and_set(table: Any, key: str, row: pa.Table, expected_rev: int) -> bool:
+    """Merge the one row ``row`` (revision ``expected_rev + 1`` in its ``rev`` column) into ``table`` on
+    ``key`` if the row there still holds revision ``expected_rev`` (0: there must be none); whether it landed."""
+    merge = merge_on(table, key)
+    if expected_rev == 0:
+        result = merge.when_not_matched_insert_all().execute(row)
+    else:
+        result = merge.when_matched_update_all(where=NEXT_REVISION).execute(row)
+    return int(result.num_updated_rows) + int(result.num_inserted_rows) > 0
+
+
 def storage_options(s3: S3Settings) -> dict[str, str]:
     return {
         "endpoint": s3.endpoint_url,
@@ -52,28 +67,22 @@ def write_errors_are_transient(write: Callable[P, R]) -> Callable[P, R]:
     """Table writes fail under commit conflicts (``Too many concurrent writers``) and object-store
     hiccups as Lance ``RuntimeError``/``OSError``s: retrying can help, so they become ``TransientError``
     (first line only: Lance messages carry paths, never credentials, but can be long)."""
-
-    @functools.wraps(write)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return write(*args, **kwargs)
-        except (RuntimeError, OSError) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-            raise TransientError(f"index table write failed: {first}") from exc
-
-    return wrapper
+    return _errors_are_transient(write, "write")
 
 
 def read_errors_are_transient(read: Callable[P, R]) -> Callable[P, R]:
     """Reads fail the same way when the store hiccups; callers answer 503, not 500."""
+    return _errors_are_transient(read, "read")
 
-    @functools.wraps(read)
+
+def _errors_are_transient(call: Callable[P, R], what: str) -> Callable[P, R]:
+    @functools.wraps(call)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
-            return read(*args, **kwargs)
+            return call(*args, **kwargs)
         except (RuntimeError, OSError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-            raise TransientError(f"index table read failed: {first}") from exc
+            raise TransientError(f"index table {what} failed: {first}") from exc
 
     return wrapper
 

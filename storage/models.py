@@ -23,7 +23,7 @@ from storage.db import (
     PRIMARY_KEY,
     FreshTable,
     IndexDatabase,
-    merge_on,
+    compare_and_set,
     read_errors_are_transient,
     write_errors_are_transient,
 )
@@ -246,10 +246,4 @@ class ModelRegistry:
         written = state.evolve(rev=expected_rev + 1, updated_at=datetime.now(UTC))
         row = {"key": STATE_KEY, "state": written.to_json(), "rev": written.rev, "updated_at": written.updated_at}
         data = pa.Table.from_pylist([row], schema=MODELS_SCHEMA)
-        merge = merge_on(self._models(), "key")
-        if expected_rev == 0:
-            result = merge.when_not_matched_insert_all().execute(data)
-        else:
-            result = merge.when_matched_update_all(where="target.rev + 1 = source.rev").execute(data)
-        landed = int(result.num_updated_rows) + int(result.num_inserted_rows) > 0
-        return written if landed else None
+        return written if compare_and_set(self._models(), "key", data, expected_rev) else None

@@ -262,35 +262,29 @@ class ObjectStore:
 
 
 def _listed_objects(bucket: str, page: dict[str, Any]) -> list[ObjectHead]:
-    return [
-        ObjectHead(
-            bucket=bucket,
-            key=item["Key"],
-            size=int(item.get("Size", 0)),
-            etag=str(item.get("ETag", "")).strip('"'),
-            version_id=None,
-            content_type=None,
-            last_modified=item.get("LastModified"),
-        )
-        for item in page.get("Contents", [])
-    ]
+    return [_listed(bucket, item, None) for item in page.get("Contents", [])]
 
 
 def _latest_versions(bucket: str, page: dict[str, Any]) -> list[ObjectHead]:
     # A key whose latest version is a delete marker has no latest entry in "Versions".
     return [
-        ObjectHead(
-            bucket=bucket,
-            key=item["Key"],
-            size=int(item.get("Size", 0)),
-            etag=str(item.get("ETag", "")).strip('"'),
-            version_id=item.get("VersionId") if item.get("VersionId") not in (None, "null") else None,
-            content_type=None,
-            last_modified=item.get("LastModified"),
-        )
+        _listed(bucket, item, item.get("VersionId") if item.get("VersionId") not in (None, "null") else None)
         for item in page.get("Versions", [])
         if item.get("IsLatest")
     ]
+
+
+def _listed(bucket: str, item: dict[str, Any], version_id: str | None) -> ObjectHead:
+    """One entry of a listing page (listings carry no content type)."""
+    return ObjectHead(
+        bucket=bucket,
+        key=item["Key"],
+        size=int(item.get("Size", 0)),
+        etag=str(item.get("ETag", "")).strip('"'),
+        version_id=version_id,
+        content_type=None,
+        last_modified=item.get("LastModified"),
+    )
 
 
 class BlockingObjectStore:

@@ -1,13 +1,16 @@
 """The index database as one object: the catalog, the frames tables, the model lifecycle and the
 leases over one connection.
 
-Each table is its own module (``storage.catalog``, ``storage.frames``, ``storage.models``,
-``storage.leases``); schemas live there and nowhere else. ANN index upkeep is ``pipeline.upkeep.maintenance``.
+Each table is its own module (``storage.catalog``, ``storage.frames``, ``storage.texts``, ``storage.models``,
+``storage.leases``; frames and text tables over ``storage.rows``); schemas live there and nowhere else. ANN
+index upkeep is ``pipeline.upkeep.maintenance``.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 from storage.catalog import Catalog
 from storage.config import S3Settings
@@ -16,6 +19,8 @@ from storage.frames import FRAMES, FrameTable
 from storage.leases import Leases
 from storage.models import ModelRegistry
 from storage.texts import TEXT_PREFIX, TextTable
+
+T = TypeVar("T", FrameTable, TextTable)
 
 
 class IndexStore:
@@ -35,18 +40,17 @@ class IndexStore:
 
     def frames_table(self, name: str) -> FrameTable:
         """The frames table ``name`` (one handle per name, kept)."""
-        with self._lock:
-            table = self._tables.get(name)
-            if table is None:
-                table = self._tables[name] = FrameTable(self.db, name)
-            return table
+        return self._kept(self._tables, FrameTable, name)
 
     def text_table(self, name: str) -> TextTable:
         """The text table ``name`` (one handle per name, kept)."""
+        return self._kept(self._texts, TextTable, name)
+
+    def _kept(self, kept: dict[str, T], make: Callable[[IndexDatabase, str], T], name: str) -> T:
         with self._lock:
-            table = self._texts.get(name)
+            table = kept.get(name)
             if table is None:
-                table = self._texts[name] = TextTable(self.db, name)
+                table = kept[name] = make(self.db, name)
             return table
 
     def table_for(self, name: str) -> FrameTable | TextTable:

@@ -1,7 +1,7 @@
 """A text table: one row per text segment of a video (subtitle, on-screen text, speech), carrying the
 fingerprint of the result it belongs to like a frames table's rows, and a full-text index on ``text``.
 
-Rows are replaced per video in one ``merge_insert`` (as ``storage.frames``), so readers never see half
+Rows are replaced per video in one ``merge_insert`` (``storage.rows``, as a frames table's), so readers never see half
 a video's segments. The full-text index keeps word positions (phrases) and neither drops stop words
 nor stems (an exact phrase is what the user typed); rows written after the index was built are found
 too (LanceDB scans the unindexed part: exact words only) until index maintenance folds them in.
@@ -17,15 +17,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from storage.db import (
-    PRIMARY_KEY,
-    IndexDatabase,
-    merge_on,
-    read_errors_are_transient,
-    sql_quote,
-    write_errors_are_transient,
-)
-from storage.frames import FrameSummary, summaries_in, summary_of
+from storage.db import PRIMARY_KEY, IndexDatabase, read_errors_are_transient, sql_quote, write_errors_are_transient
+from storage.rows import VideoRowsTable, unique_ids
 
 TEXT_PREFIX = "text-"
 FTS_INDEX = "text_idx"
@@ -108,79 +101,69 @@ class TextHit:
     alternative: int = 0
 
 
-class TextTable:
+class TextTable(VideoRowsTable[VideoText]):
     """One text table of an index database (created on the first write)."""
 
+    id_column = "segment_id"
+
     def __init__(self, db: IndexDatabase, name: str) -> None:
-        self._db = db
-        self.name = name
-        self._table: Any = None
+        super().__init__(db, name)
         self._fts_seen = False
         self._alternatives: bool | None = None
 
     def table(self, create: bool = False) -> Any | None:
-        if self._table is None:
-            self._table = self._db.create(self.name, TEXT_SCHEMA) if create else self._db.open(self.name)
-        return self._table
+        return self._handle(TEXT_SCHEMA if create else None)
+
+    def no_rows(self, video_id: str, uri: str) -> VideoText:
+        return VideoText(video_id, uri, "", "", "", rows=[])
 
     # -- writes -----------------------------------------------------------------------------------
-    @write_errors_are_transient
-    def replace_many(self, videos: Sequence[VideoText], timeout: timedelta | None = None) -> None:
-        """Replace the segments of several videos in one commit (``FrameTable.replace_many``'s rules).
+    def _arrow_rows(self, videos: Sequence[VideoText]) -> pa.Table:
+        """The segments of ``videos`` as one Arrow table.
 
         Raises:
-            ValueError: a video appears twice, or two rows share a ``segment_id``.
+            ValueError: two rows share a ``segment_id``, or a row's source is not one of ``SOURCES``.
         """
-        if not videos:
-            return
-        ids = [v.video_id for v in videos]
-        if len(set(ids)) != len(ids):
-            raise ValueError("a video appears twice in one grouped write")
-        rows = [r for v in videos for r in v.rows]
-        if len({r.segment_id for r in rows}) != len(rows):
-            raise ValueError("two rows share a segment_id in one write")
-        if any(r.source not in SOURCES for r in rows):
+        rows = [(v, r) for v in videos for r in v.rows]
+        unique_ids([r.segment_id for _, r in rows], "segment_id")
+        if any(r.source not in SOURCES for _, r in rows):
             raise ValueError(f"a segment's source is not one of {SOURCES}")
-        table = self.table(create=bool(rows))
-        if table is None:
-            return  # removals from a table never written: nothing to remove
-        scope = f"video_id IN ({', '.join(sql_quote(i) for i in ids)})"
-        (
-            merge_on(table, "segment_id")
-            .when_matched_update_all()
-            .when_not_matched_insert_all()
-            .when_not_matched_by_source_delete(scope)
-            .execute(_arrow_rows(videos), timeout=timeout)
+        return pa.Table.from_pylist(
+            [
+                {
+                    "segment_id": r.segment_id,
+                    "video_id": v.video_id,
+                    "uri": v.uri,
+                    "version": v.version,
+                    "fingerprint": v.fingerprint,
+                    "pipeline": v.pipeline,
+                    "start_s": r.start_s,
+                    "end_s": r.end_s,
+                    "text": r.text,
+                    "source": r.source,
+                    "confidence": r.confidence,
+                    "word_starts": list(r.word_starts),
+                    "track": r.track,
+                    "alternative": r.alternative,
+                }
+                for v, r in rows
+            ],
+            schema=TEXT_SCHEMA,
         )
-        if not self._fts_seen and rows:
+
+    def _no_source(self, table: Any) -> pa.Table:
+        # In this layout, not the table's (a frames table merges in its own): a table of an older layout
+        # (``TEXT_ROWS``) refuses a removal with a ValueError.
+        return TEXT_SCHEMA.empty_table()
+
+    def _written(self) -> None:
+        if not self._fts_seen:
             # At once, not at a maintenance round: without the index a search scans with no tokenizer
             # (case-sensitive, whole strings); with it, rows written later are searched with its
             # tokenizer until an optimize folds them in. Looked for on every write until seen, so a
             # writer that died between its first merge and the index, or lost the race to build it,
             # leaves no table without one.
             self.ensure_fts_index()
-
-    # -- reads ------------------------------------------------------------------------------------
-    @read_errors_are_transient
-    def count(self, video_id: str | None = None) -> int:
-        table = self.table()
-        if table is None:
-            return 0
-        return int(table.count_rows(f"video_id = {sql_quote(video_id)}" if video_id else None))
-
-    @read_errors_are_transient
-    def summary(self, video_id: str) -> FrameSummary:
-        """As ``FrameTable.summary``: one video's rows, fingerprints and repeated segment ids."""
-        return summary_of(self.table(), "segment_id", video_id)
-
-    def replace(self, text: VideoText) -> None:
-        """Replace one video's segments (one commit; the ungrouped writer)."""
-        self.replace_many([text])
-
-    @read_errors_are_transient
-    def summaries_in(self, uri_from: str, uri_to: str, *, include_from: bool) -> dict[str, FrameSummary]:
-        """As ``FrameTable.summaries_in``: each video's rows, fingerprints and repeated segment ids."""
-        return summaries_in(self.table(), "segment_id", uri_from, uri_to, include_from=include_from)
 
     @write_errors_are_transient
     def ensure_fts_index(self) -> bool:
@@ -279,29 +262,3 @@ class TextTable:
             )
             for r in rows
         ]
-
-
-def _arrow_rows(videos: Sequence[VideoText]) -> pa.Table:
-    rows = [(v, r) for v in videos for r in v.rows]
-    return pa.Table.from_pylist(
-        [
-            {
-                "segment_id": r.segment_id,
-                "video_id": v.video_id,
-                "uri": v.uri,
-                "version": v.version,
-                "fingerprint": v.fingerprint,
-                "pipeline": v.pipeline,
-                "start_s": r.start_s,
-                "end_s": r.end_s,
-                "text": r.text,
-                "source": r.source,
-                "confidence": r.confidence,
-                "word_starts": list(r.word_starts),
-                "track": r.track,
-                "alternative": r.alternative,
-            }
-            for v, r in rows
-        ],
-        schema=TEXT_SCHEMA,
-    )

@@ -34,18 +34,9 @@ from typing import Any, Protocol
 
 from storage.commits.grouped import CLOSE_TIMEOUT_S, STALL_AFTER_S, GroupedCommits, GroupPolicy
 from storage.errors import PermanentError, TransientError
+from storage.rows import VideoRows
 
 log = logging.getLogger(__name__)
-
-
-class VideoRows(Protocol):
-    """One video's rows for one table: ``storage.frames.VideoFrames`` or ``storage.texts.VideoText``."""
-
-    @property
-    def video_id(self) -> str: ...
-
-    @property
-    def rows(self) -> Sequence[object]: ...
 
 
 class FrameWriter(Protocol):
