@@ -31,7 +31,7 @@ from storage.tables import IndexStore
 from tests.media import write_video
 
 DIM = 8
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def rows(video_id: str, n: int, *, seed: int) -> list[FrameRow]:
@@ -386,7 +386,7 @@ _DYING_CONSUMER = textwrap.dedent(
     from pipeline.settings import Settings
     from storage.tables import IndexStore
     from storage.commits.frames import GroupedFrameWriter
-    from tests.unit.storage.test_writer import frames
+    from tests.unit.storage.commits.test_frames import frames
 
     store = IndexStore(Settings().s3, uri={db!r})
     writer = GroupedFrameWriter(store.frames, max_videos=10, wait_s=60.0)
