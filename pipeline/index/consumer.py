@@ -9,7 +9,7 @@ done, retry and dead letter.
     a redelivered task (a dropped connection, a broker restart, a consumer that died)
         -> just run again: a redelivery is not a failed attempt. Only a start whose consumer died
            while holding the video is charged (the started-marker in the catalog, see
-           ``Indexer._crashes``); after ``serve.max_crashes`` of those the video is failed and
+           ``pipeline.index.plan.count_crashes``); after ``serve.max_crashes`` of those the video is failed and
            dead-lettered, so a video that kills its consumer every time does not loop.
 
 A task is acknowledged only after this returns (acks_late), so a dead letter is stored before the
@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from events.deadletters import DeadLetter, FailureKind
 from events.jobs import IndexJob, JobOp, JobSink, JobSource
 from pipeline.failures import FailureReason, failure_reason
-from pipeline.index.indexer import ConsumerKilled, JobResult
+from pipeline.index.result import ConsumerKilled, JobResult
 from pipeline.metrics import Metrics
 from storage.errors import PermanentError, TransientError, VidxError
 
@@ -129,27 +129,9 @@ class IndexTaskHandler:
         try:
             job = IndexJob.model_validate(payload)
         except ValidationError as exc:
-            reason = f"malformed job ({exc.error_count()} invalid fields)"
-            self._dead_letters.publish(
-                DeadLetter(
-                    id=task.task_id,
-                    kind=FailureKind.MALFORMED,
-                    reason=reason,
-                    attempts=task.retries + 1,
-                    raw_job=repr(payload)[:2000],
-                )
-            )
-            self._metrics.failed(FailureReason.MALFORMED_JOB, FailureKind.MALFORMED.value)
-            log.warning("task %s dead-lettered: %s", task.task_id, reason)
-            return {"outcome": "failed", "reason": reason}
+            return self._malformed(payload, task, exc)
         if self._buckets is not None and job.bucket not in self._buckets:
-            # Whoever can publish to the task queue must not make vidx read, thumbnail and link any
-            # object it can reach: refused for good, no catalog row, the reason in the dead letter.
-            reason = f"bucket {job.bucket!r} is not one of the configured buckets (VIDX_S3__BUCKETS)"
-            self._dead_letter(job, task, FailureKind.PERMANENT, reason)
-            self._metrics.failed(FailureReason.UNCONFIGURED_BUCKET, FailureKind.PERMANENT.value)
-            log.warning("task %s refused: %s", task.task_id, reason)
-            return {"video_id": job.video_id, "outcome": "failed", "reason": reason}
+            return self._unconfigured_bucket(job, task)
         if task.redelivered:
             log.info("task %s for %s redelivered: running it again", task.task_id, job.uri)
         run = job
@@ -187,6 +169,32 @@ class IndexTaskHandler:
             "frames": result.frames,
             "stages": result.stages,
         }
+
+    def _malformed(self, payload: Any, task: TaskContext, exc: ValidationError) -> dict[str, Any]:
+        """A payload that is no job: dead-lettered as it came, nothing run."""
+        reason = f"malformed job ({exc.error_count()} invalid fields)"
+        self._dead_letters.publish(
+            DeadLetter(
+                id=task.task_id,
+                kind=FailureKind.MALFORMED,
+                reason=reason,
+                attempts=task.retries + 1,
+                raw_job=repr(payload)[:2000],
+            )
+        )
+        self._metrics.failed(FailureReason.MALFORMED_JOB, FailureKind.MALFORMED.value)
+        log.warning("task %s dead-lettered: %s", task.task_id, reason)
+        return {"outcome": "failed", "reason": reason}
+
+    def _unconfigured_bucket(self, job: IndexJob, task: TaskContext) -> dict[str, Any]:
+        """A job naming a bucket that is not configured: dead-lettered, nothing run."""
+        # Whoever can publish to the task queue must not make vidx read, thumbnail and link any
+        # object it can reach: refused for good, no catalog row, the reason in the dead letter.
+        reason = f"bucket {job.bucket!r} is not one of the configured buckets (VIDX_S3__BUCKETS)"
+        self._dead_letter(job, task, FailureKind.PERMANENT, reason)
+        self._metrics.failed(FailureReason.UNCONFIGURED_BUCKET, FailureKind.PERMANENT.value)
+        log.warning("task %s refused: %s", task.task_id, reason)
+        return {"video_id": job.video_id, "outcome": "failed", "reason": reason}
 
     def _submit_text_job(self, job: IndexJob, task: TaskContext) -> None:
         """The text job of a video whose frames are in. If the broker does not take it, the index task

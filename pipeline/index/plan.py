@@ -60,6 +60,10 @@ class IndexPlan:
             return frozenset()
         return frozenset(t.table for t in self.need if t.table != self.live[0].table)
 
+    def holds(self, table: ModelTable) -> bool:
+        """Whether live ``table`` holds this content already (its rows looked at: among ``kept``)."""
+        return any(k.table == table.table for k in self.kept)
+
     def written(self, rows: Mapping[str, int]) -> tuple[ModelIndex, ...]:
         """The entries of the needed tables among ``rows`` (those embedded or read), with their row counts."""
         return tuple(self.entry(t, rows[t.table]) for t in self.need if t.table in rows)

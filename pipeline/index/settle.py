@@ -1,41 +1,76 @@
-"""How an index job writes the video's row once it has acted: settle it ``indexed`` on a row read after
-its rows were committed (``_finish``), confirm rows that already hold (``_confirm``), put it back as it
-was when a job that only adds a table fails (``_release``), put it back in flight after a job changed the
-rows and left (``_unsettle``), record a failure, and take a claim's outcome — every write a
-compare-and-set through ``pipeline.jobs.videostate``. ``Indexer`` (``pipeline.index.indexer``) is built
-on it."""
+"""How a job writes the video's row around its rows: ``RowSettler`` settles it ``indexed`` on a row read after
+the rows were committed (``finish``), confirms rows that already hold (``confirm``), puts it back as it was
+when a job that only adds a table fails (``release``), puts it back in flight after a job changed the rows
+and left (``unsettle``), records a failure and takes a claim's outcome — every write a compare-and-set
+through ``pipeline.jobs.videostate``. Both kinds of job (``pipeline.index.frames_job``,
+``pipeline.index.words_job``) and the round that runs them (``pipeline.index.indexer``) share one."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeAlias
 
-from events.jobs import IndexJob, JobSource
+from events.jobs import IndexJob
 from pipeline.index.clock import StageClock
 from pipeline.index.plan import IndexPlan
 from pipeline.jobs.videostate import VideoStates
 from storage.catalog import IN_FLIGHT, VideoRecord, VideoStatus
 from storage.commits.catalog import PendingWrite
 from storage.errors import TransientError
+from storage.frames import VideoFrames
 from storage.models import ModelIndex, ModelTable
+from storage.texts import VideoText
 
 log = logging.getLogger(__name__)
 
 #: Rounds one job goes (read, HEAD, act) while other writers keep changing the video under it.
 MAX_CONVERGE_ROUNDS = 5
 
+#: What replaces one video's rows in one table (no rows: removes them).
+Batch: TypeAlias = VideoFrames | VideoText
+
 
 class RowLost(Exception):
     """Another writer changed the video's row (or the object) under this round: go around again."""
 
 
-class RowSettling:
-    """The row writes of an index job (see the module docstring); the job supplies the row states, the
-    live tables read afresh and its step hooks."""
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A job's claim of the row (``indexing`` its version), committing while the job acts; and whether the
+    job gave up on the video (its consumer died ``max_crashes`` times on it)."""
 
-    _states: VideoStates
-    _models_now: Callable[[], list[ModelTable]]
-    _hooks: Callable[[str, IndexJob], None]
+    pending: PendingWrite
+    gave_up: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Acted:
+    """What a job made of the object: the batches to write, by table, in the order they are written; the
+    entries the row is settled with (a table may have an entry and no batch); the video's duration when
+    known; the row count its result reports; and whether a table it left to a later job is due."""
+
+    batches: Mapping[str, Batch]
+    entries: tuple[ModelIndex, ...]
+    duration_s: float | None
+    frames: int
+    due_later: bool = False
+
+
+class RowSettler:
+    """The row writes of a job (see the module docstring), over the row states, the live tables read
+    afresh (``models_now``) and the jobs' step hooks (``finish`` runs right before a settling write)."""
+
+    def __init__(
+        self,
+        states: VideoStates,
+        models_now: Callable[[], list[ModelTable]],
+        hooks: Callable[[str, IndexJob], None],
+    ) -> None:
+        self._states = states
+        self._models_now = models_now
+        self._hooks = hooks
 
     def record_failure(self, job: IndexJob, reason: str, version: str | None = None) -> None:
         """Mark ``job``'s video failed with ``reason`` (its old rows, if any, stay searchable), unless
@@ -49,7 +84,7 @@ class RowSettling:
                 return
         raise TransientError(f"could not record the failure of {job.uri}: the row kept changing")
 
-    def _unsettle(self, job: IndexJob, touched: frozenset[str], in_doubt: str | None = None) -> None:
+    def unsettle(self, job: IndexJob, touched: frozenset[str], in_doubt: str | None = None) -> None:
         """This job changed the video's rows and is leaving before it settled the row, which may now
         disagree with them: put it back in flight (best effort), so a retry, or the scheduled check
         past its grace, redoes the video (if even this write fails, the check's walk finds the
@@ -66,7 +101,8 @@ class RowSettling:
         except TransientError as exc:
             log.warning("%s: could not mark the row unsettled (%s); the scheduled check will find it", job.uri, exc)
 
-    def _confirm(self, seen: VideoRecord, plan: IndexPlan, clock: StageClock) -> None:
+    def confirm(self, seen: VideoRecord, plan: IndexPlan, clock: StageClock) -> None:
+        """Settle ``seen`` ``indexed`` with what the plan kept (looked at: they hold this content)."""
         # The row's own count is the active table's (a row a failed write unsettled says -1).
         # A live table's entry whose rows don't hold this content goes (the text table's, whose words
         # a text job reads next); entries of other tables stay as they were.
@@ -77,11 +113,11 @@ class RowSettling:
             if self._states.confirm(row, plan.version) is None:
                 raise RowLost("the row changed while it was confirmed")
 
-    def _finish(
-        self, job: IndexJob, plan: IndexPlan, written: Sequence[ModelIndex], duration_s: float | None, clock: StageClock
-    ) -> None:
+    def finish(self, job: IndexJob, plan: IndexPlan, acted: Acted, clock: StageClock, *, joins: bool) -> None:
         """Settle the row ``indexed`` with the entries of every live table, on a row read after the
-        rows were committed."""
+        rows were committed. ``joins``: the job's entries may join a row another job of its version
+        settled over its claim with the entries the plan kept (a job that fills a deferred table)."""
+        written = acted.entries
         indexes = plan.indexes(written)
         with clock.stage("catalog"):
             # Settle only with the tables live now (``models_moved`` says why).
@@ -90,43 +126,48 @@ class RowSettling:
             now = self._states.read(job.video_id)
             if plan.twin_finished(now, written):
                 return  # a twin job of the same content finished first: its rows equal these
-            if job.source is JobSource.TEXT and now is not None and _settled_holding(now, plan):
-                # Another job of this version settled the row over this one's claim (a redelivered index
-                # job's confirm, a backfill job), leaving the entries this job read: the words join them
-                # rather than being read again.
-                self._hooks("finish", job)
-                merged = _merged(now.indexes, written, plan)
-                fp, frames = now.fingerprint or "", now.frames
-                joined = self._states.finish(
-                    now, version=plan.version, fingerprint=fp, frames=frames, duration_s=now.duration_s, indexes=merged
-                )
-                if joined is None:
-                    raise RowLost("the row changed while the words joined it")
+            if joins and now is not None and _settled_holding(now, plan):
+                self._join(job, now, plan, written)
                 return
             if now is None or now.status not in IN_FLIGHT or now.version not in (plan.version, None):
                 raise RowLost(f"another job moved the row to {now.status.value if now else 'nothing'} meanwhile")
             self._hooks("finish", job)
             first = indexes[0]
             fp, frames = first.fingerprint, first.frames
+            duration_s = acted.duration_s
             if duration_s is None:
-                duration_s = now.duration_s  # a text job's: the frames' job measured it
+                duration_s = now.duration_s  # a job that measured none: the one that settled the frames did
             finished = self._states.finish(
                 now, version=plan.version, fingerprint=fp, frames=frames, duration_s=duration_s, indexes=indexes
             )
             if finished is None:
                 raise RowLost("the row changed while it was finished")
 
-    def _release(self, claimed: VideoRecord, plan: IndexPlan, clock: StageClock) -> None:
-        """A job that only had to add another model's rows (a backfill job) failed before writing any:
-        the row goes back to indexed with what the active model's rows hold, checked by this job, not
-        left claimed to end up ``failed``; unless a switch made another table active meanwhile."""
+    def _join(self, job: IndexJob, now: VideoRecord, plan: IndexPlan, written: Sequence[ModelIndex]) -> None:
+        """Another job of this version settled the row over this one's claim (a redelivered index job's
+        confirm, a backfill job), leaving the entries this job read: its entries join them rather than
+        the table being read again."""
+        self._hooks("finish", job)
+        merged = _merged(now.indexes, written, plan)
+        fp, frames = now.fingerprint or "", now.frames
+        joined = self._states.finish(
+            now, version=plan.version, fingerprint=fp, frames=frames, duration_s=now.duration_s, indexes=merged
+        )
+        if joined is None:
+            raise RowLost("the row changed while the words joined it")
+
+    def release(self, claimed: VideoRecord, plan: IndexPlan, clock: StageClock) -> None:
+        """A job that only had to add another table's rows (a backfill job, a job filling a deferred table)
+        failed before writing any: the row goes back to indexed with what the active model's rows hold,
+        checked by this job, not left claimed to end up ``failed``; unless a switch made another table
+        active meanwhile."""
         active = plan.live[0]
         with clock.stage("catalog"):
             try:
                 if self._models_now()[0].table != active.table:
                     return
                 entry = next(k for k in plan.kept if k.table == active.table)
-                # As ``_confirm``: the held live tables' entries, and other tables' as they were.
+                # As ``confirm``: the held live tables' entries, and other tables' as they were.
                 live = {t.table for t in plan.live}
                 kept = plan.kept + tuple(e for e in claimed.indexes if e.table not in live)
                 settled = claimed.evolve(fingerprint=entry.fingerprint, frames=entry.frames, indexes=kept)
@@ -134,14 +175,14 @@ class RowSettling:
             except TransientError as exc:  # left claimed: the retry (or the check past its grace) settles it
                 log.warning("%s: could not put the row back to indexed (%s)", claimed.uri, exc)
 
-    def _claimed(
-        self, claim: PendingWrite, clock: StageClock, job: IndexJob, *, best_effort: bool = False
+    def claimed(
+        self, claim: Claim, clock: StageClock, job: IndexJob, *, best_effort: bool = False
     ) -> VideoRecord | None:
         """The claim's outcome. ``best_effort`` (the job is leaving anyway): a failed claim write is
         only logged."""
         with clock.stage("catalog"):
             try:
-                return self._states.wait(claim)
+                return self._states.wait(claim.pending)
             except TransientError as exc:
                 if not best_effort:
                     raise

@@ -1,6 +1,6 @@
 """The Upkeep deployment: one replica holding ``UpkeepServices`` (the model preflight, index
-maintenance, the backfill coordinator and the scheduled check), apart from the event router so each
-shows under its own name in Serve's status, the metrics and the logs."""
+maintenance, the backfill coordinator, the text backfill and the scheduled check), apart from the event
+router so each shows under its own name in Serve's status, the metrics and the logs."""
 
 from __future__ import annotations
 

@@ -31,15 +31,15 @@ queue stay there; what it had submitted and not seen done is submitted again, at
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from events.jobs import IndexJob, JobOp, JobSink, JobSource
-from pipeline.upkeep.leased_loop import LeasedLoop
+from events.jobs import JobSink, JobSource
+from pipeline.upkeep.leased_loop import LeasedLoop, LeasedService
 from pipeline.upkeep.maintenance import vector_index_state
+from pipeline.upkeep.window import SubmissionWindow
 from storage.catalog import IN_FLIGHT, VideoRecord, VideoStatus
 from storage.errors import TransientError
 from storage.ids import fingerprint
@@ -103,39 +103,24 @@ class BackfillCoordinator:
         a target table past it without one holds the switch for at most ``index_wait_s`` (None or 0:
         never)."""
         self._store = store
-        self._sink = sink
-        self._max_outstanding = max_outstanding
         self._resubmit_after_s = resubmit_after_s
         self._sweep_s = sweep_s
         self._ann_min_rows = ann_min_rows
         self._index_wait_s = index_wait_s
-        self._clock = clock
-        self._loop = LeasedLoop("backfill", store.leases, LEASE, every_s=interval_s, ttl_s=lease_ttl_s)
-        #: Video id -> when its backfill job was submitted (by this process, for this target table).
-        self._submitted: dict[str, float] = {}
+        #: The jobs this process submitted for the target table and not yet seen done.
+        self._window = SubmissionWindow(
+            sink,
+            JobSource.REINDEX,
+            max_outstanding=max_outstanding,
+            resubmit_after_s=resubmit_after_s,
+            clock=clock,
+        )
         self._table: str | None = None
         self._resumed = False
-        self.last: BackfillRound | None = None
-        self.last_error: str | None = None
-
-    @property
-    def last_ok(self) -> float | None:
-        """When (epoch seconds) a round of this service last ended without an error; None before."""
-        return self._loop.last_ok
-
-    def start(self) -> tuple[threading.Thread, threading.Event]:
-        """Rounds on a daemon thread every ``interval_s`` (the first after one interval) while this
-        worker holds the ``backfill`` lease, until the returned event is set; a round that fails is
-        kept as ``last_error`` and tried again next interval."""
-        return self._loop.start(self._leased_round, self._failed)
-
-    def _leased_round(self) -> None:
-        if self._loop.hold():
-            self.last = self.round()
-            self.last_error = None
-
-    def _failed(self, why: str) -> None:
-        self.last_error = why[:500]
+        #: Its rounds under the ``backfill`` lease, the first after one ``interval_s``.
+        self.service = LeasedService(
+            LeasedLoop("backfill", store.leases, LEASE, every_s=interval_s, ttl_s=lease_ttl_s), self.round
+        )
 
     def round(self) -> BackfillRound | None:
         """One round (None: no backfill is running, and no switch within ``sweep_s``).
@@ -199,11 +184,11 @@ class BackfillCoordinator:
         now: datetime,
     ) -> None:
         if record.status is VideoStatus.DELETED:
-            self._submitted.pop(record.video_id, None)
+            self._window.done(record.video_id)
             return
         if record.status is VideoStatus.FAILED and not (active is not None and has_model(record, active)):
             found.failed += 1  # failed at its version, with nothing of it searchable: nothing to carry over
-            self._submitted.pop(record.video_id, None)
+            self._window.done(record.video_id)
             return
         found.total += 1
         # A failed video still searchable at its version (its backfill job failed permanently) holds
@@ -232,29 +217,14 @@ class BackfillCoordinator:
         """Count a settled video as done (it has ``model``'s rows; returns True) or as needing a job."""
         if has_model(record, model):
             found.done += 1
-            self._submitted.pop(record.video_id, None)
+            self._window.done(record.video_id)
             return True
         found.need += 1
         found.waiting.append(record.uri)
         return False
 
     def _submit(self, found: BackfillRound) -> None:
-        now = self._clock()
-        outstanding = sum(
-            1 for vid, at in self._submitted.items() if now - at < self._resubmit_after_s and vid not in found.settled
-        )
-        for uri in found.waiting:
-            if outstanding >= self._max_outstanding:
-                break
-            bucket, _, key = uri.removeprefix("s3://").partition("/")
-            job = IndexJob(op=JobOp.INDEX, bucket=bucket, key=key, source=JobSource.REINDEX)
-            at = self._submitted.get(job.video_id)
-            if at is not None and now - at < self._resubmit_after_s:
-                continue
-            self._sink.submit(job)
-            self._submitted[job.video_id] = now
-            outstanding += job.video_id not in found.settled
-            found.submitted += 1
+        found.submitted += self._window.submit(found.waiting, unslotted=found.settled).submitted
         found.waiting = []
 
     def _index_missing(self, target: ModelTable, backfill: Backfill, now: datetime) -> str | None:
@@ -333,6 +303,6 @@ class BackfillCoordinator:
     def _forget(self, table: str | None) -> None:
         """Start afresh when the backfill changed (another target, or none)."""
         if table != self._table:
-            self._submitted.clear()
+            self._window.clear()
             self._table = table
             self._resumed = False

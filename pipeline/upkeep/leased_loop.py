@@ -1,6 +1,7 @@
 """A background service's loop: a round every interval on a daemon thread, run by one worker of the
-fleet at a time (the holder of a named lease in ``storage.leases``). Index maintenance, the backfill
-coordinator and the scheduled check each supply only their round."""
+fleet at a time (the holder of a named lease in ``storage.leases``); and ``LeasedService``, the one wrapper
+every upkeep service runs under (index maintenance, the model and text backfills, the scheduled check):
+each supplies only its round."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from storage.leases import Leases
 
@@ -112,3 +113,66 @@ class LeasedLoop:
         thread = threading.Thread(target=self.run, args=(stop, tick, on_error), name=self.service, daemon=True)
         thread.start()
         return thread, stop
+
+
+class LeasedService(Generic[T]):
+    """A background service as the upkeep runs it: ``work`` is its round, run by ``run_once`` while this
+    worker holds ``loop``'s lease and by ``start`` on ``loop``'s thread every interval.
+
+    ``last`` is what the last round returned (None before the first) and ``last_error`` why the last tick
+    failed, kept until a round succeeds; ``idle`` is called on a tick another worker's lease skipped,
+    ``on_error`` with a failed tick's ``Type: message``. ``tick``: what the thread runs instead of
+    ``run_once``, for a service that picks its round by the time and takes the lease itself.
+    """
+
+    def __init__(
+        self,
+        loop: LeasedLoop,
+        work: Callable[[], T],
+        *,
+        idle: Callable[[], object] | None = None,
+        on_error: Callable[[str], None] | None = None,
+        tick: Callable[[], object] | None = None,
+    ) -> None:
+        self.loop = loop
+        self._work = work
+        self._idle = idle
+        self._on_error = on_error
+        self._tick = tick or self.run_once
+        self.last: T | None = None
+        self.last_error: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The service's name: its thread's, as logged."""
+        return self.loop.service
+
+    @property
+    def last_ok(self) -> float | None:
+        """When (epoch seconds) a tick of this service last ended without an error; None before the first."""
+        return self.loop.last_ok
+
+    def run_once(self) -> T | None:
+        """The round if this worker holds the lease (taken or renewed first), kept as ``last``; None if
+        another worker holds it.
+
+        Raises:
+            TransientError: the index database failed; and whatever the round raises.
+        """
+        if not self.loop.hold():
+            if self._idle is not None:
+                self._idle()
+            return None
+        self.last = self._work()
+        self.last_error = None
+        return self.last
+
+    def start(self) -> tuple[threading.Thread, threading.Event]:
+        """The ticks on a daemon thread named after the service, until the returned event is set; a tick
+        that fails is logged, kept as ``last_error`` and the next one tries again."""
+        return self.loop.start(self._tick, self._failed)
+
+    def _failed(self, why: str) -> None:
+        self.last_error = why[:500]
+        if self._on_error is not None:
+            self._on_error(why)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from typing import Any
 
 from lancedb.index import BTree, IvfHnswSq, IvfPq, IvfRq, IvfSq
 
-from pipeline.upkeep.leased_loop import LeasedLoop
+from pipeline.upkeep.leased_loop import LeasedLoop, LeasedService
 from storage.config import IndexSettings
 from storage.frames import FRAMES, FrameTable
 from storage.tables import IndexStore
@@ -151,7 +150,7 @@ def optimize(store: IndexStore, keep_versions_s: float, frames_table: FrameTable
 
 
 class IndexMaintainer:
-    """One maintenance round per call to ``run_once``; ``start`` repeats it every ``optimize_interval_s``
+    """One maintenance round per call to ``run_once``; its ``service`` repeats it every ``optimize_interval_s``
     (compactions in between), under the ``maintenance`` lease."""
 
     def __init__(
@@ -172,15 +171,21 @@ class IndexMaintainer:
         self._tables = tables or (lambda: [FRAMES])
         self._text_tables = text_tables or (lambda: [])
         self._settings = settings
-        self._loop = LeasedLoop(
-            "index-maintenance",
-            store.leases,
-            LEASE,
-            every_s=min(settings.compact_interval_s, settings.optimize_interval_s),
-            ttl_s=settings.lease_ttl_s,
-            first_tick_now=True,
-            holder=holder,
-            clock=clock,
+        #: Ticks from now on, every ``min(compact_interval_s, optimize_interval_s)``: a full round when one
+        #: is due, else a compaction; a failed tick is logged and the next one tries again.
+        self.service = LeasedService(
+            LeasedLoop(
+                "index-maintenance",
+                store.leases,
+                LEASE,
+                every_s=min(settings.compact_interval_s, settings.optimize_interval_s),
+                ttl_s=settings.lease_ttl_s,
+                first_tick_now=True,
+                holder=holder,
+                clock=clock,
+            ),
+            self._full_round,
+            tick=self._tick,
         )
         #: When the next full round is due (monotonic seconds); compactions until then.
         self._next_full = 0.0
@@ -189,18 +194,18 @@ class IndexMaintainer:
 
     @property
     def holder(self) -> str:
-        return self._loop.holder
+        return self.service.loop.holder
 
     def run_once(self) -> RoundResult:
         """Create the index past ``ann_min_rows`` (rebuild it when the table has grown ``rebuild_growth``
         times), else fold new rows in and compact (both tables).
 
-        Library errors propagate (the loop of ``start`` logs them and tries again next round)."""
-        started = time.monotonic()
-        result = self._loop.once(lambda: self._full_round(started))
+        Library errors propagate (the loop of ``service`` logs them and tries again next round)."""
+        result = self.service.run_once()
         return RoundResult(Action.SKIPPED_NOT_LEADER) if result is None else result
 
-    def _full_round(self, started: float) -> RoundResult:
+    def _full_round(self) -> RoundResult:
+        started = time.monotonic()
         names, texts = self._tables(), self._text_tables()
         ensure_scalar_indexes(self._store, [n for n in names if n != FRAMES], texts)
         results = [self._table_round(self._store.frames_table(name), started) for name in names]
@@ -265,7 +270,7 @@ class IndexMaintainer:
 
     def compact_once(self) -> bool:
         """Compact small fragments if this worker holds the lease; returns whether it did."""
-        return self._loop.once(self._compact) is True
+        return self.service.loop.once(self._compact) is True
 
     def _compact(self) -> bool:
         s = self._settings
@@ -289,13 +294,3 @@ class IndexMaintainer:
         finally:
             if full:
                 self._next_full = time.monotonic() + self._settings.optimize_interval_s
-
-    @property
-    def last_ok(self) -> float | None:
-        """When (epoch seconds) a round of this service last ended without an error; None before."""
-        return self._loop.last_ok
-
-    def start(self) -> tuple[threading.Thread, threading.Event]:
-        """Rounds on a daemon thread from now on, every ``min(compact_interval_s, optimize_interval_s)``;
-        a failed round is logged and the next one tries again. Set the returned event to stop it."""
-        return self._loop.start(self._tick)

@@ -18,7 +18,7 @@ from typing import Any
 
 from pipeline.metrics import Metrics
 from pipeline.upkeep.check import Checker, CheckReport
-from pipeline.upkeep.leased_loop import LeasedLoop
+from pipeline.upkeep.leased_loop import LeasedLoop, LeasedService
 from storage.catalog import VideoRecord
 from storage.errors import PermanentError, TransientError
 from storage.leases import Leases
@@ -89,10 +89,17 @@ class ScheduledCheck:
         self._objects = objects_per_round
         self._repair = repair
         self._metrics = metrics or Metrics()
-        self._loop = LeasedLoop("scheduled-check", leases, LEASE, every_s=interval_s, ttl_s=lease_ttl_s, clock=clock)
         self._resume: tuple[str, str] | None = None
         self._lock = threading.Lock()
         self._state = CheckState(rounds=0, last=None, last_error=None, leader=False)
+        #: Rounds every ``interval_s`` (the first after one interval) while this worker holds the ``check``
+        #: lease; a failed round is logged, kept as the state's ``last_error`` and the next one tries again.
+        self.service = LeasedService(
+            LeasedLoop("scheduled-check", leases, LEASE, every_s=interval_s, ttl_s=lease_ttl_s, clock=clock),
+            self._round,
+            idle=self._not_leader,
+            on_error=self._failed,
+        )
 
     @property
     def state(self) -> CheckState:
@@ -105,11 +112,11 @@ class ScheduledCheck:
         Raises:
             TransientError: a store or the queue failed; the next round tries again from the same point.
         """
-        report = self._loop.once(self._round)
-        if report is None:
-            with self._lock:
-                self._state = replace(self._state, leader=False)
-        return report
+        return self.service.run_once()
+
+    def _not_leader(self) -> None:
+        with self._lock:
+            self._state = replace(self._state, leader=False)
 
     def _round(self) -> CheckReport:
         """Stuck-row repair, then a slice of the walk: two steps, each going on when the other fails
@@ -184,17 +191,6 @@ class ScheduledCheck:
             skip=self._stamped,
             resubmitted=self._stamp,
         )
-
-    @property
-    def last_ok(self) -> float | None:
-        """When (epoch seconds) a round of this service last ended without an error; None before."""
-        return self._loop.last_ok
-
-    def start(self) -> tuple[threading.Thread, threading.Event]:
-        """Rounds on a daemon thread every ``interval_s`` (the first after one interval); a failed
-        round is logged, kept as ``last_error`` and the next one tries again. Set the returned event
-        to stop it."""
-        return self._loop.start(self.run_once, self._failed)
 
     def _failed(self, why: str) -> None:
         with self._lock:

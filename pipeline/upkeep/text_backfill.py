@@ -16,14 +16,14 @@ coming, and the next walk finds those whose text job was lost since.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from events.jobs import IndexJob, JobOp, JobSink, JobSource
+from events.jobs import JobSink, JobSource
 from pipeline.upkeep.backfill import has_model
-from pipeline.upkeep.leased_loop import LeasedLoop
+from pipeline.upkeep.leased_loop import LeasedLoop, LeasedService
+from pipeline.upkeep.window import SubmissionWindow
 from storage.catalog import VideoRecord, VideoStatus
 from storage.ids import text_fingerprint
 from storage.models import ModelTable
@@ -77,34 +77,25 @@ class TextBackfill:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
-        self._sink = sink
-        self._max_outstanding = max_outstanding
         self._resubmit_after_s = resubmit_after_s
         self._clock = clock
-        self._loop = LeasedLoop("text-backfill", store.leases, LEASE, every_s=interval_s, ttl_s=lease_ttl_s)
-        #: Video id -> (when its text job was last submitted, how many times) for ``_table``.
-        self._submitted: dict[str, tuple[float, int]] = {}
+        #: The text jobs this process submitted for ``_table`` and not yet seen done.
+        self._window = SubmissionWindow(
+            sink,
+            JobSource.TEXT,
+            max_outstanding=max_outstanding,
+            resubmit_after_s=resubmit_after_s,
+            max_submits=MAX_SUBMITS,
+            clock=clock,
+        )
         self._table: str | None = None
         #: The text table a round found complete, and when: no walk for ``resubmit_after_s`` after.
         self._complete: str | None = None
         self._complete_at = 0.0
-        self.last: TextRound | None = None
-        self.last_error: str | None = None
-
-    @property
-    def last_ok(self) -> float | None:
-        return self._loop.last_ok
-
-    def start(self) -> tuple[threading.Thread, threading.Event]:
-        return self._loop.start(self._leased_round, self._failed)
-
-    def _leased_round(self) -> None:
-        if self._loop.hold():
-            self.last = self.round()
-            self.last_error = None
-
-    def _failed(self, why: str) -> None:
-        self.last_error = why[:500]
+        #: Its rounds under the ``text-backfill`` lease, the first after one ``interval_s``.
+        self.service = LeasedService(
+            LeasedLoop("text-backfill", store.leases, LEASE, every_s=interval_s, ttl_s=lease_ttl_s), self.round
+        )
 
     def round(self) -> TextRound | None:
         """One round (None: no text source is on, or the live text table was found complete).
@@ -122,17 +113,17 @@ class TextBackfill:
             return None
         self._complete = None
         found = TextRound(text.table)
-        waiting: list[VideoRecord] = []
+        waiting: list[str] = []
         for record in self._store.catalog.scan_all():
             if record.status is not VideoStatus.INDEXED or not has_model(record, active):
                 continue  # not searchable at its version (yet): its index job asks for the words
             found.total += 1
             if has_words(record, text):
                 found.done += 1
-                self._submitted.pop(record.video_id, None)
+                self._window.done(record.video_id)
                 continue
             found.need += 1
-            waiting.append(record)
+            waiting.append(record.uri)
         self._submit(waiting, found)
         if found.need == 0:
             self._complete, self._complete_at = text.table, self._clock()
@@ -147,23 +138,9 @@ class TextBackfill:
             )
         return found
 
-    def _submit(self, waiting: list[VideoRecord], found: TextRound) -> None:
-        now = self._clock()
-        outstanding = sum(1 for at, _ in self._submitted.values() if now - at < self._resubmit_after_s)
-        for record in waiting:
-            at, times = self._submitted.get(record.video_id, (None, 0))
-            if at is not None and now - at < self._resubmit_after_s:
-                continue
-            if times >= MAX_SUBMITS:
-                found.given_up += 1
-                continue
-            if outstanding >= self._max_outstanding:
-                break
-            bucket, _, key = record.uri.removeprefix("s3://").partition("/")
-            self._sink.submit(IndexJob(op=JobOp.INDEX, bucket=bucket, key=key, source=JobSource.TEXT))
-            self._submitted[record.video_id] = (now, times + 1)
-            outstanding += 1
-            found.submitted += 1
+    def _submit(self, waiting: list[str], found: TextRound) -> None:
+        sent = self._window.submit(waiting)
+        found.submitted, found.given_up = sent.submitted, sent.given_up
         if found.given_up and found.given_up == found.need:
             # Nothing left this process can do for this table for now (the dead letters say why).
             self._complete, self._complete_at = found.table, self._clock()
@@ -171,6 +148,6 @@ class TextBackfill:
     def _forget(self, table: str | None) -> None:
         """Start afresh when the live text table changed."""
         if table != self._table:
-            self._submitted.clear()
+            self._window.clear()
             self._complete = None
             self._table = table

@@ -9,7 +9,7 @@ import pytest
 from events.deadletters import DeadLetter, FailureKind
 from events.jobs import IndexJob, JobOp, JobSource
 from pipeline.index.consumer import IndexTaskHandler, TaskContext
-from pipeline.index.indexer import ConsumerKilled, JobResult, Outcome
+from pipeline.index.result import ConsumerKilled, JobResult, Outcome
 from storage.errors import CorruptVideo, TransientError
 
 JOB = IndexJob(op=JobOp.INDEX, bucket="videos", key="a/b.mp4", source=JobSource.EVENT)

@@ -12,7 +12,8 @@ import pytest
 from numpy.typing import NDArray
 
 from events.jobs import IndexJob, JobOp, JobSource
-from pipeline.index.indexer import ConsumerKilled, Indexer, JobResult, Outcome
+from pipeline.index.indexer import Indexer, JobResult, Outcome
+from pipeline.index.result import ConsumerKilled
 from pipeline.jobs.videostate import QueueingSink, VideoStates
 from pipeline.settings import Settings
 from storage.catalog import VideoRecord, VideoStatus

@@ -513,14 +513,14 @@ def test_the_coordinators_loop_runs_rounds_only_once_it_holds_the_backfill_lease
     backfill = BackfillCoordinator(
         store, sink, interval_s=0.01, max_outstanding=10, resubmit_after_s=60.0, lease_ttl_s=30.0
     )
-    thread, stop = backfill.start()
+    thread, stop = backfill.service.start()
     try:
         deadline = time.monotonic() + WAIT_S
-        while backfill.last is None:
+        while backfill.service.last is None:
             assert time.monotonic() < deadline
             time.sleep(0.005)
         assert time.time() > lapses_at  # no round ran while the other worker held the lease
-        assert backfill.last.need == 1 and sink.keys() == ["a.mp4"] and backfill.last_error is None
+        assert backfill.service.last.need == 1 and sink.keys() == ["a.mp4"] and backfill.service.last_error is None
     finally:
         stop.set()
         thread.join(WAIT_S)

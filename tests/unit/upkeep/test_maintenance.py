@@ -167,7 +167,7 @@ def test_the_loop_stops_and_survives_a_failing_round(store: IndexStore) -> None:
             raise OSError("store unreachable")
 
     maintainer = Failing(store, SETTINGS.model_copy(update={"optimize_interval_s": 0.01}))
-    thread, stop = maintainer.start()
+    thread, stop = maintainer.service.start()
     while len(calls) < 3:
         thread.join(0.01)
     stop.set()

@@ -103,7 +103,7 @@ def test_the_loop_keeps_a_failed_rounds_error_until_a_round_succeeds(tmp_path: P
     listing = FlakyListing()
     listing.put("k0.mp4")
     check = scheduled(store, listing, [1000.0], interval_s=0.01)
-    thread, stop = check.start()
+    thread, stop = check.service.start()
     try:
         deadline = time.monotonic() + WAIT_S
         while check.state.last_error is None:
