@@ -151,11 +151,6 @@ class TextTable(VideoRowsTable[VideoText]):
             schema=TEXT_SCHEMA,
         )
 
-    def _no_source(self, table: Any) -> pa.Table:
-        # In this layout, not the table's (a frames table merges in its own): a table of an older layout
-        # (``TEXT_ROWS``) refuses a removal with a ValueError.
-        return TEXT_SCHEMA.empty_table()
-
     def _written(self) -> None:
         if not self._fts_seen:
             # At once, not at a maintenance round: without the index a search scans with no tokenizer

@@ -119,7 +119,9 @@ def test_an_alternative_reading_is_stored_and_answered_as_one(table: TextTable) 
     assert {h.alternative for h in table.search("help", 5)} == {0, 1}
 
 
-def test_a_table_of_the_layout_before_alternatives_is_searched_as_best_readings(tmp_path: Path) -> None:
+def _rows1_table(path: Path, *videos: str) -> TextTable:
+    """A text table written by an older release in the layout before ``alternative`` (rows1): one
+    segment for each of ``videos``."""
     import lancedb
     import pyarrow as pa
 
@@ -127,11 +129,29 @@ def test_a_table_of_the_layout_before_alternatives_is_searched_as_best_readings(
 
     name = text_table_name("rows1-subtitles", "g1")
     old = pa.schema([f for f in TEXT_SCHEMA if f.name != "alternative"])
-    row = {f.name: None for f in old} | {
-        "segment_id": "a-t000000", "video_id": "a", "uri": "s3://b/a.mp4", "version": "v1", "fingerprint": "fp",
-        "pipeline": "subtitles", "start_s": 1.0, "end_s": 2.0, "text": "the harbour at dawn", "source": "subtitle",
-        "confidence": 1.0, "word_starts": [], "track": "",
-    }  # fmt: skip
-    lancedb.connect(str(tmp_path / "db")).create_table(name, pa.Table.from_pylist([row], schema=old))
-    [found] = TextTable(IndexDatabase(S3Settings(), str(tmp_path / "db")), name).search("harbour", 5)
+    rows = [
+        {
+            "segment_id": f"{vid}-t000000", "video_id": vid, "uri": f"s3://b/{vid}.mp4", "version": "v1",
+            "fingerprint": "fp", "pipeline": "subtitles", "start_s": 1.0, "end_s": 2.0,
+            "text": f"the harbour at dawn {vid}", "source": "subtitle", "confidence": 1.0, "word_starts": [],
+            "track": "",
+        }
+        for vid in videos
+    ]  # fmt: skip
+    lancedb.connect(str(path / "db")).create_table(name, pa.Table.from_pylist(rows, schema=old))
+    return TextTable(IndexDatabase(S3Settings(), str(path / "db")), name)
+
+
+def test_a_table_of_the_layout_before_alternatives_is_searched_as_best_readings(tmp_path: Path) -> None:
+    [found] = _rows1_table(tmp_path, "a").search("harbour", 5)
     assert (found.segment_id, found.alternative) == ("a-t000000", 0)
+
+
+def test_a_video_is_removed_from_a_table_of_the_layout_before_alternatives(tmp_path: Path) -> None:
+    table = _rows1_table(tmp_path, "a", "b", "c", "d")
+    table.replace(table.no_rows("a", "s3://b/a.mp4"))
+    assert [table.count(v) for v in "abcd"] == [0, 1, 1, 1]
+    # Several removals in one commit ("x" never written): the videos not named keep their rows
+    table.replace_many([table.no_rows(v, f"s3://b/{v}.mp4") for v in ("b", "x", "d")])
+    assert [table.count(v) for v in "abcd"] == [0, 0, 1, 0]
+    assert [h.video_id for h in table.search("harbour", 5)] == ["c"]
