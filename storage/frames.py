@@ -79,12 +79,12 @@ class FrameTable(VideoRowsTable[VideoFrames]):
 
     def table(self, dim: int | None = None) -> Any | None:
         """The table handle; with ``dim`` it is created if missing, else None until it exists."""
-        return self._handle(None if dim is None else frames_schema(dim))
+        return self.opened(None if dim is None else frames_schema(dim))
 
     def no_rows(self, video_id: str, uri: str) -> VideoFrames:
         return VideoFrames(video_id, uri, "", "", "", rows=[])
 
-    def _arrow_rows(self, videos: Sequence[VideoFrames]) -> pa.Table:
+    def arrow_rows(self, videos: Sequence[VideoFrames]) -> pa.Table:
         """The rows of ``videos`` as one Arrow table (one column build, no per-row Python objects but ids).
 
         Raises:

@@ -56,14 +56,16 @@ class VideoRowsTable(ABC, Generic[V]):
         self.name = name
         self._table: Any = None
 
-    def _handle(self, schema: pa.Schema | None = None) -> Any | None:
+    # -- the hooks a kind of table fills in (public: its subclasses live in other modules) --------
+
+    def opened(self, schema: pa.Schema | None = None) -> Any | None:
         """The table handle; with ``schema`` it is created if missing, else None until it exists."""
         if self._table is None:
             self._table = self._db.open(self.name) if schema is None else self._db.create(self.name, schema)
         return self._table
 
     @abstractmethod
-    def _arrow_rows(self, videos: Sequence[V]) -> pa.Table:
+    def arrow_rows(self, videos: Sequence[V]) -> pa.Table:
         """The rows of ``videos`` (each with rows) as one Arrow table of this table's layout (its schema is
         the one a missing table is created with).
 
@@ -71,11 +73,11 @@ class VideoRowsTable(ABC, Generic[V]):
             ValueError: the rows can't be written (two share an id, or they break the layout's rules).
         """
 
-    def _no_source(self, table: Any) -> pa.Table:
+    def removal_source(self, table: Any) -> pa.Table:
         """The merge's source rows when a write only removes videos' rows."""
         return table.schema.empty_table()
 
-    def _written(self) -> None:
+    def after_write(self) -> None:
         """Called after a commit that wrote rows."""
 
     @abstractmethod
@@ -96,7 +98,7 @@ class VideoRowsTable(ABC, Generic[V]):
         default bounds only its conflict retries), so it can't commit after that.
 
         Raises:
-            ValueError: a video appears twice, or the rows can't be written (``_arrow_rows``).
+            ValueError: a video appears twice, or the rows can't be written (``arrow_rows``).
         """
         if not videos:
             return
@@ -104,12 +106,12 @@ class VideoRowsTable(ABC, Generic[V]):
         if len(set(ids)) != len(ids):
             raise ValueError("a video appears twice in one grouped write")
         written = [v for v in videos if v.rows]
-        data = self._arrow_rows(written) if written else None
-        table = self._handle(None if data is None else data.schema)
+        data = self.arrow_rows(written) if written else None
+        table = self.opened(None if data is None else data.schema)
         if table is None:
             return  # removals from a table never written: nothing to remove
         if data is None:  # removals only: the same merge with no source rows (a plain delete can't take a timeout)
-            data = self._no_source(table)
+            data = self.removal_source(table)
         scope = f"video_id IN ({', '.join(sql_quote(i) for i in ids)})"
         (
             merge_on(table, self.id_column)
@@ -119,18 +121,18 @@ class VideoRowsTable(ABC, Generic[V]):
             .execute(data, timeout=timeout)
         )
         if written:
-            self._written()
+            self.after_write()
 
     @write_errors_are_transient
     def delete(self, video_id: str) -> None:
-        table = self._handle()
+        table = self.opened()
         if table is not None:
             table.delete(f"video_id = {sql_quote(video_id)}")
 
     # -- reads ------------------------------------------------------------------------------------
     @read_errors_are_transient
     def count(self, video_id: str | None = None) -> int:
-        table = self._handle()
+        table = self.opened()
         if table is None:
             return 0
         return int(table.count_rows(f"video_id = {sql_quote(video_id)}" if video_id else None))
@@ -139,7 +141,7 @@ class VideoRowsTable(ABC, Generic[V]):
     def summary(self, video_id: str) -> FrameSummary:
         """One video's rows, fingerprints and repeated row ids."""
         found = FrameSummary()
-        table = self._handle()
+        table = self.opened()
         if table is None:
             return found
         query = table.search().where(f"video_id = {sql_quote(video_id)}").select([self.id_column, "fingerprint", "uri"])
@@ -153,7 +155,7 @@ class VideoRowsTable(ABC, Generic[V]):
         """The summaries of the videos whose rows' ``uri`` lies in (``uri_from``, ``uri_to``] (``[``
         with ``include_from``): one filtered scan of four small columns, memory bounded by the range."""
         found: dict[str, FrameSummary] = {}
-        table = self._handle()
+        table = self.opened()
         if table is None:
             return found
         lower = ">=" if include_from else ">"
@@ -166,7 +168,7 @@ class VideoRowsTable(ABC, Generic[V]):
     def summaries(self, batch_rows: int = 65_536) -> Iterator[tuple[str, FrameSummary]]:
         """Every video's summary, from one streamed scan of four small columns. Memory grows with the
         number of row ids (to find repeats), not with the rows' other columns."""
-        table = self._handle()
+        table = self.opened()
         if table is None:
             return
         by_video: dict[str, FrameSummary] = {}

@@ -112,13 +112,13 @@ class TextTable(VideoRowsTable[VideoText]):
         self._alternatives: bool | None = None
 
     def table(self, create: bool = False) -> Any | None:
-        return self._handle(TEXT_SCHEMA if create else None)
+        return self.opened(TEXT_SCHEMA if create else None)
 
     def no_rows(self, video_id: str, uri: str) -> VideoText:
         return VideoText(video_id, uri, "", "", "", rows=[])
 
     # -- writes -----------------------------------------------------------------------------------
-    def _arrow_rows(self, videos: Sequence[VideoText]) -> pa.Table:
+    def arrow_rows(self, videos: Sequence[VideoText]) -> pa.Table:
         """The segments of ``videos`` as one Arrow table.
 
         Raises:
@@ -151,7 +151,7 @@ class TextTable(VideoRowsTable[VideoText]):
             schema=TEXT_SCHEMA,
         )
 
-    def _written(self) -> None:
+    def after_write(self) -> None:
         if not self._fts_seen:
             # At once, not at a maintenance round: without the index a search scans with no tokenizer
             # (case-sensitive, whole strings); with it, rows written later are searched with its

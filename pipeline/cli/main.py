@@ -245,10 +245,17 @@ app.add_typer(parked_app, name="parked")
 PLUGIN_GROUP = "vidx.cli"
 
 
-def register_plugins(target: typer.Typer) -> None:
-    """Let every installed ``vidx.cli`` entry point add its commands to ``target``."""
+def register_plugins(target: typer.Typer) -> list[str]:
+    """Let every installed ``vidx.cli`` entry point add its commands to ``target``; returns the names of
+    those that could not (each said in one line on stderr: a broken plugin leaves the rest of the CLI working)."""
+    failed = []
     for plugin in sorted(entry_points(group=PLUGIN_GROUP), key=lambda ep: ep.name):
-        plugin.load()(target)
+        try:
+            plugin.load()(target)
+        except Exception as exc:  # an installed plugin that can't load: say so, keep the CLI
+            failed.append(plugin.name)
+            typer.echo(f"vidx: the {plugin.name!r} commands ({plugin.value}) could not be loaded: {exc}", err=True)
+    return failed
 
 
 register_plugins(app)

@@ -286,3 +286,23 @@ def test_parked_list_without_a_broker_fails_in_one_line(offline: Path) -> None:
     assert result.stderr.strip().splitlines() == [
         f"vidx: RabbitMQ is not reachable at 127.0.0.1:{port.split('/')[0]} — run `vidx up`, or set VIDX_AMQP__URL"
     ]
+
+
+def test_a_plugin_that_cannot_load_is_named_and_the_others_still_register(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from importlib.metadata import EntryPoint
+
+    import typer
+
+    from pipeline.cli import main
+
+    plugins = [
+        EntryPoint("broken", "vidx_missing_plugin.cli:register", main.PLUGIN_GROUP),
+        EntryPoint("dev", "infra.dev.cli:register", main.PLUGIN_GROUP),
+    ]
+    monkeypatch.setattr(main, "entry_points", lambda group: [p for p in plugins if p.group == group])
+    target = typer.Typer()
+    assert main.register_plugins(target) == ["broken"]
+    assert "up" in {c.callback.__name__ for c in target.registered_commands if c.callback}
+    assert "'broken' commands (vidx_missing_plugin.cli:register) could not be loaded" in capsys.readouterr().err
