@@ -56,7 +56,7 @@ class VideoRowsTable(ABC, Generic[V]):
         self.name = name
         self._table: Any = None
 
-    # -- the hooks a kind of table fills in (public: its subclasses live in other modules) --------
+    # -- what a kind of table calls and fills in (public: the kinds live in other modules) --------
 
     def opened(self, schema: pa.Schema | None = None) -> Any | None:
         """The table handle; with ``schema`` it is created if missing, else None until it exists."""
@@ -72,10 +72,6 @@ class VideoRowsTable(ABC, Generic[V]):
         Raises:
             ValueError: the rows can't be written (two share an id, or they break the layout's rules).
         """
-
-    def removal_source(self, table: Any) -> pa.Table:
-        """The merge's source rows when a write only removes videos' rows."""
-        return table.schema.empty_table()
 
     def after_write(self) -> None:
         """Called after a commit that wrote rows."""
@@ -110,8 +106,10 @@ class VideoRowsTable(ABC, Generic[V]):
         table = self.opened(None if data is None else data.schema)
         if table is None:
             return  # removals from a table never written: nothing to remove
-        if data is None:  # removals only: the same merge with no source rows (a plain delete can't take a timeout)
-            data = self.removal_source(table)
+        if data is None:
+            # Removals only: the same merge with no source rows (a plain delete can't take a timeout), in
+            # the table's own layout (a table of an older layout refuses rows of the current one).
+            data = table.schema.empty_table()
         scope = f"video_id IN ({', '.join(sql_quote(i) for i in ids)})"
         (
             merge_on(table, self.id_column)
