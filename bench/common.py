@@ -112,3 +112,35 @@ def have_command(name: str) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return True
+
+
+# -- what a batch of videos cost the stores -------------------------------------------------------------
+
+
+def work_counts(host: Any, *, ending: bool = False) -> dict[str, Any]:
+    """S3 requests MinIO has served (by API) and the catalog's version, now (``per_video`` takes two).
+    The catalog read is itself S3 requests: made before the count, or after it when ``ending``, so
+    none of the benchmark's own requests fall between two counts."""
+    from infra.harness.services import s3_requests
+    from storage.tables import IndexStore
+
+    def catalog() -> int:
+        return IndexStore(host.settings.s3).catalog.version()
+
+    if ending:
+        s3 = s3_requests(host.services.s3_endpoint)
+        return {"s3": s3, "catalog": catalog()}
+    version = catalog()
+    return {"s3": s3_requests(host.services.s3_endpoint), "catalog": version}
+
+
+def per_video(before: dict[str, Any], after: dict[str, Any], videos: int) -> dict[str, Any]:
+    """S3 requests and catalog commits per video between two ``work_counts`` (the second, ``ending``,
+    taken once the batch's videos were done)."""
+    by_api = {k: after["s3"][k] - before["s3"].get(k, 0.0) for k in after["s3"]}
+    by_api = {k: round(v / videos, 2) for k, v in sorted(by_api.items(), key=lambda kv: -kv[1]) if v}
+    return {
+        "s3_requests_per_video": round(sum(by_api.values()), 2),
+        "s3_requests_per_video_by_api": by_api,
+        "catalog_commits_per_video": round((after["catalog"] - before["catalog"]) / videos, 3),
+    }

@@ -28,8 +28,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.common import percentile, save_section, stopwatch
+from bench.common import per_video, percentile, save_section, stopwatch, work_counts
 from bench.pyspy import PY_SPY_WRITE_S, finish_py_spy, start_py_spy
+from infra.harness.joblogs import JobLogWatch, serve_log_dir
 from storage.ids import video_id
 
 DEFAULT_VIDEOS, FULL_VIDEOS = 50, 200
@@ -65,27 +66,6 @@ def generate_videos(directory: Path, n: int, first_seed: int) -> list[Path]:
         write_video(directory / f"v{i:03d}.mp4", seconds=VIDEO_S, fps=FPS, size=SIZE, gop=GOP, seed=first_seed + i)
         for i in range(n)
     ]
-
-
-def wait_indexed(host: Any, ids: list[str], timeout_s: float, poll_s: float = 0.1) -> None:
-    """Wait until every id is indexed, asking about one at a time (the first not yet seen indexed):
-    one request per poll. Asking about every video each round made the benchmark's own requests (a
-    catalog read each) a large part of the Api's and the proxy's CPU on 2 cores (bench.cpu found it).
-
-    Raises:
-        TimeoutError: past ``timeout_s``. RuntimeError: a video failed."""
-    deadline = time.monotonic() + timeout_s
-    for vid in ids:
-        while True:
-            resp = host.http.get(f"/v1/videos/{vid}")
-            status = resp.json()["status"] if resp.status_code == 200 else None
-            if status == "indexed":
-                break
-            if status == "failed":
-                raise RuntimeError(f"{vid} failed: {resp.json()['error']}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{vid} not indexed after {timeout_s:.0f}s")
-            time.sleep(poll_s)
 
 
 def _query_png(path: Path, settings: Any) -> bytes:
@@ -258,9 +238,10 @@ def _profiled_batch(host: Any, client: Any, bucket: str, paths: list[Path], out:
         return
     spy = start_py_spy(pids[0], PROFILE_S, out)
     keys = [f"profiled/v{i:03d}.mp4" for i in range(len(paths))]
+    watch = JobLogWatch(serve_log_dir()).skip_existing()
     for key, path in zip(keys, paths, strict=True):
         client.fput_object(bucket, key, str(path), content_type="video/mp4")
-    wait_indexed(host, [video_id(bucket, k) for k in keys], INDEX_TIMEOUT_S)
+    watch.wait([video_id(bucket, k) for k in keys], INDEX_TIMEOUT_S)
     finish_py_spy(spy, PROFILE_S + PY_SPY_WRITE_S)
 
 
@@ -315,6 +296,7 @@ def main() -> None:
                     _wait_fresh(host, video_id(bucket, "warmup/w.mp4"), warm_png, 300)
 
                     # Freshness: one clip at a time.
+                    lone_before = work_counts(host)
                     for i, clip in enumerate(clips[1:]):
                         key = f"fresh/c{i:03d}.mp4"
                         png = _query_png(clip, host.settings)
@@ -326,6 +308,7 @@ def main() -> None:
                             {"uri": f"s3://{bucket}/{key}", "uploaded": uploaded, "received": received}
                             | {"indexed": indexed, "found": found}
                         )
+                    lone = per_video(lone_before, work_counts(host, ending=True), len(fresh))
                     print(
                         f"freshness p50 {statistics.median(f['found'] - f['uploaded'] for f in fresh):.2f}s "
                         f"over {len(fresh)} clips",
@@ -334,11 +317,13 @@ def main() -> None:
 
                     # Throughput: everything at once (no profiler running: it would take a core's share).
                     keys = [f"batch/v{i:03d}.mp4" for i in range(n_videos)]
+                    batch_before, watch = work_counts(host), JobLogWatch(serve_log_dir()).skip_existing()
                     with stopwatch() as elapsed:
                         for key, path in zip(keys, paths, strict=True):
                             client.fput_object(bucket, key, str(path), content_type="video/mp4")
-                        wait_indexed(host, [video_id(bucket, k) for k in keys], INDEX_TIMEOUT_S)
+                        watch.wait([video_id(bucket, k) for k in keys], INDEX_TIMEOUT_S)
                     wall = elapsed()
+                    batch = per_video(batch_before, work_counts(host, ending=True), n_videos)
                     if args.profile is not None:
                         try:
                             _profiled_batch(host, client, bucket, paths[:PROFILE_VIDEOS], args.profile)
@@ -350,8 +335,8 @@ def main() -> None:
                 alone = _stages_alone(host.settings, model_dir, paths, bucket, keys)
 
     batch_jobs = [j for j in jobs if "/batch/" in j["uri"]]
-    per_video = {k: v / n_videos for k, v in alone.items() if k != "write_frames_only"}
-    slowest_stage, slowest_s = max(per_video.items(), key=lambda kv: kv[1])
+    alone_each = {k: v / n_videos for k, v in alone.items() if k != "write_frames_only"}
+    slowest_stage, slowest_s = max(alone_each.items(), key=lambda kv: kv[1])
     pipeline_rate = n_videos / wall
     freshness = [f["found"] - f["uploaded"] for f in fresh]
     metrics.update(
@@ -363,7 +348,7 @@ def main() -> None:
             "videos_per_min": round(60 * pipeline_rate, 1),
             "capacity_videos_per_s": round(pipeline_rate, 3),
             "indexed_video_s_per_wall_s": round(n_videos * VIDEO_S / wall, 2),
-            "stage_alone_s_per_video": {k: round(v, 4) for k, v in per_video.items()},
+            "stage_alone_s_per_video": {k: round(v, 4) for k, v in alone_each.items()},
             "write_alone_frames_only_s_per_video": round(alone["write_frames_only"] / n_videos, 4),
             "slowest_stage": slowest_stage,
             "e2e_vs_slowest_stage_ratio": round(pipeline_rate / (1 / slowest_s), 3),
@@ -371,6 +356,11 @@ def main() -> None:
             "freshness_p99_s": round(percentile(freshness, 99), 3),
             "indexed_status_p50_s": round(statistics.median(f["indexed"] - f["uploaded"] for f in fresh), 3),
             "freshness_clips": len(fresh),
+            "catalog_commits_per_video_lone": lone["catalog_commits_per_video"],
+            "catalog_commits_per_video_batch": batch["catalog_commits_per_video"],
+            "s3_requests_per_video": batch["s3_requests_per_video"],
+            "s3_requests_per_video_by_api": batch["s3_requests_per_video_by_api"],
+            "s3_requests_per_video_lone": lone["s3_requests_per_video"],
         }
     )
     if batch_jobs:
@@ -385,6 +375,13 @@ def main() -> None:
         "is the video's catalog claim and finish (a compare-and-set commit each, as the state machine "
         "makes them when nothing groups them) around its frame write; write_alone_frames_only_s_per_video "
         "is the frame write by itself."
+    )
+    notes.append(
+        "the throughput batch's end is seen in the index replicas' own log lines (infra/harness/joblogs.py: "
+        "no request to the app). s3_requests_per_video: MinIO's minio_api_requests_total (type s3) over that "
+        "batch, its uploads included (one PutObject each); _lone: over the freshness run, where the "
+        "benchmark's own status and search polls are S3 reads too. catalog_commits_per_video: versions the "
+        "videos table gained, lone (one upload at a time) and in the batch."
     )
     notes.append(
         f"freshness: upload done -> an image search (k={SEARCH_K}, the clip's middle sampled frame as PNG) "

@@ -72,6 +72,10 @@ def snapshot(proc_root: Path = Path("/proc")) -> Snapshot:
 REPLICA = re.compile(r"^ray::ServeReplica:[^:\s]+:([\w-]+)")
 #: (pattern on the command line, class), first match wins; see ``classify_one``.
 RULES: list[tuple[re.Pattern[str], str]] = [
+    # GCS and raylet by their executable, first: the raylet's arguments name the dashboard agent's and
+    # the default worker's scripts (the commands it starts), which the later rules look for.
+    (re.compile(r"^(\S*/)?gcs_server(\s|$)"), "Ray GCS"),
+    (re.compile(r"^(\S*/)?raylet(\s|$)"), "Ray raylet"),
     (re.compile(r"^ray::ServeController"), "Serve controller"),
     (re.compile(r"^ray::ProxyActor"), "Serve proxy"),
     (
@@ -79,8 +83,6 @@ RULES: list[tuple[re.Pattern[str], str]] = [
         "Ray agents",
     ),
     (re.compile(r"^ray::|ray/_private/workers/default_worker\.py"), "Ray workers (other)"),
-    (re.compile(r"(^|/)gcs_server\b"), "Ray GCS"),
-    (re.compile(r"(^|/)raylet\b"), "Ray raylet"),
     (re.compile(r"^ray-dashboard-|dashboard/dashboard\.py"), "Ray dashboard"),
     (re.compile(r"log_monitor\.py|autoscaler/_private/monitor\.py"), "Ray monitors"),
     (re.compile(r"^(\S*/)?minio\b"), "MinIO"),

@@ -114,8 +114,23 @@ def minio_container(env: dict[str, str]) -> DockerContainer:
         .with_exposed_ports(9000)
         .with_env("MINIO_ROOT_USER", ACCESS_KEY)
         .with_env("MINIO_ROOT_PASSWORD", SECRET_KEY)
+        # Benchmarks count S3 requests from its metrics (``s3_requests``): no token on loopback.
+        .with_env("MINIO_PROMETHEUS_AUTH_TYPE", "public")
         .with_envs(**env)
     )
+
+
+def s3_requests(s3_endpoint: str) -> dict[str, float]:
+    """S3 requests MinIO has served since it started, by API (``GetObject``, ``PutObject``, ...), from
+    its metrics v3 (``minio_api_requests_total``, live; the v2 node metrics are cached ~10 s)."""
+    text = httpx.get(f"{s3_endpoint}/minio/metrics/v3/api/requests", timeout=10).raise_for_status().text
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("minio_api_requests_total{") and 'type="s3"' in line:
+            labels, _, value = line.rpartition(" ")
+            api = labels.partition('name="')[2].partition('"')[0]
+            counts[api] = counts.get(api, 0.0) + float(value)
+    return counts
 
 
 def wait_minio(minio: DockerContainer) -> str:

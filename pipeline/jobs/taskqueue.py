@@ -49,6 +49,12 @@ class QueueArgumentsAdapter(CeleryTaskProcessorAdapter):
                 queues[name]["queue_arguments"] = dict(arguments)
         self._app.conf.update(task_queues=queues)
 
+    def publish(self, task_name: str, args: list[Any]) -> str:
+        """Send one task and return its id once the broker confirmed it (``confirm_publish``), reading
+        nothing back: Ray's ``enqueue_task_sync`` asks the result backend for the new task's status and
+        result after each send (two backend reads per request, for a result vidx never stores)."""
+        return str(self._app.send_task(task_name, args=args, queue=self._config.queue_name, ignore_result=True).id)
+
 
 def task_processor_config(settings: Settings, queue: str | None = None) -> TaskProcessorConfig:
     """One definition of the queue, shared by producers (router, API) and the consumer. ``queue``:
@@ -144,7 +150,9 @@ class CeleryJobSink:
     """Submits jobs to the index queue (or ``queue``); ``submit`` returns the task id once the broker has it."""
 
     def __init__(self, settings: Settings, queue: str | None = None) -> None:
-        self._adapter: Any = instantiate_adapter_from_config(task_processor_config(settings, queue))
+        self._adapter: QueueArgumentsAdapter = instantiate_adapter_from_config(  # type: ignore[assignment]
+            task_processor_config(settings, queue)
+        )
 
     def submit(self, job: IndexJob) -> str:
         """Raises:
@@ -152,14 +160,13 @@ class CeleryJobSink:
         """
         # Never str(exc): connection errors may carry the broker URL, credentials included.
         try:
-            result = self._adapter.enqueue_task_sync(INDEX_TASK, args=[job.model_dump(mode="json")])
+            return self._adapter.publish(INDEX_TASK, [job.model_dump(mode="json")])
         except amqp.exceptions.MessageNacked as exc:  # confirm_publish: the broker refused the job
             raise TransientError("task queue refused the job (broker nack)") from exc
         except TimeoutError as exc:  # socket.timeout: no confirm in time
             raise TransientError(f"task queue did not confirm the job in time: {type(exc).__name__}") from exc
         except (kombu.exceptions.KombuError, amqp.exceptions.AMQPError, OSError) as exc:
             raise TransientError(f"task queue unavailable: {type(exc).__name__}") from exc
-        return str(result.id)
 
     def status(self, task_id: str) -> dict[str, Any]:
         result = self._adapter.get_task_status_sync(task_id)

@@ -57,7 +57,14 @@ def test_classes_from_command_lines_and_parents() -> None:
             proc(1, 0, "/sbin/init", 0),
             proc(BENCH, 1, ".venv/bin/python -m bench.cpu", 0),
             proc(101, BENCH, "/venv/lib/python3.11/site-packages/ray/core/src/ray/gcs/gcs_server --port=0", 0),
-            proc(102, BENCH, "/venv/ray/core/src/ray/raylet/raylet --node_ip_address=127.0.0.1", 0),
+            proc(
+                102,
+                BENCH,
+                "/venv/ray/core/src/ray/raylet/raylet --node_ip_address=127.0.0.1 --python_worker_command=/venv/bin/"
+                "python /venv/ray/_private/workers/default_worker.py --agent_command=/venv/bin/python -u "
+                "/venv/ray/dashboard/agent.py --node-ip-address=127.0.0.1",
+                0,
+            ),
             proc(103, 102, "ray::ServeReplica:vidx:IndexConsumer", 0),
             proc(104, 103, "/venv/bin/python -c import sys; sys.path[:0] = []; serve()", 0),
             proc(105, 102, "ray::ServeController", 0),

@@ -466,7 +466,7 @@ class RaisingAdapter:
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
 
-    def enqueue_task_sync(self, task_name: str, args: list[Any]) -> Any:
+    def publish(self, task_name: str, args: list[Any]) -> str:
         raise self.exc
 
 
@@ -504,6 +504,41 @@ def test_a_bug_on_submit_is_not_mistaken_for_a_broker_error(tmp_path: Path, monk
     sink = taskqueue.CeleryJobSink(Settings(state_dir=tmp_path))
     with pytest.raises(KeyError):
         sink.submit(IndexJob(op=JobOp.INDEX, bucket="videos", key="a.mp4", source=JobSource.EVENT))
+
+
+class SentOnly:
+    """What Celery's ``send_task`` returns, where any read of the result backend fails the test."""
+
+    id = "task-1"
+
+    @property
+    def status(self) -> str:
+        raise AssertionError("the submit read the task's status from the result backend")
+
+    @property
+    def result(self) -> Any:
+        raise AssertionError("the submit read the task's result from the result backend")
+
+
+def test_a_submit_reads_nothing_back_from_the_result_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.jobs import taskqueue
+    from pipeline.settings import Settings
+
+    settings = Settings(state_dir=tmp_path)
+    sink = taskqueue.CeleryJobSink(settings)
+    sent: list[dict[str, Any]] = []
+
+    def send_task(name: str, **options: Any) -> SentOnly:
+        sent.append({"name": name, **options})
+        return SentOnly()
+
+    monkeypatch.setattr(sink._adapter._app, "send_task", send_task)
+    job = IndexJob(op=JobOp.INDEX, bucket="videos", key="a.mp4", source=JobSource.API)
+    assert sink.submit(job) == "task-1"
+    assert [(s["name"], s["queue"], s["ignore_result"]) for s in sent] == [
+        (taskqueue.INDEX_TASK, settings.serve.index_queue, True)
+    ]
+    assert sent[0]["args"] == [job.model_dump(mode="json")]
 
 
 def test_a_copy_arriving_while_the_first_is_submitted_is_counted_as_a_copy() -> None:
