@@ -69,6 +69,11 @@ ABANDON_GRACE_S = 1.0
 #: How a decoder that crashed on its input ends (a worker ended from outside gets SIGKILL or SIGTERM).
 _CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT"})
 
+#: Added to a decode worker's nice value: decoding is the bulk of a node's CPU, and it must not take
+#: the share of the processes that answer at once (the API, the Serve proxy, the broker); a busy
+#: node decodes a little later instead (docs/operations.md).
+DECODE_NICENESS = 10
+
 #: What a worker process runs.
 WORKER_ENTRY = "from pipeline.media.decode import serve_worker; serve_worker()"
 
@@ -77,6 +82,7 @@ _WORKERS = WorkerPool(
     max_idle=_MAX_IDLE_WORKERS,
     start_timeout_s=_WORKER_START_TIMEOUT_S,
     requests_per_worker=_REQUESTS_PER_WORKER,
+    niceness=DECODE_NICENESS,
 )
 atexit.register(_WORKERS.close)
 

@@ -115,8 +115,9 @@ def serve(handle: Callable[[dict[str, Any], Callable[[Message], None]], None]) -
 class Worker:
     """One worker process, started with ``entry`` (Python code that calls ``serve``)."""
 
-    def __init__(self, entry: str, start_timeout_s: float) -> None:
-        """Start the worker and wait until it is ready.
+    def __init__(self, entry: str, start_timeout_s: float, niceness: int = 0) -> None:
+        """Start the worker and wait until it is ready. ``niceness``: added to its nice value, so the
+        work it does yields the CPU to the processes that answer requests (the API, the broker).
 
         Raises:
             StartFailed: it could not be started, ended while starting, or wasn't ready within
@@ -136,6 +137,9 @@ class Worker:
         self._readable = select.poll()
         self._readable.register(self._stdout.fileno(), select.POLLIN)
         self.pid = self._proc.pid
+        if niceness > 0:
+            with suppress(OSError):  # the process may already have ended: reading READY says so
+                os.setpriority(os.PRIO_PROCESS, self.pid, os.getpriority(os.PRIO_PROCESS, 0) + niceness)
         self.requests = 0
         #: Between a request and its DONE or ERROR.
         self.busy = False
@@ -232,8 +236,11 @@ class Worker:
 class WorkerPool:
     """Idle workers kept for reuse; a worker that didn't finish its request cleanly is never reused."""
 
-    def __init__(self, entry: str, *, max_idle: int, start_timeout_s: float, requests_per_worker: int) -> None:
+    def __init__(
+        self, entry: str, *, max_idle: int, start_timeout_s: float, requests_per_worker: int, niceness: int = 0
+    ) -> None:
         self._entry = entry
+        self._niceness = niceness
         self._max_idle = max_idle
         self._start_timeout_s = start_timeout_s
         self._requests_per_worker = requests_per_worker
@@ -245,7 +252,7 @@ class WorkerPool:
     def lease(self) -> Iterator[Worker]:
         """A worker for one request: an idle one, or a new one (see ``Worker`` for what starting raises).
         It goes back to the pool only if its request ended with DONE or ERROR; otherwise it is killed."""
-        worker = self._take() or Worker(self._entry, self._start_timeout_s)
+        worker = self._take() or Worker(self._entry, self._start_timeout_s, self._niceness)
         try:
             yield worker
         finally:

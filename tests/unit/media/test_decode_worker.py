@@ -15,7 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.media.decode import ABANDON_GRACE_S, DecodeLimits, DecodeStats, open_sampled, probe, sample_frames
+from pipeline.media.decode import (
+    ABANDON_GRACE_S,
+    DECODE_NICENESS,
+    DecodeLimits,
+    DecodeStats,
+    open_sampled,
+    probe,
+    sample_frames,
+)
 from storage.errors import CorruptVideo, LimitExceeded, NotAVideo, TransientError
 from storage.sampling import Sampling
 from tests.media import mae, write_corrupt_mp4, write_video
@@ -185,6 +193,16 @@ def test_workers_are_reused(source: Path, warm: None) -> None:
         assert len(list(sample_frames(source, Sampling(1.0), DecodeLimits()))) == 6
         assert probe(source, DecodeLimits()).width == 160
     assert child_pids() == children
+
+
+def test_decode_workers_run_at_a_lower_priority_than_their_caller(source: Path, warm: None) -> None:
+    frames = sample_frames(source, Sampling(1.0), DecodeLimits())
+    next(frames)
+    workers = child_pids()
+    assert workers and {os.getpriority(os.PRIO_PROCESS, pid) for pid in workers} == {
+        os.getpriority(os.PRIO_PROCESS, 0) + DECODE_NICENESS
+    }
+    frames.close()
 
 
 def test_stopping_early_ends_the_worker_it_held(source: Path, warm: None) -> None:
