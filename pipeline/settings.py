@@ -225,6 +225,10 @@ class ServeSettings(BaseModel):
     #: Encoding of every replica's log file: ``JSON`` makes each line one object (a job's line
     #: carries ``video_id``, ``task_id``, ``outcome``, ``duration_s``, ``stages_s``).
     log_encoding: Literal["JSON", "TEXT"] = "JSON"
+    #: Serve's access log: a line per request and per handle call in every replica. Off by default:
+    #: it was ~6 % of the Api replica's CPU per request (py-spy, docs/benchmarks.md); the request
+    #: metrics (``/metrics``) count the same requests.
+    access_log: bool = False
     #: ``/metrics`` also shows what every replica recorded, read from each Ray node's metrics
     #: endpoint (off when Prometheus scrapes the nodes itself); each node answers within the timeout.
     metrics_from_nodes: bool = True

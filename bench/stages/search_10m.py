@@ -32,7 +32,7 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from bench.common import percentile, save_section
-from bench.stages.search import DIM, FRAMES_PER_VIDEO, Corpus, K, batches, measure, recall
+from bench.stages.search import DIM, FRAMES_PER_VIDEO, LIMIT, Corpus, K, batches, measure, recall
 from pipeline.upkeep.maintenance import IndexMaintainer
 from storage.config import IndexSettings, S3Settings
 from storage.frames import FRAMES, frames_schema
@@ -100,16 +100,18 @@ def _hwm_bytes() -> int:
 def search_process(
     root: str, tuning: IndexSettings, queries: NDArray[np.float32], sweep: tuple[tuple[int, int | None], ...]
 ) -> dict[str, Any]:
-    """In a fresh process: the product's search over the built table. A first pass over every query
-    (timed on its own: a searcher just started), then the measured pass, then the sweep; peak memory."""
+    """In a fresh process: the product's search over the built table. A first pass over the first half of
+    the queries (timed on its own: a searcher just started), then the measured pass over the other half,
+    then the sweep (every other query of the measured pass again); peak memory."""
     before = _hwm_bytes()
     store = IndexStore(S3Settings(), uri=root)
-    first_ms, _ = measure(store, tuning, queries, exact=False)
-    ms, found = measure(store, tuning, queries, exact=False)
+    half = len(queries) // 2
+    first_ms, _ = measure(store, tuning, queries[:half], exact=False)
+    ms, found = measure(store, tuning, queries[half:], exact=False)
     variants = {}
     for nprobes, refine in sweep:
         variant = tuning.model_copy(update={"nprobes": nprobes, "refine_factor": refine})
-        variants[(nprobes, refine)] = measure(store, variant, queries[::2], exact=False)
+        variants[(nprobes, refine)] = measure(store, variant, queries[half::2], exact=False)
     return {
         "first_ms": first_ms,
         "ms": ms,
@@ -176,10 +178,11 @@ def main() -> None:
         if not (args.keep or args.reuse):
             shutil.rmtree(root, ignore_errors=True)
     partitions = max(1, built["rows"] // built["rows_per_partition"])
+    half = len(queries) // 2  # the first pass's queries; the measured pass has the rest
     metrics: dict[str, Any] = {
         f"search_p50_ms_{label}": round(percentile(got["ms"], 50), 2),
         f"search_p99_ms_{label}": round(percentile(got["ms"], 99), 2),
-        f"search_recall10_{label}": round(recall(got["found"], truth), 4),
+        f"search_recall10_{label}": round(recall(got["found"], truth[half:]), 4),
         f"search_first_pass_p50_ms_{label}": round(percentile(got["first_ms"], 50), 2),
         f"search_first_pass_p99_ms_{label}": round(percentile(got["first_ms"], 99), 2),
         f"search_index_build_s_{label}": built["index_build_s"],
@@ -196,21 +199,24 @@ def main() -> None:
     for (nprobes, refine), (v_ms, v_found) in got["variants"].items():
         name = f"np{nprobes}_rf{refine or 0}"
         metrics[f"search_sweep_{name}_p50_ms_{label}"] = round(percentile(v_ms, 50), 2)
-        metrics[f"search_sweep_{name}_recall10_{label}"] = round(recall(v_found, truth[::2]), 4)
+        metrics[f"search_sweep_{name}_recall10_{label}"] = round(recall(v_found, truth[half::2]), 4)
     notes = [
         f"{built['rows']:,} synthetic {DIM}-d frames as in bench.stages.search ({built['rows'] // FRAMES_PER_VIDEO:,} "
         f"videos), generated, written and scored in chunks of {CHUNK_ROWS:,}; exact top-{K} kept per query as "
         "they go. Local-directory LanceDB.",
         f"Index: {tuning.index_type}, cosine, {partitions:,} partitions (rows_per_partition "
         f"{built['rows_per_partition']}), built by IndexMaintainer; queries: nprobes={tuning.nprobes}, "
-        f"refine_factor={tuning.refine_factor}, k={K}, {QUERIES} queries, search_consistency_s 0.",
+        f"refine_factor={tuning.refine_factor}, limit={LIMIT} rows (what /v1/search?k={K} asks the table; recall@{K} "
+        f"on the top {K}), {len(queries)} distinct queries, search_consistency_s 0.",
         "The index files were read once before the queries (page cache). The queries ran in a fresh process: "
-        "first_pass is its first pass over every query (a searcher just started: index partitions not yet in "
-        "its cache, vectors for the refine read from disk), then the measured pass over the same queries. "
+        f"first_pass is its first {half} queries (a searcher just started: index partitions not yet in its cache, "
+        f"vectors for the refine read from disk; none runs untimed before), then the measured pass over the other "
+        f"{len(queries) - half}. "
         "process_peak_rss is that process's peak resident memory, rss_before what it held before opening the "
-        "table. The vectors stay on disk (data_gib): the refine reads refine_factor x k of them per query.",
-        f"search_sweep_npN_rfR: nprobes N, refine_factor R (0: none) on the same index over every other query, "
-        f"after the measured pass. No exact-scan latency at this size (a scan reads {data_bytes / GIB:.0f} GiB).",
+        "table. The vectors stay on disk (data_gib): the refine reads refine_factor x limit of them per query.",
+        f"search_sweep_npN_rfR: nprobes N, refine_factor R (0: none) on the same index over every other query "
+        f"of the measured pass, asked again after it. No exact-scan latency at this size (a scan reads "
+        f"{data_bytes / GIB:.0f} GiB).",
     ]
     if label == "10m":
         save_section("search_10m", metrics, notes)

@@ -29,7 +29,7 @@ from pipeline.settings import Settings
 def build_app(settings: Settings) -> Any:
     """The vidx application graph, ready for ``serve.run``."""
     s = settings.serve
-    logs = logging_config(s.log_encoding)
+    logs = logging_config(s.log_encoding, s.access_log)
     encoder_gpus, consumer_gpus = gpu_shares(settings, cluster_has_gpu())
     # serve.deployment returns a Deployment; its decorators are untyped, hence the ignores.
     encoder = Encoder.options(  # type: ignore[attr-defined]

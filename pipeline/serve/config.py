@@ -189,7 +189,8 @@ def _consumer_options(
 
 def _logs(settings: Settings) -> dict[str, Any]:
     """A deployment's logging options: a new dict each time (a shared one would render as a YAML alias)."""
-    return {"logging_config": {"encoding": settings.serve.log_encoding}}
+    s = settings.serve
+    return {"logging_config": {"encoding": s.log_encoding, "enable_access_log": s.access_log}}
 
 
 def serve_config(settings: Settings, gpu: bool = False) -> dict[str, Any]:

@@ -44,7 +44,7 @@ def consumer_deployment(settings: Settings, num_gpus: float = 0.0, *, text: bool
         # Room for __del__ to drain the running tasks (Celery's warm shutdown stops new ones first).
         graceful_shutdown_timeout_s=s.drain_timeout_s + SHUTDOWN_MARGIN_S,
         ray_actor_options={"num_cpus": cpus, "num_gpus": num_gpus},
-        logging_config=logging_config(s.log_encoding),
+        logging_config=logging_config(s.log_encoding, s.access_log),
         **replicas,
     )
     @task_consumer(task_processor_config=task_processor_config(settings, queue))

@@ -22,9 +22,10 @@ def route_logs_to_replica(level: int = logging.INFO) -> None:
         logger.propagate = not serve_logger.handlers
 
 
-def logging_config(encoding: str) -> Any:
+def logging_config(encoding: str, access_log: bool = False) -> Any:
     """Ray Serve's ``LoggingConfig`` of every vidx deployment: ``encoding`` ``JSON`` writes each line
-    as one JSON object, with the fields a line was logged with (``extra``) as keys."""
+    as one JSON object, with the fields a line was logged with (``extra``) as keys; ``access_log``:
+    a line per request (``serve.access_log``)."""
     from ray.serve.schema import LoggingConfig
 
-    return LoggingConfig(encoding=encoding)
+    return LoggingConfig(encoding=encoding, enable_access_log=access_log)
