@@ -25,7 +25,7 @@ from typing import Any
 
 from bench.common import percentile, save_section
 
-DEFAULT_RATE, DEFAULT_SECONDS, DEFAULT_RUNS = 20.0, 6.0, 5
+DEFAULT_RATE, DEFAULT_SECONDS, DEFAULT_RUNS = 20.0, 20.0, 5
 FULL_SECONDS = 60.0
 IDLE_REQUESTS = 20
 IDLE_PAUSE_S = 0.25
@@ -35,7 +35,7 @@ REQUEST_TIMEOUT_S = 60.0
 #: Between runs: longest wait for the index queue to empty (ready + unacknowledged), how often it is
 #: read, and how many empty readings in a row count as drained (the broker refreshes its figures
 #: every second, so one zero may be stale).
-QUEUE_DRAIN_TIMEOUT_S = 60.0
+QUEUE_DRAIN_TIMEOUT_S = 150.0
 QUEUE_POLL_S = 1.0
 QUEUE_EMPTY_READINGS = 2
 SERVED_CONNECTIONS = 32

@@ -26,7 +26,6 @@ import numpy as np
 import pyarrow as pa
 import uvicorn
 from numpy.typing import NDArray
-from pydantic import SecretStr
 
 from bench.common import percentile, save_section
 from events.jobs import IndexJob
@@ -268,7 +267,7 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="also 1M frames (the index rebuilt there)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    from infra.harness.services import ACCESS_KEY, SECRET_KEY, start_services, unique_prefix
+    from infra.harness.services import start_services, unique_prefix
 
     small_n, big_n = 100_000, 1_000_000 if args.full else None
     flat_small, flat_big = 20, 5
@@ -297,13 +296,7 @@ def main() -> None:
     with start_services() as services:
         prefix = unique_prefix()
         services.prepare_buckets(prefix)  # the upload and index buckets, as the product sets them up
-        s3 = S3Settings(
-            endpoint_url=services.s3_endpoint,
-            access_key=SecretStr(ACCESS_KEY),
-            secret_key=SecretStr(SECRET_KEY),
-            buckets=[f"{prefix}-videos"],
-            index_bucket=f"{prefix}-index",
-        )
+        s3 = services.s3_settings(f"{prefix}-index", [f"{prefix}-videos"])
         # The API figure measures searches/s, not the per-caller rate limit (every client is one address).
         settings = Settings(s3=s3, index=tuning, limits=LimitSettings(search_rate_per_s=0))
         writer = IndexStore(s3)

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from pydantic import SecretStr
 
 from bench.common import save_section
 from storage.commits.frames import GroupedFrameWriter
@@ -107,7 +106,7 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="more videos and frames")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    from infra.harness.services import ACCESS_KEY, SECRET_KEY, start_services
+    from infra.harness.services import start_services
 
     n_videos, n_frames = (256, 60) if args.full else (64, 30)
     callers = 4
@@ -117,12 +116,7 @@ def main() -> None:
     with start_services() as services:
         bucket = f"bench-{uuid.uuid4().hex[:8]}"
         services.minio_client().make_bucket(bucket)
-        s3 = S3Settings(
-            endpoint_url=services.s3_endpoint,
-            access_key=SecretStr(ACCESS_KEY),
-            secret_key=SecretStr(SECRET_KEY),
-            index_bucket=bucket,
-        )
+        s3 = services.s3_settings(bucket)
         per_video = measure(s3, videos, callers, grouped=False)
         grouped = measure(s3, videos, callers, grouped=True, **writer)
     metrics: dict[str, Any] = {

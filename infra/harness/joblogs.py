@@ -58,7 +58,7 @@ class JobLogWatch:
 
     def _read(self, lines: Iterable[str]) -> None:
         for line in lines:
-            if '"stage": "done"' not in line and '"outcome"' not in line:
+            if '"outcome"' not in line:  # not a job's last line: no need to parse it
                 continue
             try:
                 record = json.loads(line)

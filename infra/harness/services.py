@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
 import httpx
@@ -21,6 +21,9 @@ from testcontainers.core.container import DockerContainer
 
 from events.config import AmqpSettings, EventDelivery
 from events.subscribe import declare_event_topology, minio_notify_env, prepare_buckets
+
+if TYPE_CHECKING:
+    from storage.config import S3Settings
 
 MINIO_IMAGE = "vidx/minio:test"
 RABBITMQ_IMAGE = "vidx/rabbitmq:test"
@@ -43,6 +46,20 @@ class Services:
 
     def minio_client(self) -> Minio:
         return Minio(self.s3_endpoint.removeprefix("http://"), ACCESS_KEY, SECRET_KEY, secure=False)
+
+    def s3_settings(self, index_bucket: str, buckets: list[str] | None = None) -> S3Settings:
+        """The S3 settings of this MinIO with the test credentials, over these buckets."""
+        from pydantic import SecretStr
+
+        from storage.config import S3Settings
+
+        s3 = S3Settings(
+            endpoint_url=self.s3_endpoint,
+            access_key=SecretStr(ACCESS_KEY),
+            secret_key=SecretStr(SECRET_KEY),
+            index_bucket=index_bucket,
+        )
+        return s3 if buckets is None else s3.model_copy(update={"buckets": buckets})
 
     def env(self, prefix: str) -> dict[str, str]:
         """VIDX_* settings pointing at these services, with buckets and queues unique to ``prefix``."""
