@@ -20,6 +20,8 @@ END = "<!-- bench:end -->"
 def _fmt(value: Any) -> str:
     if isinstance(value, bool) or value is None:
         return str(value)
+    if isinstance(value, list):  # one entry per run: the section's notes give each one a line
+        return f"{len(value)} entries (in the notes)"
     if isinstance(value, float):
         if math.isnan(value):
             return "n/a"
