@@ -24,6 +24,7 @@ from storage.db import (
     PRIMARY_KEY,
     FreshTable,
     IndexDatabase,
+    SharedLookups,
     compare_and_set,
     merge_on,
     read_errors_are_transient,
@@ -179,6 +180,8 @@ class Catalog:
         self._fresh: FreshTable | None = None
         self._at_lock = threading.Lock()
         self._at_table: Any = None
+        # A job reads its video's row at each step: the jobs of one process that read at once share a query.
+        self._lookups: SharedLookups[str, VideoRecord] = SharedLookups(self.get_many)
 
     def _videos(self) -> Any:
         """The handle writes go through (it re-checks the manifest on every call)."""
@@ -204,10 +207,14 @@ class Catalog:
         return self._fresh.table()
 
     # -- reads ------------------------------------------------------------------------------------
-    @read_errors_are_transient
     def get(self, video_id: str) -> VideoRecord | None:
-        rows = self._read().search().where(f"video_id = {sql_quote(video_id)}").limit(1).to_list()
-        return VideoRecord.from_row(rows[0]) if rows else None
+        """The video's row as of a version no older than the latest when the call began (None: none);
+        concurrent calls share one query (``SharedLookups``).
+
+        Raises:
+            TransientError: the table could not be read.
+        """
+        return self._lookups.get(video_id)
 
     @read_errors_are_transient
     def find(self, *, uri: str | None = None, status: VideoStatus | None = None, limit: int = 100) -> list[VideoRecord]:

@@ -7,9 +7,9 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 import lancedb
 import pyarrow as pa
@@ -148,6 +148,75 @@ class FreshTable:
                 if ok:
                     self._done = mine
                 self._cond.notify_all()
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class SharedLookups(Generic[K, V]):
+    """Lookups by key that concurrent callers share: every key asked for while a query runs goes into
+    the next query, one for all of them (``fetch`` takes the keys and returns what it found, by key).
+
+    A lookup never takes the answer of a query that began before it arrived (that query may have read
+    an older version), so each answer is as fresh as a query of its own begun when the lookup began,
+    at the price of one query per wave of callers instead of one per caller. Queries run one at a
+    time; a failed query fails every lookup that joined it.
+    """
+
+    def __init__(self, fetch: Callable[[list[K]], Mapping[K, V]], wait_s: float = FRESH_WAIT_S) -> None:
+        self._fetch = fetch
+        self._wait_s = wait_s
+        self._cond = threading.Condition()
+        self._pending: _Wave[K, V] | None = None  # the next query's keys, not begun yet
+        self._running = False
+
+    def get(self, key: K) -> V | None:
+        """What a query begun after this call found for ``key`` (None: nothing).
+
+        Raises:
+            TransientError: the query failed (its error chained), or none could begin within ``wait_s``.
+        """
+        deadline = time.monotonic() + self._wait_s
+        with self._cond:
+            wave = self._pending
+            if wave is None:
+                wave = self._pending = _Wave()
+            wave.keys.add(key)
+            while not wave.done:
+                if not self._running and self._pending is wave:
+                    self._running, self._pending = True, None
+                    break  # this caller runs the wave's query
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TransientError(f"no shared lookup answered within {self._wait_s:g}s")
+                self._cond.wait(left)
+            else:
+                return wave.answer(key)
+        try:
+            wave.found = dict(self._fetch(sorted(wave.keys, key=repr)))
+        except BaseException as exc:  # every joined lookup fails with it, none reads "no row"
+            wave.error = exc
+        finally:
+            with self._cond:
+                wave.done, self._running = True, False
+                self._cond.notify_all()
+        return wave.answer(key)
+
+
+class _Wave(Generic[K, V]):
+    """The keys of one shared query and its outcome."""
+
+    def __init__(self) -> None:
+        self.keys: set[K] = set()
+        self.done = False
+        self.found: dict[K, V] = {}
+        self.error: BaseException | None = None
+
+    def answer(self, key: K) -> V | None:
+        if self.error is not None:
+            raise TransientError(str(self.error) or type(self.error).__name__) from self.error
+        return self.found.get(key)
 
 
 class IndexDatabase:
