@@ -286,7 +286,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="vidx-ack-") as tmp_name:
         tmp = Path(tmp_name)
         model_dir = build_tiny_siglip(tmp / "tiny", seed=0)
-        with start_services() as services, start_app(services, unique_prefix(), model_dir, tmp / "state") as host:
+        with (
+            start_services() as services,
+            start_app(services, unique_prefix(), model_dir, tmp / "state", metrics_push_ms=None) as host,
+        ):
             bucket, api_url = host.bucket, host.settings.api_url
             for i in range(3):  # first requests: connection set-up, lazy imports
                 host.http.post("/v1/index", json={"uri": f"s3://{bucket}/ack/warm-{i}.mp4"})

@@ -189,7 +189,10 @@ def _app_run(
     # Enough warm-up clips at once for every decode slot of the fleet (decode workers start on demand).
     slots = fleet * (settings.serve.consumer_cpu_slots or settings.serve.consumer_concurrency)
     env = {"VIDX_AUTOSCALE__CONSUMER_MIN_REPLICAS": str(fleet)}
-    with start_services() as services, start_app(services, unique_prefix(), model_dir, tmp / "state", env=env) as host:
+    with (
+        start_services() as services,
+        start_app(services, unique_prefix(), model_dir, tmp / "state", env=env, metrics_push_ms=None) as host,
+    ):
         client = services.minio_client()
         warm = [paths[i % len(paths)] for i in range(slots)]
         _upload_wait(host, client, [f"warmup/w{i}.mp4" for i in range(slots)], warm)

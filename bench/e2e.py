@@ -12,13 +12,15 @@
   per video: event receipt -> status ``indexed``, minus the job's fetch, decode, embed and frame write
   (what is left: router, index-queue hop, catalog reads and writes, HEADs).
 
-``python -m bench.e2e [--full]``; needs the container engine (``make bench`` sets it up).
+``python -m bench.e2e [--full] [--trace-s3]`` (``--trace-s3``: S3 requests per video by API and table);
+needs the container engine (``make bench`` sets it up).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
 import re
 import statistics
@@ -31,6 +33,7 @@ from typing import Any
 from bench.common import per_video, percentile, save_section, stopwatch, work_counts
 from bench.pyspy import PY_SPY_WRITE_S, finish_py_spy, start_py_spy
 from infra.harness.joblogs import JobLogWatch, serve_log_dir
+from infra.harness.s3relay import Counts, relay, trace_lines
 from storage.ids import video_id
 
 DEFAULT_VIDEOS, FULL_VIDEOS = 50, 200
@@ -257,6 +260,12 @@ def main() -> None:
         help="py-spy output for a second, untimed batch (.txt: collapsed stacks)",
     )
     parser.add_argument("--no-profile", dest="profile", action="store_const", const=None)
+    parser.add_argument(
+        "--trace-s3",
+        action="store_true",
+        help="the app reaches MinIO through a counting relay: S3 requests per video by API and table "
+        "(a diagnostic: the relay's hop is in every timed figure of that run)",
+    )
     args = parser.parse_args()
     n_videos = args.videos or (FULL_VIDEOS if args.full else DEFAULT_VIDEOS)
     n_clips = args.clips or (FULL_FRESHNESS_CLIPS if args.full else FRESHNESS_CLIPS)
@@ -276,8 +285,9 @@ def main() -> None:
         paths = generate_videos(tmp / "batch", n_videos, 1000)
         clips = generate_videos(tmp / "clips", n_clips + 1, 5000)
         model_dir = build_tiny_siglip(tmp / "tiny", seed=0)
-        with start_services() as services:
+        with start_services() as services, contextlib.ExitStack() as stack:
             prefix = unique_prefix()
+            s3 = stack.enter_context(relay(services.s3_endpoint)) if args.trace_s3 else None
             # The fleet starts full (min = max consumer replicas): capacity is what the fleet does,
             # not how fast it scales (bench.flood measures that, and the capacity once it is full).
             from pipeline.settings import Settings
@@ -285,7 +295,10 @@ def main() -> None:
             fleet = Settings().autoscale.consumer_max_replicas
             notes.append(f"the consumer fleet is pinned at its maximum, {fleet} replicas, for the whole run")
             env = {"VIDX_AUTOSCALE__CONSUMER_MIN_REPLICAS": str(fleet)}
-            with start_app(services, prefix, model_dir, tmp / "state", env=env) as host:
+            if s3 is not None:
+                env["VIDX_S3__ENDPOINT_URL"] = f"http://127.0.0.1:{s3.port}"
+            traced: list[Counts] = []
+            with start_app(services, prefix, model_dir, tmp / "state", env=env, metrics_push_ms=None) as host:
                 client = services.minio_client()
                 bucket = host.bucket
                 tap = _tap(services, prefix)
@@ -297,6 +310,7 @@ def main() -> None:
 
                     # Freshness: one clip at a time.
                     lone_before = work_counts(host)
+                    traced += [s3.snapshot()] if s3 else []
                     for i, clip in enumerate(clips[1:]):
                         key = f"fresh/c{i:03d}.mp4"
                         png = _query_png(clip, host.settings)
@@ -309,6 +323,7 @@ def main() -> None:
                             | {"indexed": indexed, "found": found}
                         )
                     lone = per_video(lone_before, work_counts(host, ending=True), len(fresh))
+                    traced += [s3.snapshot()] if s3 else []
                     print(
                         f"freshness p50 {statistics.median(f['found'] - f['uploaded'] for f in fresh):.2f}s "
                         f"over {len(fresh)} clips",
@@ -324,6 +339,7 @@ def main() -> None:
                         watch.wait([video_id(bucket, k) for k in keys], INDEX_TIMEOUT_S)
                     wall = elapsed()
                     batch = per_video(batch_before, work_counts(host, ending=True), n_videos)
+                    traced += [s3.snapshot()] if s3 else []
                     if args.profile is not None:
                         try:
                             _profiled_batch(host, client, bucket, paths[:PROFILE_VIDEOS], args.profile)
@@ -394,9 +410,24 @@ def main() -> None:
             f"profile of one consumer replica during a second, untimed batch of {PROFILE_VIDEOS} videos "
             f"(py-spy, {PROFILE_S} s; it would take a core's share from the timed one): {args.profile}"
         )
+    if len(traced) == 3:
+        lone_lines = trace_lines(traced[0], traced[1], len(fresh))
+        batch_lines = trace_lines(traced[1], traced[2], n_videos)
+        notes.append(
+            "--trace-s3: the app reached MinIO through a counting relay (infra/harness/s3relay.py), a hop in every "
+            "timed figure of this run; requests per video by API and what they touch, lone uploads: "
+            + "; ".join(" ".join(line.split()) for line in lone_lines[1:])
+            + ". In the batch: "
+            + "; ".join(" ".join(line.split()) for line in batch_lines[1:])
+        )
     save_section("e2e", metrics, notes)
     for k, v in metrics.items():
         print(f"{k}: {v}")
+    if len(traced) == 3:
+        print(f"\nS3 requests per lone upload ({len(fresh)}), through the relay:")
+        print("\n".join(lone_lines))
+        print(f"\nS3 requests per video in the batch ({n_videos}), through the relay:")
+        print("\n".join(batch_lines))
 
 
 def _overhead(fresh: list[dict[str, Any]], jobs: dict[str, dict[str, Any]], notes: list[str]) -> dict[str, Any]:

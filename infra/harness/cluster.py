@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT
+from pipeline.serve.resources import RAY_NODE_ENV
 
 #: Longest wait for one ``ray start``/``ray stop``, and for every node to register.
 START_TIMEOUT_S = 180.0
@@ -39,7 +40,11 @@ def _free_port() -> int:
 
 def ray_cli(*args: str) -> None:
     ray = Path(sys.executable).parent / "ray"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(":")}
+    env = {
+        **os.environ,
+        **RAY_NODE_ENV,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(":"),
+    }
     done = subprocess.run(
         [str(ray), *args], cwd=ROOT, env=env, timeout=START_TIMEOUT_S, capture_output=True, text=True, check=False
     )

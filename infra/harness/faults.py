@@ -30,6 +30,7 @@ import lancedb
 
 from infra.dev.samples import expected_sample_count, write_video
 from infra.harness.services import Services, eventually, queue_counts
+from pipeline.serve.resources import RAY_NODE_ENV
 from pipeline.settings import Settings
 from storage.catalog import VIDEOS
 from storage.db import sql_quote, storage_options
@@ -173,13 +174,16 @@ def start_app(
     env: Mapping[str, str] | None = None,
     address: str | None = None,
     killed: threading.Event | None = None,
+    metrics_push_ms: int | None = 1000,
 ) -> Iterator[AppHost]:
     """Run the vidx Serve app (tiny model) on a fresh local Ray instance against ``services``, with
     buckets and queues of its own (``prefix``) and any further VIDX_* settings in ``env``. The
     settings stay in ``os.environ`` while the app runs (so ``vidx`` commands run in this process see
     them); environment changes are undone on exit. ``address``: join that running Ray cluster (its
     nodes started with ``ray start``, their dashboard on) instead of starting a local one. ``killed``:
-    set by a test that SIGKILLed the Ray instance's processes, so nothing is shut down gracefully."""
+    set by a test that SIGKILLed the Ray instance's processes, so nothing is shut down gracefully.
+    ``metrics_push_ms``: how often replicas push their metrics to their node (tests read them within a
+    second; None: Ray's default, as deployed, for benchmarks that charge every process's CPU)."""
     import ray
     from ray import serve
 
@@ -191,10 +195,11 @@ def start_app(
         "VIDX_MODEL__ID": str(model_dir),
         "VIDX_STATE_DIR": str(state_dir),
         "VIDX_SERVE__PORT": str(_free_port()),
-        # Replicas' metrics reach the nodes' endpoints within a second (Ray's default: 10 s).
-        "RAY_metrics_report_interval_ms": "1000",
+        **RAY_NODE_ENV,
         **(env or {}),
     }
+    if metrics_push_ms is not None:
+        env["RAY_metrics_report_interval_ms"] = str(metrics_push_ms)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:

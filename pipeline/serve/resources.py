@@ -1,5 +1,5 @@
 """What each deployment reserves on the cluster beyond the settings' plain numbers: GPU shares by
-layout, and the consumer's room to drain when it stops."""
+layout, and the consumer's room to drain when it stops; and the Ray settings of the nodes vidx starts."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ FUSED_GPU_SHARE = 0.2
 #: Seconds a stopping consumer replica gets beyond its drain: Celery's warm shutdown (Ray's
 #: ``stop_consumer`` waits 10 s for it) comes first.
 SHUTDOWN_MARGIN_S = 15.0
+#: Ray settings of the nodes the local stack and the test harness start, in their environment: no
+#: task events (every Serve request and handle call is an actor task whose state changes each core
+#: worker reports to the GCS every second: CPU per request in three processes, for the dashboard's
+#: task view, which vidx does not use; the actor and node tables the harness reads stay).
+RAY_NODE_ENV = {"RAY_task_events_report_interval_ms": "0"}
 
 
 def cluster_has_gpu() -> bool:

@@ -13,6 +13,7 @@ from pathlib import Path
 from infra.dev.stack.keys import key_env
 from infra.dev.stack.layout import Echo, Layout, StackError
 from infra.dev.stack.process import alive, port_open, running_pid, spawn, taken, wait
+from pipeline.serve.resources import RAY_NODE_ENV
 from pipeline.settings import Settings
 
 RAY_GCS_PORT = 6379
@@ -37,6 +38,7 @@ def child_env(settings: Settings, layout: Layout) -> dict[str, str]:
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         # We shut Serve down first: don't wait for a drain on SIGTERM.
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+        **RAY_NODE_ENV,
     }
     env.pop("RAY_AUTH_TOKEN", None)
     # The app reads its keys from the stack's key files (paths only: keys stay out of environments).

@@ -1,24 +1,17 @@
-"""Where a video's S3 requests go: the app talks to MinIO through a loopback TCP relay that reads each
-HTTP request line on its way (bytes are forwarded untouched, so signatures hold) and counts requests by
-API and by what they touch (which table, which of its folders, the uploads). One batch of N 10 s clips
-and M lone clips, completion from the index replicas' own log lines.
-
-``python -m bench.s3trace [--videos N] [--lone M]``; a diagnostic, no target: ``bench.e2e`` prints the
-totals (MinIO's own counters) and this module says which part of the app asked for them.
+"""Where the app's S3 requests go: it talks to MinIO through a loopback TCP relay that reads each HTTP
+request line on its way (bytes are forwarded untouched, so signatures hold) and counts requests by API and
+by what they touch (which table and which of its folders, the uploads). ``python -m bench.e2e --trace-s3``
+prints them per video; MinIO's own counters give the totals.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import re
 import socket
-import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 #: A request line as it starts an HTTP/1.1 message on a client connection.
@@ -29,7 +22,6 @@ CARRY_BYTES = 4096
 Counts = collections.Counter[tuple[str, str]]
 #: Longest one relayed connection may sit idle before the relay closes it.
 IDLE_TIMEOUT_S = 600.0
-INDEX_TIMEOUT_S = 900.0
 
 
 def classify(method: str, target: str) -> tuple[str, str]:
@@ -138,7 +130,7 @@ def relay(endpoint: str) -> Iterator[S3Relay]:
         r.close()
 
 
-def per_video(
+def trace_lines(
     before: collections.Counter[tuple[str, str]], after: collections.Counter[tuple[str, str]], n: int
 ) -> list[str]:
     """Readable lines: requests per video by (api, where), biggest first, and the total."""
@@ -148,59 +140,3 @@ def per_video(
         lines.append(f"{api:<26} {where:<34} {count / n:>9.2f}")
     lines.append(f"{'total':<61} {sum(diff.values()) / n:>9.2f}")
     return lines
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.s3trace", description=__doc__)
-    parser.add_argument("--videos", type=int, default=30, help="clips uploaded at once")
-    parser.add_argument("--lone", type=int, default=5, help="clips uploaded one at a time")
-    parser.add_argument("--env", action="append", default=[], help="VIDX_X=Y settings for the app")
-    args = parser.parse_args()
-
-    from bench.e2e import generate_videos
-    from infra.dev.tinymodel import build_tiny_siglip
-    from infra.harness.faults import start_app
-    from infra.harness.joblogs import JobLogWatch, serve_log_dir
-    from infra.harness.services import start_services, unique_prefix
-    from storage.ids import video_id
-
-    with tempfile.TemporaryDirectory(prefix="vidx-bench-") as tmp_name:
-        tmp = Path(tmp_name)
-        (tmp / "v").mkdir()
-        paths = generate_videos(tmp / "v", args.videos + args.lone + 1, 7000)
-        model_dir = build_tiny_siglip(tmp / "tiny", seed=0)
-        with start_services() as services, relay(services.s3_endpoint) as s3:
-            from pipeline.settings import Settings
-
-            fleet = Settings().autoscale.consumer_max_replicas
-            env = {
-                "VIDX_AUTOSCALE__CONSUMER_MIN_REPLICAS": str(fleet),
-                "VIDX_S3__ENDPOINT_URL": f"http://127.0.0.1:{s3.port}",
-                **dict(e.split("=", 1) for e in args.env),
-            }
-            with start_app(services, unique_prefix(), model_dir, tmp / "state", env=env) as host:
-                client, bucket = services.minio_client(), host.bucket
-
-                def index(keys: list[str], files: list[Path]) -> None:
-                    watch = JobLogWatch(serve_log_dir()).skip_existing()
-                    for key, path in zip(keys, files, strict=True):
-                        client.fput_object(bucket, key, str(path), content_type="video/mp4")
-                    watch.wait([video_id(bucket, k) for k in keys], INDEX_TIMEOUT_S)
-
-                index(["warm.mp4"], paths[:1])
-                time.sleep(2)
-                before = s3.snapshot()
-                for i, path in enumerate(paths[1 : 1 + args.lone]):
-                    index([f"lone/{i}.mp4"], [path])
-                lone = s3.snapshot()
-                keys = [f"batch/{i}.mp4" for i in range(args.videos)]
-                index(keys, paths[1 + args.lone :])
-                batch = s3.snapshot()
-        print(f"\nlone uploads ({args.lone}, one at a time), S3 requests from the app per video:")
-        print("\n".join(per_video(before, lone, max(args.lone, 1))))
-        print(f"\nbatch ({args.videos} at once), S3 requests from the app per video:")
-        print("\n".join(per_video(lone, batch, args.videos)))
-
-
-if __name__ == "__main__":
-    main()
