@@ -29,7 +29,10 @@ class AutoscaleSettings(BaseModel):
     #: and one stopped half-built is work thrown away.
     starting_hold_s: float = Field(default=60.0, ge=0, le=3600)
     consumer_min_replicas: int = Field(default=1, ge=1)
-    consumer_max_replicas: int = Field(default=4, ge=1)
+    #: Each replica holds ``serve.consumer_concurrency`` tasks and, in the ``fused`` layout, a model: about
+    #: one replica per core of a CPU node does the most (``python -m bench.e2e``, docs/benchmarks.md);
+    #: raise it with the cluster's nodes.
+    consumer_max_replicas: int = Field(default=2, ge=1)
     #: Tasks on the queue (ready + unacked) one consumer replica is meant to take. Unset:
     #: ``serve.consumer_concurrency``, what one replica holds at once (prefetch multiplier 1: its
     #: prefetch is its working set), so a replica is added as soon as tasks wait for a slot.

@@ -169,15 +169,17 @@ class ServeSettings(BaseModel):
     #: long for its running ones to finish before it exits (each one killed would be redelivered and
     #: count as a crash of its video).
     drain_timeout_s: float = Field(default=120.0, ge=0)
-    #: ``split``: the consumer decodes and the Encoder deployment embeds, each scaling on its own;
-    #: ``fused``: each consumer replica loads the model and embeds its own frames (one worker does
-    #: everything); the Encoder deployment then only answers search queries.
-    layout: Literal["split", "fused"] = "split"
+    #: ``split``: the consumer decodes and the Encoder deployment embeds, each scaling on its own (the
+    #: Encoder batches every consumer's frames on the GPU); ``fused``: each consumer replica loads the
+    #: model and embeds its own frames (one worker does everything, no hop per frame chunk); the Encoder
+    #: deployment then only answers search queries. ``auto``: ``split`` when the Ray cluster has a GPU,
+    #: else ``fused`` (chosen with ``python -m bench.e2e``: docs/benchmarks.md has the figures).
+    layout: Literal["auto", "split", "fused"] = "auto"
     #: Fixed replica counts, used when ``autoscale.enabled`` is off.
     consumer_replicas: int = Field(default=1, ge=1)
     #: Tasks one consumer replica runs at once (Celery threads; each holds one unacked task).
     #: Chosen with ``python -m bench.e2e`` (docs/benchmarks.md has the figures).
-    consumer_concurrency: int = Field(default=4, ge=1, le=64)
+    consumer_concurrency: int = Field(default=16, ge=1, le=64)
     #: Of those, how many decode and embed at once (the rest fetch, or wait on catalog and frame
     #: commits meanwhile); 0: as many as ``consumer_concurrency``.
     consumer_cpu_slots: int = Field(default=2, ge=0, le=64)
@@ -235,6 +237,12 @@ class ServeSettings(BaseModel):
     metrics_node_timeout_s: float = Field(default=3.0, gt=0, le=60)
     #: Longest wait for the EventRouter's counters, replica counts and queue depth (/metrics).
     stats_timeout_s: float = Field(default=5.0, gt=0)
+
+    def resolved_layout(self, cluster_has_gpu: bool) -> Literal["split", "fused"]:
+        """The layout ``layout`` means on a cluster with (or without) a GPU."""
+        if self.layout == "auto":
+            return "split" if cluster_has_gpu else "fused"
+        return self.layout
 
     @model_validator(mode="after")
     def _probes_keep_room(self) -> ServeSettings:

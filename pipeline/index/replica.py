@@ -34,7 +34,7 @@ def consumer_handler(
     store = IndexStore(settings.s3)
     live = LiveModels(store.models, settings.reindex.live_refresh_s)
     embedders: Embedders
-    if settings.serve.layout == "fused":
+    if settings.serve.layout in ("fused", "auto"):  # build_app resolves ``auto``; unresolved: no GPU known
         embedders = PoolEmbedders(ModelPool(settings.model))
     else:
         embedders = HandleEmbedders(encoder, settings.model.embed_timeout_s)

@@ -28,9 +28,12 @@ from pipeline.settings import Settings
 
 def build_app(settings: Settings) -> Any:
     """The vidx application graph, ready for ``serve.run``."""
-    s = settings.serve
+    gpu = cluster_has_gpu()
+    # Every deployment gets the layout this cluster resolves ``auto`` to (the consumers load a model or not).
+    s = settings.serve.model_copy(update={"layout": settings.serve.resolved_layout(gpu)})
+    settings = settings.model_copy(update={"serve": s})
     logs = logging_config(s.log_encoding, s.access_log)
-    encoder_gpus, consumer_gpus = gpu_shares(settings, cluster_has_gpu())
+    encoder_gpus, consumer_gpus = gpu_shares(settings, gpu)
     # serve.deployment returns a Deployment; its decorators are untyped, hence the ignores.
     encoder = Encoder.options(  # type: ignore[attr-defined]
         ray_actor_options={"num_cpus": s.encoder_num_cpus, "num_gpus": encoder_gpus},

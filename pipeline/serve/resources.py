@@ -24,7 +24,9 @@ SHUTDOWN_MARGIN_S = 15.0
 #: task events (every Serve request and handle call is an actor task whose state changes each core
 #: worker reports to the GCS every second: CPU per request in three processes, for the dashboard's
 #: task view, which vidx does not use; the actor and node tables the harness reads stay).
-RAY_NODE_ENV = {"RAY_task_events_report_interval_ms": "0"}
+#: HAProxy in front of the Api's replicas instead of Serve's Python proxy (Ray Serve's high-throughput
+#: ingress; the binary comes with ``ray[serve]``): the proxy hop capped ``POST /v1/index`` here.
+RAY_NODE_ENV = {"RAY_task_events_report_interval_ms": "0", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
 
 
 def cluster_has_gpu() -> bool:
@@ -38,7 +40,7 @@ def gpu_shares(settings: Settings, cluster_has_gpu: bool) -> tuple[float, float]
     """GPUs the Encoder and each consumer replica reserve: the settings when set, else by layout
     (``split``: the Encoder takes a GPU; ``fused``: all share one, ``FUSED_GPU_SHARE`` each)."""
     s = settings.serve
-    fused = s.layout == "fused"
+    fused = s.resolved_layout(cluster_has_gpu) == "fused"
     default_encoder = (FUSED_GPU_SHARE if fused else 1.0) if cluster_has_gpu else 0.0
     default_consumer = FUSED_GPU_SHARE if fused and cluster_has_gpu else 0.0
     encoder = s.encoder_num_gpus if s.encoder_num_gpus is not None else default_encoder

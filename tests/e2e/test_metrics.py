@@ -51,7 +51,9 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
 def host(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppHost]:
     # Scheduled check rounds every few seconds, so their counters move during the test; objects
     # just uploaded count at once (no grace), so the drift the test makes is found in the next round.
-    env = {"VIDX_CHECK__INTERVAL_S": "3", "VIDX_CHECK__NEW_OBJECT_GRACE_S": "0"}
+    # The split layout (the default on a GPU cluster), so the Encoder embeds frames and its frame batches
+    # are among the metrics; the other e2e tests run the CPU default, fused.
+    env = {"VIDX_CHECK__INTERVAL_S": "3", "VIDX_CHECK__NEW_OBJECT_GRACE_S": "0", "VIDX_SERVE__LAYOUT": "split"}
     with start_app(services, unique_prefix(), tiny_model_dir, tmp_path_factory.mktemp("state"), env) as app:
         yield app
 

@@ -49,7 +49,10 @@ CONVERGE_TIMEOUT_S = 240.0
 
 @pytest.fixture(scope="module")
 def host(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppHost]:
-    with start_app(services, unique_prefix(), tiny_model_dir, tmp_path_factory.mktemp("state")) as app:
+    # The split layout (a GPU cluster's): the Encoder embeds the stream's frames, so killing it mid-video
+    # fails jobs in flight. The nemesis, gray-fault, HA and redelivery suites run the CPU default, fused.
+    env = {"VIDX_SERVE__LAYOUT": "split"}
+    with start_app(services, unique_prefix(), tiny_model_dir, tmp_path_factory.mktemp("state"), env=env) as app:
         yield app
 
 

@@ -210,9 +210,11 @@ def test_presigned_links_are_short_lived(monkeypatch: pytest.MonkeyPatch, ttl: s
 def test_autoscaling_is_on_by_default_with_documented_bounds() -> None:
     a = Settings().autoscale
     assert a.enabled and a.poll_interval_s == 1.0 and a.upscale_delay_s == 0.0 and a.downscale_delay_s == 10.0
-    assert (a.consumer_min_replicas, a.consumer_max_replicas) == (1, 4)
+    assert (a.consumer_min_replicas, a.consumer_max_replicas) == (1, 2)
     assert (a.encoder_min_replicas, a.encoder_max_replicas, a.encoder_target_ongoing_requests) == (1, 2, 32.0)
-    assert Settings().serve.layout == "split"
+    assert Settings().serve.layout == "auto"
+    assert Settings().serve.resolved_layout(cluster_has_gpu=False) == "fused"
+    assert Settings().serve.resolved_layout(cluster_has_gpu=True) == "split"
 
 
 def test_the_consumer_target_defaults_to_what_one_replica_holds(monkeypatch: pytest.MonkeyPatch) -> None:
