@@ -186,21 +186,33 @@ class SharedLookups(Generic[K, V]):
             while not wave.done:
                 if not self._running and self._pending is wave:
                     self._running, self._pending = True, None
+                    wave.started_at = time.monotonic()
                     break  # this caller runs the wave's query
+                # Bounded twice over: for the wave to begin, then for its own query (not the one before).
+                if wave.started_at is not None:
+                    deadline = max(deadline, wave.started_at + self._wait_s)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TransientError(f"no shared lookup answered within {self._wait_s:g}s")
                 self._cond.wait(left)
             else:
+                if wave.error is not None and not isinstance(wave.error, TransientError):
+                    # Not the store's hiccup (a row that can't be read, a bug): each key asks on its own,
+                    # so it fails only the lookup it belongs to, as a lookup of its own would.
+                    return self._fetch([key]).get(key)
                 return wave.answer(key)
         try:
             wave.found = dict(self._fetch(sorted(wave.keys, key=repr)))
-        except BaseException as exc:  # every joined lookup fails with it, none reads "no row"
+        except BaseException as exc:  # every joined lookup sees it (none reads "no row"); this one too
             wave.error = exc
+            if isinstance(exc, TransientError) or not isinstance(exc, Exception):
+                raise
         finally:
             with self._cond:
                 wave.done, self._running = True, False
                 self._cond.notify_all()
+        if wave.error is not None:
+            return self._fetch([key]).get(key)  # as the joined lookups do (above)
         return wave.answer(key)
 
 
@@ -209,6 +221,7 @@ class _Wave(Generic[K, V]):
 
     def __init__(self) -> None:
         self.keys: set[K] = set()
+        self.started_at: float | None = None
         self.done = False
         self.found: dict[K, V] = {}
         self.error: BaseException | None = None

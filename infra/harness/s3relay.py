@@ -74,6 +74,8 @@ class S3Relay:
 
     def close(self) -> None:
         self._closed.set()
+        with suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)  # wakes the accept loop
         self._server.close()
 
     def _accept(self) -> None:
@@ -96,9 +98,9 @@ class S3Relay:
         carry = b""
         try:
             while data := source.recv(65536):
-                sink.sendall(data)
-                if requests:
+                if requests:  # counted before it is forwarded: once answered, a request is in the counts
                     carry = self._count(carry + data)
+                sink.sendall(data)
         except OSError:
             pass
         finally:

@@ -24,9 +24,7 @@ SHUTDOWN_MARGIN_S = 15.0
 #: task events (every Serve request and handle call is an actor task whose state changes each core
 #: worker reports to the GCS every second: CPU per request in three processes, for the dashboard's
 #: task view, which vidx does not use; the actor and node tables the harness reads stay).
-#: HAProxy in front of the Api's replicas instead of Serve's Python proxy (Ray Serve's high-throughput
-#: ingress; the binary comes with ``ray[serve]``): the proxy hop capped ``POST /v1/index`` here.
-RAY_NODE_ENV = {"RAY_task_events_report_interval_ms": "0", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
+RAY_NODE_ENV = {"RAY_task_events_report_interval_ms": "0"}
 
 
 def cluster_has_gpu() -> bool:

@@ -67,7 +67,8 @@ POLL_S = 0.1
 
 @pytest.fixture(scope="module")
 def host(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppHost]:
-    env = {"VIDX_SAMPLING__EVERY_S": str(EVERY_S)}
+    # The split layout: the job's length above was measured with the Encoder embedding its frames.
+    env = {"VIDX_SAMPLING__EVERY_S": str(EVERY_S), "VIDX_SERVE__LAYOUT": "split"}
     with start_app(services, unique_prefix(), tiny_model_dir, tmp_path_factory.mktemp("state"), env=env) as app:
         yield app
 

@@ -35,7 +35,7 @@ class GatedFetch:
             self.first_running.set()
             assert self.release.wait(10)
         if number == self.fail_call:
-            raise OSError("connection reset by peer")
+            raise TransientError("index table read failed: connection reset by peer")  # as get_many raises
         return {k: f"{k}@{number}" for k in keys if not k.startswith("missing")}
 
 
@@ -138,3 +138,38 @@ def test_concurrent_catalog_reads_share_queries_and_see_a_commit_made_through_an
     _join(threads)
     assert all((r := got[i]) is not None and r.video_id == f"v{i}" and r.status is VideoStatus.QUEUED for i in range(8))
     assert sum(queries) == 8 and len(queries) < 8, queries  # eight reads, fewer queries
+
+
+def test_an_error_that_is_not_the_stores_fails_only_the_lookup_it_belongs_to() -> None:
+    calls: list[list[str]] = []
+    first = threading.Event()
+
+    def fetch(keys: list[str]) -> Mapping[str, str]:
+        calls.append(list(keys))
+        if not first.is_set():  # the opener's query holds while a, b and c join the next wave
+            first.set()
+            time.sleep(0.3)
+        if "b" in keys:
+            raise ValueError("row b: invalid status 'bogus'")
+        return {k: f"{k}-row" for k in keys}
+
+    lookups: SharedLookups[str, str] = SharedLookups(fetch)
+    got: dict[str, object] = {}
+
+    def look(key: str) -> None:
+        try:
+            got[key] = lookups.get(key)
+        except ValueError as exc:
+            got[key] = exc
+
+    opener = threading.Thread(target=look, args=("z",))
+    opener.start()
+    assert first.wait(5)
+    threads = [threading.Thread(target=look, args=(k,)) for k in ("a", "b", "c")]
+    for t in threads:
+        t.start()
+    _join([opener, *threads])
+    assert (got["z"], got["a"], got["c"]) == ("z-row", "a-row", "c-row")
+    assert isinstance(got["b"], ValueError)
+    # One shared query met b's row; then each of the three asked on its own.
+    assert calls[1] == ["a", "b", "c"] and sorted(calls[2:]) == [["a"], ["b"], ["c"]]
