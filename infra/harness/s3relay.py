@@ -132,9 +132,7 @@ def relay(endpoint: str) -> Iterator[S3Relay]:
         r.close()
 
 
-def trace_lines(
-    before: collections.Counter[tuple[str, str]], after: collections.Counter[tuple[str, str]], n: int
-) -> list[str]:
+def trace_lines(before: Counts, after: Counts, n: int) -> list[str]:
     """Readable lines: requests per video by (api, where), biggest first, and the total."""
     diff = after - before
     lines = [f"{'api':<26} {'where':<34} {'per video':>9}"]

@@ -47,7 +47,7 @@ def _lookups_at_once(
     def look(key: str) -> None:
         try:
             got[key] = lookups.get(key)
-        except TransientError as exc:
+        except (TransientError, ValueError) as exc:
             got[key] = exc
 
     threads = [threading.Thread(target=look, args=(k,)) for k in keys]
@@ -154,22 +154,11 @@ def test_an_error_that_is_not_the_stores_fails_only_the_lookup_it_belongs_to() -
         return {k: f"{k}-row" for k in keys}
 
     lookups: SharedLookups[str, str] = SharedLookups(fetch)
-    got: dict[str, object] = {}
-
-    def look(key: str) -> None:
-        try:
-            got[key] = lookups.get(key)
-        except ValueError as exc:
-            got[key] = exc
-
-    opener = threading.Thread(target=look, args=("z",))
-    opener.start()
+    opener, got_first = _lookups_at_once(lookups, ["z"])
     assert first.wait(5)
-    threads = [threading.Thread(target=look, args=(k,)) for k in ("a", "b", "c")]
-    for t in threads:
-        t.start()
-    _join([opener, *threads])
-    assert (got["z"], got["a"], got["c"]) == ("z-row", "a-row", "c-row")
+    threads, got = _lookups_at_once(lookups, ["a", "b", "c"])
+    _join(opener + threads)
+    assert got_first == {"z": "z-row"} and (got["a"], got["c"]) == ("a-row", "c-row")
     assert isinstance(got["b"], ValueError)
     # One shared query met b's row; then each of the three asked on its own.
     assert calls[1] == ["a", "b", "c"] and sorted(calls[2:]) == [["a"], ["b"], ["c"]]
