@@ -165,6 +165,10 @@ class ServeSettings(BaseModel):
     #: Starts of one task whose consumer died mid-job (killed, out of memory) before the video is
     #: failed and dead-lettered: a video that kills its consumer every time ends here, not in a loop.
     max_crashes: int = Field(default=3, ge=1, le=20)
+    #: A job's first start claims the video's row (``indexing``, with the started-marker) only once it has
+    #: run this long: a shorter job settles with one catalog write (docs/design/state-machine.md, "The
+    #: lazy claim"). A retry, a redelivery and a job going round again claim at once; 0: every job does.
+    claim_after_s: float = Field(default=1.0, ge=0, le=600)
     #: A consumer replica being stopped (scaled down, redeployed) stops taking tasks and waits this
     #: long for its running ones to finish before it exits (each one killed would be redelivered and
     #: count as a crash of its video).

@@ -35,7 +35,7 @@ from events.jobs import IndexJob, JobOp, JobSource
 from pipeline.index.clock import StageClock
 from pipeline.index.indexer import STEPS, Indexer
 from pipeline.index.objects import ObjectSource, S3ObjectSource
-from pipeline.settings import Settings
+from pipeline.settings import ServeSettings, Settings
 from pipeline.upkeep.check import Checker
 from pipeline.upkeep.sources import S3PageLister
 from pipeline.upkeep.text_backfill import TextBackfill
@@ -71,6 +71,9 @@ LATE_WRITE_WAIT_S = 30.0
 STRAY_TEXT_P = 0.3
 #: The text table of the schedules (its pipeline named for the stand-in reader).
 TEXT = ModelTable.for_text("harness-words")
+#: A job's ``serve.claim_after_s``, drawn per job: the eager claim, a claim the pauses often outlast, and
+#: the deployed default.
+CLAIM_AFTER_S = (0.0, 0.05, ServeSettings.model_fields["claim_after_s"].default)
 #: The catalog writer's commit interval here: short, so schedules stay quick yet writes of racing jobs share commits.
 CATALOG_INTERVAL_S = 0.05
 
@@ -300,15 +303,28 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
         w.minio.put_object(w.bucket, key, io.BytesIO(body), len(body), content_type="video/mp4")  # type: ignore[attr-defined]
 
     def launch(
-        job: IndexJob, task_id: str, abort_at: str | None, holder: str | None = None, draw: random.Random = rng
+        job: IndexJob,
+        task_id: str,
+        abort_at: str | None,
+        holder: str | None = None,
+        draw: random.Random = rng,
+        *,
+        again: bool = False,
     ) -> None:
         """``draw``: where the job's choices come from (the text jobs' own, so that how many of them the
-        threads' timing makes does not shift the schedule's main sequence: a seed replays)."""
+        threads' timing makes does not shift the schedule's main sequence: a seed replays). ``again``: a
+        retry or a redelivery of the task (it claims the row at once)."""
         nonlocal jobs
         jobs += 1
         job_rng = random.Random(draw.random())
         n = draw.randrange(len(w.stores))
         holder = holder or f"proc:sched:{uuid.uuid4().hex[:8]}"
+        # When the job claims the row: at once (the eager claim), soon, or as deployed (most jobs here
+        # finish sooner and settle without one): both paths race in every schedule.
+        claim_after_s = job_rng.choice(CLAIM_AFTER_S)
+        settings = w.settings.model_copy(
+            update={"serve": w.settings.serve.model_copy(update={"claim_after_s": claim_after_s})}
+        )
 
         def hooks(step: str, _job: IndexJob) -> None:
             pause(job_rng)
@@ -319,7 +335,7 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
                     read_at[_job.video_id] = time.monotonic()
 
         indexer = Indexer(
-            w.settings,
+            settings,
             ColourEmbedder(),
             w.stores[n],
             w.objects,
@@ -334,7 +350,7 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
 
         def body() -> None:
             try:
-                result = indexer.run(job, task_id)
+                result = indexer.run(job, task_id, redelivered=again)
                 if result.text_due:  # its handler submits the text job: it runs as soon as a thread takes it
                     with lock:
                         text_jobs.append(job.model_copy(update={"source": JobSource.TEXT, "op": JobOp.INDEX}))
@@ -370,7 +386,7 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
         abort_at = rng.choice(STEPS) if rng.random() < 0.3 else None
         launch(job, task_id, abort_at)
         if rng.random() < 0.3:
-            launch(job, task_id, None)  # redelivered while the first delivery still runs
+            launch(job, task_id, None, again=True)  # redelivered while the first delivery still runs
         if rng.random() < STRAY_TEXT_P:
             stray = IndexJob(op=JobOp.INDEX, bucket=w.bucket, key=key, source=JobSource.TEXT)
             launch(stray, uuid.uuid4().hex, rng.choice(STEPS) if rng.random() < 0.3 else None)
@@ -385,7 +401,7 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
         batch, retries[:] = list(retries), []
         threads.clear()
         for job, task_id, holder in batch:
-            launch(job, task_id, None, holder)
+            launch(job, task_id, None, holder, again=True)
         _join_all()
     # The scheduled check's repair pass, as it would run later, where the product leaves a key to it: a
     # task given up (a dead letter), or a write whose caller gave up on it that landed after every job

@@ -38,7 +38,9 @@ log = logging.getLogger(__name__)
 
 
 class JobRunner(Protocol):
-    def run(self, job: IndexJob, task_id: str | None = None, attempt: int = 0) -> JobResult: ...
+    def run(
+        self, job: IndexJob, task_id: str | None = None, attempt: int = 0, *, redelivered: bool = False
+    ) -> JobResult: ...
 
     def record_failure(self, job: IndexJob, reason: str, version: str | None = None) -> None: ...
 
@@ -54,8 +56,8 @@ class TaskContext:
     task_id: str
     #: Retries so far (0 on the first attempt).
     retries: int
-    #: The broker delivered this message before and it was never acknowledged (logged only: whether
-    #: a consumer died with it is for the started-marker to tell).
+    #: The broker delivered this message before and it was never acknowledged (the job claims the
+    #: video at once; whether a consumer died with it is for the started-marker to tell).
     redelivered: bool = False
 
 
@@ -141,7 +143,7 @@ class IndexTaskHandler:
             # row's last word (its compare-and-set loses, or lands first and this start sees it).
             run = job.model_copy(update={"settle": True})
         try:
-            result = self._runner.run(run, task.task_id, task.retries)
+            result = self._runner.run(run, task.task_id, task.retries, redelivered=task.redelivered)
         except PermanentError as exc:
             # Usually recorded already (decode, limits); not when the object store refused a HEAD.
             self._record_failure(job, exc.reason)

@@ -134,10 +134,10 @@ class FramesJob:
             return self._embedding.rows(head, job.video_id, plan.need, clock, plan.optional)
         except PermanentError as exc:
             self._settler.claimed(claim, clock, job, best_effort=True)
-            self._settler.record_failure(job, exc.reason, version=head.version)
+            self._settler.record_failure(job, exc.reason, version=head.version, claim=claim)
             raise
         except BaseException:
-            claimed = self._settler.claimed(claim, clock, job, best_effort=True)
+            claimed = self._settler.releasable(claim, clock, job)
             if claimed is not None and plan.searchable and not dirty.rows_changed:
                 self._settler.release(claimed, plan, clock)
             raise

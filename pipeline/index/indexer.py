@@ -24,7 +24,7 @@ from pipeline.index.result import JobResult, Outcome
 from pipeline.index.settle import MAX_CONVERGE_ROUNDS, Acted, Batch, Claim, RowLost, RowSettler
 from pipeline.index.words import WordReader
 from pipeline.index.words_job import DeferredWords, WordsJob, no_words
-from pipeline.jobs.videostate import Attempt, JobRows, VideoStates, settling
+from pipeline.jobs.videostate import Attempt, JobRows, VideoStates, claim_record, settling
 from pipeline.metrics import Metrics
 from pipeline.settings import Settings
 from storage.catalog import VideoRecord
@@ -153,9 +153,14 @@ class Indexer:
         """
         self._settler.record_failure(job, reason, version)
 
-    def run(self, job: IndexJob, task_id: str | None = None, attempt: int = 0) -> JobResult:
+    def run(
+        self, job: IndexJob, task_id: str | None = None, attempt: int = 0, *, redelivered: bool = False
+    ) -> JobResult:
         """Bring the index of ``job``'s object in line with the object. ``attempt``: the task queue's
-        retry count of this start of ``task_id`` (kept in the claim; see ``count_crashes``).
+        retry count of this start of ``task_id`` (kept in the claim; see ``count_crashes``);
+        ``redelivered``: the broker delivered the task before (an earlier start may have died with it).
+        A first start claims the row only if it runs longer than ``serve.claim_after_s``; a retry, a
+        redelivery and a second round claim it at once.
 
         Raises:
             PermanentError: the object can't be indexed (the catalog says why), or ``ConsumerKilled``.
@@ -166,9 +171,10 @@ class Indexer:
         started_as = Attempt(task_id, self._holder, attempt) if task_id is not None else None
         dirty = JobRows()
         try:
-            for _ in range(MAX_CONVERGE_ROUNDS):
+            for n in range(MAX_CONVERGE_ROUNDS):
+                at_once = redelivered or attempt > 0 or n > 0
                 try:
-                    result = self._round(job, started_as, clock, dirty)
+                    result = self._round(job, started_as, clock, dirty, claim_at_once=at_once)
                 except RowLost as lost:
                     log.info("%s: %s; looking again", job.uri, lost)
                     continue
@@ -186,7 +192,9 @@ class Indexer:
         return replace(result, stages=dict(clock.seconds))
 
     # -- one round: read, HEAD, then remove, or plan, claim, act and settle ----------------------
-    def _round(self, job: IndexJob, attempt: Attempt | None, clock: StageClock, dirty: JobRows) -> JobResult:
+    def _round(
+        self, job: IndexJob, attempt: Attempt | None, clock: StageClock, dirty: JobRows, *, claim_at_once: bool
+    ) -> JobResult:
         self._hooks("read", job)
         with clock.stage("catalog"):
             seen = self._states.read(job.video_id)
@@ -207,7 +215,7 @@ class Indexer:
             if plan.step is Step.CONFIRM and seen is not None:
                 self._settler.confirm(seen, plan, clock)
             return JobResult(job.video_id, Outcome.UNCHANGED, frames=plan.kept[0].frames, text_due=kind.due_later(plan))
-        claim = self._claim(kind, job, seen, plan, attempt, clock)
+        claim = self._claim(kind, job, seen, plan, attempt, clock, at_once=claim_at_once)
         # The claim commits (shared with other jobs' writes) while the object is fetched and embedded (or
         # its words read); its outcome is in before any row is written or the failure recorded.
         self._hooks("fetch", job)
@@ -260,9 +268,12 @@ class Indexer:
         plan: IndexPlan,
         attempt: Attempt | None,
         clock: StageClock,
+        *,
+        at_once: bool,
     ) -> Claim:
-        """Start the claim (``indexing`` this version); once the consumer died ``max_crashes`` times on the
-        video the kind gives up first (``JobKind.give_up``: it raises, or the claim says so)."""
+        """The claim (``indexing`` this version), started now (``at_once``) or once the job has run
+        ``serve.claim_after_s`` (``Claim``); once the consumer died ``max_crashes`` times on the video the
+        kind gives up first (``JobKind.give_up``: it raises, or the claim says so)."""
         self._hooks("claim", job)
         with clock.stage("catalog"):
             crashes = count_crashes(seen, attempt, self._holder, self._holder_alive)
@@ -270,10 +281,15 @@ class Indexer:
             if gave_up:
                 kind.give_up(crashes)
             model, label = plan.live[0].model, plan.sampling.label
-            pending = self._states.claim_async(
+            record = claim_record(
                 job, seen, version=plan.version, model=model, sampling=label, attempt=attempt, crashes=crashes
             )
-            return Claim(pending, gave_up)
+            # At once where a start of this task may have died holding the video (the crash accounting
+            # needs the marker: a retry, a redelivery, a marker of this task on the row), when giving up,
+            # and on a round after a lost one (a job without a claim loses to any change of the row).
+            mine = seen is not None and attempt is not None and seen.task_id == attempt.task_id
+            after_s = 0.0 if at_once or gave_up or mine else self._settings.serve.claim_after_s
+            return Claim(self._states.submit_claim, record, seen, after_s=after_s, gave_up=gave_up)
 
     def _settle(
         self,
@@ -288,7 +304,8 @@ class Indexer:
     ) -> None:
         """Once the claim landed and the object is still at ``version``, write what the job made and settle
         the row on it; then look once more."""
-        if self._settler.claimed(claim, clock, job) is None:
+        # A job this far within ``claim_after_s`` writes no claim: it settles on the row it read.
+        if not claim.skip() and self._settler.claimed(claim, clock, job) is None:
             raise RowLost("the row changed before it was claimed")
         # Overlapping jobs of one key: only one that saw the current version writes.
         self._hooks("recheck", job)
@@ -297,7 +314,7 @@ class Indexer:
         self._write(acted.batches, clock, dirty)
         self._hooks("written", job)
         with settling(dirty):
-            self._settler.finish(job, plan, acted, clock, joins=kind.joins)
+            self._settler.finish(job, plan, acted, clock, claim, joins=kind.joins)
         dirty.rows_changed = False
         self._hooks("settled", job)
         # The object may have changed between the check above and the commit, and the job for the

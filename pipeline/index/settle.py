@@ -8,6 +8,7 @@ through ``pipeline.jobs.videostate``. Both kinds of job (``pipeline.index.frames
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
@@ -36,13 +37,77 @@ class RowLost(Exception):
     """Another writer changed the video's row (or the object) under this round: go around again."""
 
 
-@dataclass(frozen=True, slots=True)
 class Claim:
-    """A job's claim of the row (``indexing`` its version), committing while the job acts; and whether the
-    job gave up on the video (its consumer died ``max_crashes`` times on it)."""
+    """A job's claim of the row (``indexing`` its version) and whether the job gave up on the video (its
+    consumer died ``max_crashes`` times on it). The claim is written at once (``after_s`` 0), or once the
+    job has run ``after_s`` seconds, or never: a job that reaches its first write sooner skips it
+    (``skip``) and settles with one compare-and-set on the row it read (``record`` is what the claim would
+    have written, on that row's revision; docs/design/state-machine.md, "The lazy claim"). Written, it
+    commits while the job acts."""
 
-    pending: PendingWrite
-    gave_up: bool = False
+    def __init__(
+        self,
+        write: Callable[[VideoRecord], PendingWrite],
+        record: VideoRecord,
+        seen: VideoRecord | None,
+        *,
+        after_s: float = 0.0,
+        gave_up: bool = False,
+    ) -> None:
+        self.record = record
+        #: The row as the job read it (None: there was none), which ``record`` was made from.
+        self.seen = seen
+        self.gave_up = gave_up
+        self._write = write
+        self._lock = threading.Lock()
+        self._pending: PendingWrite | None = None
+        self._error: Exception | None = None
+        self._started = self._skipped = False
+        self._timer: threading.Timer | None = None
+        if after_s <= 0:
+            self._start()
+        else:
+            self._timer = threading.Timer(after_s, self._start)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._started or self._skipped:
+                return
+            self._started = True
+            try:
+                self._pending = self._write(self.record)
+            except Exception as exc:  # on the timer's thread: kept for the job to take (``outcome``)
+                self._error = exc
+
+    def skip(self) -> bool:
+        """Whether the claim is never written: it had not started, and now never will."""
+        with self._lock:
+            if not self._started:
+                self._skipped = True
+                if self._timer is not None:
+                    self._timer.cancel()
+            return self._skipped
+
+    @property
+    def skipped(self) -> bool:
+        """Whether ``skip`` was called before the claim was written."""
+        with self._lock:
+            return self._skipped
+
+    def outcome(self, wait: Callable[[PendingWrite], VideoRecord | None]) -> VideoRecord | None:
+        """The written claim's outcome (``skip`` said it was written).
+
+        Raises:
+            TransientError: its write could not be started.
+        """
+        if self._error is not None:
+            if isinstance(self._error, TransientError):
+                raise self._error
+            raise TransientError(f"the claim could not be written: {type(self._error).__name__}") from self._error
+        assert self._pending is not None
+        return wait(self._pending)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,13 +137,19 @@ class RowSettler:
         self._models_now = models_now
         self._hooks = hooks
 
-    def record_failure(self, job: IndexJob, reason: str, version: str | None = None) -> None:
+    def record_failure(
+        self, job: IndexJob, reason: str, version: str | None = None, claim: Claim | None = None
+    ) -> None:
         """Mark ``job``'s video failed with ``reason`` (its old rows, if any, stay searchable), unless
-        the catalog holds a settled outcome (indexed, deleted) of another or unknown version.
+        the catalog holds a settled outcome (indexed, deleted) of another or unknown version. A job
+        that skipped its ``claim`` fails the row as the claim would have left it (its version's failure
+        over an older version's settled row), if the row is still as the job read it.
 
         Raises:
             TransientError: the catalog could not be written (the scheduled check finds the row later).
         """
+        if claim is not None and claim.skipped and self._states.fail(job, claim.record, reason, version) is not None:
+            return
         for _ in range(MAX_CONVERGE_ROUNDS):
             if self._states.fail(job, self._states.read(job.video_id), reason, version) is not None:
                 return
@@ -113,10 +184,14 @@ class RowSettler:
             if self._states.confirm(row, plan.version) is None:
                 raise RowLost("the row changed while it was confirmed")
 
-    def finish(self, job: IndexJob, plan: IndexPlan, acted: Acted, clock: StageClock, *, joins: bool) -> None:
+    def finish(
+        self, job: IndexJob, plan: IndexPlan, acted: Acted, clock: StageClock, claim: Claim, *, joins: bool
+    ) -> None:
         """Settle the row ``indexed`` with the entries of every live table, on a row read after the
-        rows were committed. ``joins``: the job's entries may join a row another job of its version
-        settled over its claim with the entries the plan kept (a job that fills a deferred table)."""
+        rows were committed: the row the claim wrote, or, when the job skipped its claim, the very row
+        the job read before it (not changed since: the settle is then the job's one catalog write).
+        ``joins``: the job's entries may join a row another job of its version settled over its claim
+        with the entries the plan kept (a job that fills a deferred table)."""
         written = acted.entries
         indexes = plan.indexes(written)
         with clock.stage("catalog"):
@@ -129,7 +204,12 @@ class RowSettler:
             if joins and now is not None and _settled_holding(now, plan):
                 self._join(job, now, plan, written)
                 return
-            if now is None or now.status not in IN_FLIGHT or now.version not in (plan.version, None):
+            if claim.skipped:
+                if (now.rev if now is not None else 0) != claim.record.rev:
+                    raise RowLost("the row changed while the job ran (it wrote no claim)")
+                # As the claim would have left it (version, model, sampling, started-marker), settled.
+                now = claim.record
+            elif now is None or now.status not in IN_FLIGHT or now.version not in (plan.version, None):
                 raise RowLost(f"another job moved the row to {now.status.value if now else 'nothing'} meanwhile")
             self._hooks("finish", job)
             first = indexes[0]
@@ -175,14 +255,25 @@ class RowSettler:
             except TransientError as exc:  # left claimed: the retry (or the check past its grace) settles it
                 log.warning("%s: could not put the row back to indexed (%s)", claimed.uri, exc)
 
+    def releasable(self, claim: Claim, clock: StageClock, job: IndexJob) -> VideoRecord | None:
+        """The row a job leaving on a failure before it wrote any rows may put back (``release``): its
+        claim's outcome; or, when it wrote no claim, the row as it read it if an earlier start left that
+        in flight (a row the job never changed and found settled stays as it is: None)."""
+        claimed = self.claimed(claim, clock, job, best_effort=True)
+        if claimed is None and claim.skipped and claim.seen is not None and claim.seen.status in IN_FLIGHT:
+            return claim.record
+        return claimed
+
     def claimed(
         self, claim: Claim, clock: StageClock, job: IndexJob, *, best_effort: bool = False
     ) -> VideoRecord | None:
-        """The claim's outcome. ``best_effort`` (the job is leaving anyway): a failed claim write is
-        only logged."""
+        """The claim's outcome; None when it lost, or was never written (``Claim.skip``: now it never
+        will be). ``best_effort`` (the job is leaving anyway): a failed claim write is only logged."""
+        if claim.skip():
+            return None  # never written: the row is as the job read it
         with clock.stage("catalog"):
             try:
-                return self._states.wait(claim.pending)
+                return claim.outcome(self._states.wait)
             except TransientError as exc:
                 if not best_effort:
                     raise

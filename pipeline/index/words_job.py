@@ -128,7 +128,7 @@ class WordsJob:
         try:
             return self._reader.rows(head, self._job.video_id, clock)
         except BaseException:
-            claimed = self._settler.claimed(claim, clock, self._job, best_effort=True)
+            claimed = self._settler.releasable(claim, clock, self._job)
             if claimed is not None and not dirty.rows_changed:
                 self._settler.release(claimed, plan, clock)
             raise

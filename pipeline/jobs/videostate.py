@@ -56,6 +56,32 @@ def settling(rows: JobRows) -> Iterator[None]:
         raise
 
 
+def claim_record(
+    job: IndexJob,
+    seen: VideoRecord | None,
+    *,
+    version: str,
+    model: str,
+    sampling: str,
+    attempt: Attempt | None,
+    crashes: int,
+) -> VideoRecord:
+    """``seen`` (None: a new row) as a claim makes it: ``indexing`` ``version`` with the started-marker; the
+    revision stays ``seen``'s (a job that skipped its claim finishes from this, on ``seen``'s revision)."""
+    base = seen or VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.INDEXING)
+    return base.evolve(
+        status=VideoStatus.INDEXING,
+        version=version,
+        model=model,
+        sampling=sampling,
+        error=None,
+        task_id=attempt.task_id if attempt else None,
+        holder=attempt.holder if attempt else None,
+        attempt=attempt.number if attempt else None,
+        crashes=crashes,
+    )
+
+
 #: Longest a transition waits for the outcome of its write (a grouped commit, see ``storage.commits.catalog``).
 WRITE_TIMEOUT_S = 60.0
 
@@ -125,19 +151,14 @@ class VideoStates:
         holds (``frames``, ``fingerprint``) is kept: nothing has been written yet. Returns at once:
         the caller may fetch and decode meanwhile, but must have the outcome (``wait``) before it
         writes any rows."""
-        base = seen or VideoRecord(video_id=job.video_id, uri=job.uri, status=VideoStatus.INDEXING)
-        claimed = base.evolve(
-            status=VideoStatus.INDEXING,
-            version=version,
-            model=model,
-            sampling=sampling,
-            error=None,
-            task_id=attempt.task_id if attempt else None,
-            holder=attempt.holder if attempt else None,
-            attempt=attempt.number if attempt else None,
-            crashes=crashes,
+        claimed = claim_record(
+            job, seen, version=version, model=model, sampling=sampling, attempt=attempt, crashes=crashes
         )
-        return self._submit(claimed, seen.rev if seen else 0)
+        return self.submit_claim(claimed)
+
+    def submit_claim(self, claimed: VideoRecord) -> PendingWrite:
+        """Start writing ``claimed`` (a ``claim_record``) over the row it was made from, on that row's revision."""
+        return self._submit(claimed, claimed.rev)
 
     def claim(self, job: IndexJob, seen: VideoRecord | None, **marker: Any) -> VideoRecord | None:
         """``claim_async`` (same keywords), waiting for its outcome."""

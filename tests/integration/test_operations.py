@@ -69,7 +69,9 @@ class EncoderDown:
     def __init__(self, stack: Stack) -> None:
         self._stack = stack
 
-    def run(self, job: IndexJob, task_id: str | None = None, attempt: int = 0) -> JobResult:
+    def run(
+        self, job: IndexJob, task_id: str | None = None, attempt: int = 0, *, redelivered: bool = False
+    ) -> JobResult:
         raise TransientError("encoder call failed: ActorDiedError")
 
     def record_failure(self, job: IndexJob, reason: str, version: str | None = None) -> None:

@@ -23,7 +23,9 @@ class Runner:
         self.task_ids: list[str | None] = []
         self.record_error: Exception | None = None
 
-    def run(self, job: IndexJob, task_id: str | None = None, attempt: int = 0) -> JobResult:
+    def run(
+        self, job: IndexJob, task_id: str | None = None, attempt: int = 0, *, redelivered: bool = False
+    ) -> JobResult:
         self.runs += 1
         self.task_ids.append(task_id)
         if self.error is not None:
@@ -134,7 +136,9 @@ class HeldRunner(Runner):
         self.started = threading.Event()
         self.release = threading.Event()
 
-    def run(self, job: IndexJob, task_id: str | None = None, attempt: int = 0) -> JobResult:
+    def run(
+        self, job: IndexJob, task_id: str | None = None, attempt: int = 0, *, redelivered: bool = False
+    ) -> JobResult:
         self.started.set()
         assert self.release.wait(30)
         return super().run(job, task_id, attempt)

@@ -136,14 +136,23 @@ def test_an_overwrite_during_indexing_is_followed_not_committed_stale(
     assert store.frames.count(job("a.mp4").video_id) == 5
 
 
-def test_a_delete_during_indexing_removes_instead(
-    parts: tuple[Indexer, IndexStore, MemoryObjects], tmp_path: Path
-) -> None:
-    indexer, store, objects = parts
+@pytest.mark.parametrize(("claim_after_s", "outcome"), [(0.0, Outcome.DELETED), (60.0, Outcome.UNCHANGED)])
+def test_a_delete_during_indexing_removes_instead(tmp_path: Path, claim_after_s: float, outcome: Outcome) -> None:
+    # A claimed row is settled deleted; a job that wrote no claim (a first start shorter than
+    # claim_after_s) leaves no row of an object it never indexed, as a delete of an unknown object does.
+    settings = Settings.model_validate({"serve": {"claim_after_s": claim_after_s}})
+    store = IndexStore(settings.s3, uri=str(tmp_path / "lance"))
+    objects = MemoryObjects()
+    indexer = Indexer(settings, MeanColour(), store, objects)
     objects.put("a.mp4", write_video(tmp_path / "v1.mp4", seconds=3, seed=1))
     objects.on_download = lambda: objects.files.pop("a.mp4")
-    assert indexer.run(job("a.mp4")).outcome is Outcome.DELETED
+    assert indexer.run(job("a.mp4")).outcome is outcome
     assert store.frames.count() == 0
+    record = store.catalog.get(job("a.mp4").video_id)
+    if outcome is Outcome.DELETED:
+        assert record is not None and record.status is VideoStatus.DELETED
+    else:
+        assert record is None
 
 
 def test_permanent_failure_is_recorded_and_old_rows_stay(
@@ -429,8 +438,9 @@ def test_a_retry_after_its_last_attempts_process_was_scaled_down_is_not_counted_
     """Attempt 0 of a task claims the video and leaves with a transient error (the claim stays, holder
     and all); its replica is then scaled down. Attempt 1 runs in another process: the dead holder
     ended its start by a retry, not by dying, so nothing is charged; a redelivery of attempt 1 after
-    its process really died is charged."""
-    settings = Settings.model_validate({"serve": {"max_crashes": 1}})
+    its process really died is charged. (The claims are eager here: a first start claims only past
+    ``claim_after_s``, and this is about a start that did.)"""
+    settings = Settings.model_validate({"serve": {"max_crashes": 1, "claim_after_s": 0}})
     store = IndexStore(settings.s3, uri=str(tmp_path / "lance"))
     objects = MemoryObjects()
     objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=2, seed=1))

@@ -364,8 +364,11 @@ class Letters:
         self.letters.append(letter)
 
 
-def broken_target(world: World, hooks: Callable[[str, IndexJob], None] | None = None) -> Indexer:
-    """An indexer on ``world`` whose target model B won't load (the Encoder answers it with a failure)."""
+def broken_target(
+    world: World, hooks: Callable[[str, IndexJob], None] | None = None, *, claim_after_s: float | None = None
+) -> Indexer:
+    """An indexer on ``world`` whose target model B won't load (the Encoder answers it with a failure);
+    ``claim_after_s``: the jobs' ``serve.claim_after_s`` (None: the default)."""
 
     class Broken:
         model_id = B.model
@@ -377,8 +380,9 @@ def broken_target(world: World, hooks: Callable[[str, IndexJob], None] | None = 
         def for_model(self, model_id: str) -> Any:
             return Broken() if model_id == B.model else world.embedders.for_model(model_id)
 
+    serve = {} if claim_after_s is None else {"claim_after_s": claim_after_s}
     return Indexer(
-        Settings(),
+        Settings.model_validate({"serve": serve}),
         world.embedders.for_model(A.model),
         world.store,
         world.objects,
@@ -428,7 +432,9 @@ def test_a_backfill_job_whose_new_model_wont_load_leaves_the_video_indexed(world
 
 def test_a_backfill_job_failing_across_a_switch_leaves_the_row_claimed_for_its_retry(world: World) -> None:
     """The switch made B active while the job embedded: putting the row back to indexed with A's
-    entry only would settle it without the active model's rows, so it stays claimed (in flight)."""
+    entry only would settle it without the active model's rows, so it stays claimed (in flight). The
+    job claims at once (a first start shorter than ``claim_after_s`` writes no claim, and the switch
+    waits for its row, which still lacks B)."""
     world.upload(seconds=2)
     world.live = [A]
     world.indexer().run(job())
@@ -438,7 +444,7 @@ def test_a_backfill_job_failing_across_a_switch_leaves_the_row_claimed_for_its_r
         if step == "fetch":  # the switch lands while the job fetches and embeds
             world.live = [B]
 
-    indexer = broken_target(world, hooks=switch)
+    indexer = broken_target(world, hooks=switch, claim_after_s=0)
     with pytest.raises(EncoderUnavailable):
         indexer.run(backfill_job())
     record = world.store.catalog.get(job().video_id)

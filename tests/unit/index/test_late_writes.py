@@ -53,7 +53,8 @@ class StalledWriter:
 def test_a_claim_landing_after_its_retry_found_the_object_gone_is_not_the_rows_last_word(
     tmp_path: Path, writer_back: bool
 ) -> None:
-    settings = Settings()
+    # A first start that writes its claim (one shorter than claim_after_s writes none): eager claims.
+    settings = Settings.model_validate({"serve": {"claim_after_s": 0}})
     store = IndexStore(settings.s3, uri=str(tmp_path / "lance"))
     objects = MemoryObjects()
     objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=2, seed=1))

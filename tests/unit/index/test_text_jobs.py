@@ -17,7 +17,7 @@ from pipeline.index.clock import StageClock
 from pipeline.index.consumer import IndexTaskHandler, TaskContext
 from pipeline.index.indexer import Indexer, Outcome
 from pipeline.index.words import TextStage
-from pipeline.settings import Settings, TextSettings
+from pipeline.settings import ServeSettings, Settings, TextSettings
 from pipeline.text.settings import pipeline_may_read
 from pipeline.upkeep.check import Checker, Finding
 from pipeline.upkeep.report import CheckReport
@@ -37,8 +37,9 @@ TEXT = ModelTable.for_text(TextSettings(subtitles=True).pipeline_id())
 
 
 class Parts:
-    def __init__(self, tmp_path: Path, *, text: ModelTable | None = TEXT) -> None:
-        self.settings = Settings(text=TextSettings(subtitles=True))
+    def __init__(self, tmp_path: Path, *, text: ModelTable | None = TEXT, claim_after_s: float | None = None) -> None:
+        serve = ServeSettings() if claim_after_s is None else ServeSettings(claim_after_s=claim_after_s)
+        self.settings = Settings(text=TextSettings(subtitles=True), serve=serve)
         self.store = IndexStore(self.settings.s3, uri=str(tmp_path / "lance"))
         self.objects = MemoryObjects()
         self.text: ModelTable | None = text
@@ -414,7 +415,8 @@ def test_frames_embedded_again_at_the_same_version_keep_the_words(tmp_path: Path
 
 
 def test_a_text_job_whose_consumer_keeps_dying_settles_the_words_as_none_found(tmp_path: Path) -> None:
-    p = Parts(tmp_path)
+    # Each start claims at once, as a redelivered one does (a first start claims only past claim_after_s).
+    p = Parts(tmp_path, claim_after_s=0)
     p.clip("a.mp4", CUES)
     p.indexer.run(job("a.mp4"))
     vid = job("a.mp4").video_id

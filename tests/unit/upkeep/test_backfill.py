@@ -326,11 +326,18 @@ class PauseAt:
 
 
 def indexer(
-    store: IndexStore, objects: MemoryObjects, live: Callable[[], list[ModelTable]], hooks: Any = None
+    store: IndexStore,
+    objects: MemoryObjects,
+    live: Callable[[], list[ModelTable]],
+    hooks: Any = None,
+    *,
+    claim_after_s: float | None = None,
 ) -> Indexer:
+    """``claim_after_s``: the jobs' ``serve.claim_after_s`` (None: the default)."""
     extra = {"hooks": hooks} if hooks is not None else {}
     embedders = Embedders(Dim("model-a", 8), Dim("model-b", 12))
-    return Indexer(Settings(), Dim("model-a", 8), store, objects, models=live, embedders=embedders, **extra)
+    settings = Settings.model_validate({"serve": {} if claim_after_s is None else {"claim_after_s": claim_after_s}})
+    return Indexer(settings, Dim("model-a", 8), store, objects, models=live, embedders=embedders, **extra)
 
 
 def on_thread(call: Callable[[], Any]) -> Callable[[], Any]:
@@ -365,7 +372,10 @@ def test_a_job_in_flight_from_before_live_from_holds_the_switch(
     backfilling(store, live_from=datetime.now(UTC) + HOUR)
     pause = PauseAt("write")
     job = IndexJob(op=JobOp.INDEX, bucket="videos", key="a.mp4", source=JobSource.EVENT)
-    finished = on_thread(lambda: indexer(store, objects, lambda: job_live, pause).run(job))
+    # A job that claims (a first start claims only past claim_after_s; a shorter one is in no flight to
+    # hold the switch back: its finish checks the live models again, test_indexer_models.py
+    # test_a_job_on_a_lifecycle_read_before_a_backfill_began_settles_with_the_new_table_too)
+    finished = on_thread(lambda: indexer(store, objects, lambda: job_live, pause, claim_after_s=0).run(job))
     assert pause.reached.wait(WAIT_S)
     # The job has claimed the video; time passes beyond live_from while it is still writing.
     state = store.models.read()

@@ -10,6 +10,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from events.jobs import IndexJob, JobOp, JobSource
 from pipeline.index.indexer import Outcome
 from pipeline.upkeep.backfill import BackfillCoordinator, BackfillRound
@@ -37,7 +39,14 @@ from tests.unit.upkeep.test_backfill import (
 )
 
 
-def test_a_running_backfill_job_holds_the_switch_until_it_settles(store: IndexStore, tmp_path: Path) -> None:  # noqa: F811
+@pytest.mark.parametrize("claim_after_s", [0.0, 60.0], ids=["claimed", "not-yet-claimed"])
+def test_a_running_backfill_job_holds_the_switch_until_it_settles(
+    store: IndexStore,  # noqa: F811
+    tmp_path: Path,
+    claim_after_s: float,
+) -> None:
+    """Claimed, the running job's row holds the switch (in flight after live_from); not claimed yet (a job
+    shorter than ``claim_after_s``), the row still lacks B and the round counts it as needing B."""
     objects = MemoryObjects()
     objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=2, seed=1))
     backfilling(store, live_from=datetime.now(UTC) - HOUR)
@@ -46,16 +55,19 @@ def test_a_running_backfill_job_holds_the_switch_until_it_settles(store: IndexSt
     assert indexer(store, objects, lambda: [A]).run(upload).outcome is Outcome.INDEXED
     pause = PauseAt("write")
     job = IndexJob(op=JobOp.INDEX, bucket="videos", key="a.mp4", source=JobSource.REINDEX)
-    finished = on_thread(lambda: indexer(store, objects, lambda: [A, B], pause).run(job))
+    finished = on_thread(lambda: indexer(store, objects, lambda: [A, B], pause, claim_after_s=claim_after_s).run(job))
     assert pause.reached.wait(WAIT_S)
     running = store.catalog.get(job.video_id)
-    assert running is not None and running.status is VideoStatus.INDEXING
+    claimed = claim_after_s == 0
+    assert running is not None
+    assert running.status is (VideoStatus.INDEXING if claimed else VideoStatus.INDEXED)
 
     # A round while it embeds: switching now would leave the video without rows in the answering table.
     sink = Recorded()
     backfill = coordinator(store, sink, Clock())
     held: BackfillRound = on_thread(backfill.round)()
-    assert (held.holding, held.need) == (1, 0) and not held.switched and sink.jobs == []
+    assert (held.holding, held.need) == ((1, 0) if claimed else (0, 1)) and not held.switched
+    assert sink.keys() == ([] if claimed else ["a.mp4"])  # not claimed: its backfill job, again (harmless)
     assert store.models.read().active == A
 
     pause.release.set()

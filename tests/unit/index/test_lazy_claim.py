@@ -1,0 +1,137 @@
+"""The lazy claim (pipeline/index/settle.py ``Claim``, docs/design/state-machine.md "The lazy claim"): a
+first start shorter than ``serve.claim_after_s`` settles with one catalog write; a longer one, a retry and a
+redelivery claim; a job that wrote no claim loses its settle to any change of the row and goes round."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from events.jobs import IndexJob
+from pipeline.index.indexer import Indexer, Outcome
+from pipeline.index.settle import Claim
+from pipeline.settings import Settings
+from storage.catalog import VideoRecord, VideoStatus
+from storage.commits.catalog import DirectWrites, PendingWrite
+from storage.tables import IndexStore
+from tests.media import write_video
+from tests.unit.index.test_indexer import MeanColour, MemoryObjects, job
+
+
+class CountedWrites:
+    """Direct catalog writes, each status written kept in order."""
+
+    def __init__(self, store: IndexStore) -> None:
+        self._direct = DirectWrites(store.catalog)
+        self.statuses: list[VideoStatus] = []
+
+    def submit(self, record: VideoRecord, expected_rev: int) -> PendingWrite:
+        self.statuses.append(record.status)
+        return self._direct.submit(record, expected_rev)
+
+
+def parts(
+    tmp_path: Path, claim_after_s: float, **kw: object
+) -> tuple[Indexer, IndexStore, MemoryObjects, CountedWrites]:
+    settings = Settings.model_validate({"serve": {"claim_after_s": claim_after_s}})
+    store = IndexStore(settings.s3, uri=str(tmp_path / "lance"))
+    objects = MemoryObjects()
+    writes = CountedWrites(store)
+    indexer = Indexer(settings, MeanColour(), store, objects, catalog_writes=writes, **kw)  # type: ignore[arg-type]
+    return indexer, store, objects, writes
+
+
+def test_a_short_first_start_settles_with_one_catalog_write(tmp_path: Path) -> None:
+    indexer, store, objects, writes = parts(tmp_path, claim_after_s=60)
+    objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=3, seed=1))
+    assert indexer.run(job("a.mp4"), "t1").outcome is Outcome.INDEXED
+    assert writes.statuses == [VideoStatus.INDEXED]
+    record = store.catalog.get(job("a.mp4").video_id)
+    assert record is not None and record.status is VideoStatus.INDEXED and record.frames == 3
+    # What the claim would have written is in the one write: the model, the sampling, the marker.
+    assert record.model == MeanColour.model_id and record.sampling and record.task_id == "t1"
+    assert store.frames.count(record.video_id) == 3
+
+
+def test_a_start_that_outlives_claim_after_s_claims_while_it_runs(tmp_path: Path) -> None:
+    seen_mid_job: list[VideoRecord | None] = []
+    stores: list[IndexStore] = []
+
+    def slow(step: str, j: IndexJob) -> None:
+        if step == "fetch":
+            time.sleep(0.3)  # a fetch longer than claim_after_s: the claim's timer fires meanwhile
+        if step == "recheck":  # embedded, not written yet
+            seen_mid_job.append(stores[0].catalog.get(j.video_id))
+
+    indexer, store, objects, writes = parts(tmp_path, claim_after_s=0.1, hooks=slow)
+    stores.append(store)
+    objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=2, seed=1))
+    assert indexer.run(job("a.mp4"), "t1").outcome is Outcome.INDEXED
+    claimed = seen_mid_job[0]
+    assert claimed is not None and claimed.status is VideoStatus.INDEXING and claimed.task_id == "t1"
+    assert writes.statuses == [VideoStatus.INDEXING, VideoStatus.INDEXED]
+
+
+@pytest.mark.parametrize("how", ["redelivered", "retry"])
+def test_a_redelivered_or_retried_start_claims_at_once(tmp_path: Path, how: str) -> None:
+    indexer, _store, objects, writes = parts(tmp_path, claim_after_s=60)
+    objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=2, seed=1))
+    if how == "redelivered":
+        indexer.run(job("a.mp4"), "t1", redelivered=True)
+    else:
+        indexer.run(job("a.mp4"), "t1", attempt=1)
+    assert writes.statuses == [VideoStatus.INDEXING, VideoStatus.INDEXED]
+
+
+def test_a_job_without_a_claim_loses_to_a_racing_job_and_goes_round(tmp_path: Path) -> None:
+    """Two jobs of one key race with no claims: the first writes its rows (version 1); held right after
+    that, a second job of version 2 runs whole on another thread and settles. The first's settle finds the
+    row changed since it read it, loses, goes round and converges on version 2."""
+    others: list[Indexer] = []
+    raced: list[Outcome] = []
+
+    def race(step: str, j: IndexJob) -> None:
+        if step == "written" and not raced:
+            objects.put("a.mp4", v2)
+            racer = threading.Thread(target=lambda: raced.append(others[0].run(job("a.mp4"), "t2").outcome))
+            racer.start()
+            racer.join(30)
+
+    indexer, store, objects, writes = parts(tmp_path, claim_after_s=60, hooks=race)
+    others.append(Indexer(Settings(), MeanColour(), store, objects))
+    objects.put("a.mp4", write_video(tmp_path / "v1.mp4", seconds=2, seed=1))
+    v2 = write_video(tmp_path / "v2.mp4", seconds=3, seed=2)
+    result = indexer.run(job("a.mp4"), "t1")
+    assert raced == [Outcome.INDEXED]
+    record = store.catalog.get(job("a.mp4").video_id)
+    assert record is not None and record.status is VideoStatus.INDEXED and record.frames == 3
+    summary = store.frames.summary(record.video_id)
+    assert (summary.rows, summary.duplicate_ids, set(summary.fingerprints)) == (3, 0, {record.fingerprint})
+    # The first job's settle of version 1 never went out (the row had changed since it read it); its
+    # second round found version 2 settled over the rows that hold it, and left them.
+    assert writes.statuses == [] and result.outcome is Outcome.UNCHANGED
+
+
+def test_the_timer_and_the_skip_exclude_each_other() -> None:
+    """Skips racing the claim's timer on threads: each claim is written exactly once or never, and
+    ``skip`` says which."""
+    rng = random.Random(7)
+    outcomes = {"written": 0, "skipped": 0}
+    for _ in range(300):
+        written: list[VideoRecord] = []
+        claim = Claim(
+            written.append,  # type: ignore[arg-type]
+            VideoRecord(video_id="v", uri="s3://b/k", status=VideoStatus.INDEXING),
+            None,
+            after_s=0.002,
+        )
+        time.sleep(rng.uniform(0, 0.004))
+        skipped = claim.skip()
+        time.sleep(0.005)  # a timer that lost must not write late
+        assert len(written) == (0 if skipped else 1)
+        outcomes["skipped" if skipped else "written"] += 1
+    assert min(outcomes.values()) > 0, outcomes
