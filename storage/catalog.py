@@ -365,9 +365,14 @@ class Catalog:
                 raise TransientError(f"catalog version {version} is no longer available") from exc
             return _by_ids(lambda: self._at_table, video_ids)
 
-    def optimize(self, keep_versions_s: float) -> None:
-        """Compact the table and drop its versions older than ``keep_versions_s``."""
-        self._videos().optimize(cleanup_older_than=timedelta(seconds=keep_versions_s))
+    def optimize(self, keep_versions_s: float, min_fragments: int = 1) -> bool:
+        """Compact the table and drop its versions older than ``keep_versions_s``, if it has at least
+        ``min_fragments`` fragments (compacted, it has one; each commit adds one). Whether it did."""
+        table = self._videos()
+        if min_fragments > 1 and len(table.to_lance().get_fragments()) < min_fragments:
+            return False
+        table.optimize(cleanup_older_than=timedelta(seconds=keep_versions_s))
+        return True
 
     @read_errors_are_transient
     def get_many(self, video_ids: Iterable[str]) -> dict[str, VideoRecord]:

@@ -101,5 +101,10 @@ class IndexSettings(BaseModel):
     #: than compacted). Fragments of ``frames`` stop being rewritten once they hold ``compact_target_rows``.
     compact_interval_s: float = Field(default=15.0, gt=0)
     compact_target_rows: int = Field(default=8192, ge=1024)
+    #: A compaction tick compacts the catalog only once it has this many fragments (every status
+    #: commit adds one): Lance's optimize commits two versions even with nothing to merge, so a tick
+    #: on a quiet catalog would cost commits (and S3 requests) per tick rather than per video. A full
+    #: round compacts it whenever anything was written since the last compaction.
+    catalog_compact_fragments: int = Field(default=8, ge=2)
     #: The maintenance lease: one worker maintains; another takes over once the lease has lapsed.
     lease_ttl_s: float = Field(default=900.0, gt=0)

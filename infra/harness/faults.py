@@ -391,13 +391,18 @@ def run_stream(
 # -- faults ------------------------------------------------------------------------------------------
 def kill_mid_video(host: AppHost, plan: StreamPlan, deployment: str) -> str:
     """SIGKILL a replica of ``deployment`` while one of this stream's videos is being indexed (waits
-    at most ``BUSY_TIMEOUT_S`` for one, then kills anyway and says so)."""
+    at most ``BUSY_TIMEOUT_S`` for one, then kills anyway and says so). Being indexed: a consumer holds
+    an index task unacknowledged (a job shorter than ``serve.claim_after_s`` writes no ``indexing`` row),
+    or a row of the stream says ``indexing``."""
     tables = Tables(host.settings)
     uri_prefix = s3_uri(host.bucket, plan.prefix)
     deadline = time.monotonic() + BUSY_TIMEOUT_S
     busy = False
     while time.monotonic() < deadline and not busy:
-        busy = any(uri.startswith(uri_prefix) and status == "indexing" for uri, status in tables.statuses().values())
+        busy = queue_counts(host.services, host.settings.serve.index_queue)[1] > 0
+        busy = busy or any(
+            uri.startswith(uri_prefix) and status == "indexing" for uri, status in tables.statuses().values()
+        )
         if not busy:
             time.sleep(0.1)
     what = host.kill_replica(deployment)

@@ -127,26 +127,35 @@ def ensure_scalar_indexes(
 
 
 def compact(
-    store: IndexStore, target_rows: int, keep_versions_s: float, frames_tables: Sequence[FrameTable] = ()
+    store: IndexStore,
+    target_rows: int,
+    keep_versions_s: float,
+    frames_tables: Sequence[FrameTable] = (),
+    *,
+    catalog: bool = True,
 ) -> None:
-    """Merge small fragments: the whole catalog (it is small), and fragments below ``target_rows``
-    of each frames table (default ``frames``; a full one is not rewritten again). Index upkeep waits
-    for the full round."""
+    """Merge small fragments: the whole catalog (it is small; ``catalog``), and fragments below
+    ``target_rows`` of each frames table (default ``frames``; a full one is not rewritten again). Index
+    upkeep waits for the full round."""
     for table in frames_tables or [store.frames]:
         frames = table.table()
         if frames is not None:
             frames.to_lance().optimize.compact_files(target_rows_per_fragment=target_rows)
-    store.catalog.optimize(keep_versions_s)
+    if catalog:
+        store.catalog.optimize(keep_versions_s)
 
 
-def optimize(store: IndexStore, keep_versions_s: float, frames_table: FrameTable | None = None) -> None:
+def optimize(
+    store: IndexStore, keep_versions_s: float, frames_table: FrameTable | None = None, *, catalog: bool = True
+) -> None:
     """Compact a frames table (default ``frames``) and the catalog, fold new frames into the ANN
     index and drop versions older than ``keep_versions_s``. Concurrent writers keep working (their
     commits are retried on conflict)."""
     frames = (frames_table or store.frames).table()
     if frames is not None:
         frames.optimize(cleanup_older_than=timedelta(seconds=keep_versions_s))
-    store.catalog.optimize(keep_versions_s)
+    if catalog:
+        store.catalog.optimize(keep_versions_s)
 
 
 class IndexMaintainer:
@@ -191,6 +200,8 @@ class IndexMaintainer:
         self._next_full = 0.0
         #: Per table: rows its current index was built on (after a restart: the rows it covered when first seen).
         self._built: dict[str, int] = {}
+        #: The catalog's version right after this worker last compacted it.
+        self._catalog_compacted: int | None = None
 
     @property
     def holder(self) -> str:
@@ -237,7 +248,8 @@ class IndexMaintainer:
         if not state.has_index:
             if state.rows < s.ann_min_rows:
                 # Still compact: one small fragment per video write slows scans as much as missing the index.
-                optimize(self._store, s.keep_versions_s, frames)
+                optimize(self._store, s.keep_versions_s, frames, catalog=False)
+                self._compact_catalog()
                 return RoundResult(Action.FLAT, state.rows, state.unindexed_rows, time.monotonic() - started)
             return self._build(frames, state.rows, Action.INDEX_CREATED, started)
         built = self._built.setdefault(frames.name, state.indexed_rows)
@@ -245,9 +257,10 @@ class IndexMaintainer:
             return self._build(frames, state.rows, Action.INDEX_REBUILT, started)
         if state.unindexed_rows < max(1, s.optimize_min_unindexed_rows):
             # No new frames, but the catalog keeps committing status changes (deletes, duplicates).
-            self._store.catalog.optimize(s.keep_versions_s)
+            self._compact_catalog()
             return RoundResult(Action.UP_TO_DATE, state.rows, state.unindexed_rows)
-        optimize(self._store, s.keep_versions_s, frames)
+        optimize(self._store, s.keep_versions_s, frames, catalog=False)
+        self._compact_catalog()
         took = time.monotonic() - started
         log.info(
             "optimized %s: %d unindexed of %d rows folded in %.1fs", frames.name, state.unindexed_rows, state.rows, took
@@ -272,11 +285,21 @@ class IndexMaintainer:
         """Compact small fragments if this worker holds the lease; returns whether it did."""
         return self.service.loop.once(self._compact) is True
 
+    def _compact_catalog(self, min_fragments: int = 1) -> None:
+        """Compact the catalog if anything was written to it since this worker last did (Lance's optimize
+        commits versions even with nothing to merge: a quiet catalog gains none) and it has at least
+        ``min_fragments`` fragments (each status commit adds one)."""
+        catalog = self._store.catalog
+        if catalog.version() == self._catalog_compacted:
+            return
+        if catalog.optimize(self._settings.keep_versions_s, min_fragments):
+            self._catalog_compacted = catalog.version()
+
     def _compact(self) -> bool:
         s = self._settings
-        compact(
-            self._store, s.compact_target_rows, s.keep_versions_s, [self._store.frames_table(n) for n in self._tables()]
-        )
+        tables = [self._store.frames_table(n) for n in self._tables()]
+        compact(self._store, s.compact_target_rows, s.keep_versions_s, tables, catalog=False)
+        self._compact_catalog(s.catalog_compact_fragments)
         # Words written since the full-text index was built rank below those in it (and match no near
         # word): they are folded in at every compaction tick, not only at the full round.
         for name in self._text_tables():

@@ -183,12 +183,49 @@ def test_compaction_merges_the_small_fragments_each_commit_left(store: IndexStor
     assert frames is not None and videos is not None
     assert len(frames.to_lance().get_fragments()) >= 12 and len(videos.to_lance().get_fragments()) >= 6
     before = [r["frame_id"] for r in store.frames.search(probe(), 5, SETTINGS)]
-    maintainer = IndexMaintainer(store, SETTINGS.model_copy(update={"compact_target_rows": 1024}))
+    update = {"compact_target_rows": 1024, "catalog_compact_fragments": 6}
+    maintainer = IndexMaintainer(store, SETTINGS.model_copy(update=update))
     assert maintainer.compact_once()
     assert len(store.frames.table().to_lance().get_fragments()) == 1  # type: ignore[union-attr]
     assert len(store.db.open(VIDEOS).to_lance().get_fragments()) == 1  # type: ignore[union-attr]
     assert store.frames.count() == 36 and store.catalog.get("c3") is not None
     assert [r["frame_id"] for r in store.frames.search(probe(), 5, SETTINGS)] == before
+
+
+def test_a_quiet_catalog_gains_no_versions_from_upkeep(store: IndexStore) -> None:
+    """Compaction ticks leave a catalog with fewer than ``catalog_compact_fragments`` fragments alone, and
+    a full round one with nothing written since it was compacted (Lance's optimize commits versions even
+    with nothing to merge); at the threshold a tick compacts it. (A full round with writes since still
+    compacts: test_a_round_with_no_new_frames_still_compacts_the_catalog.)"""
+    maintainer = IndexMaintainer(store, SETTINGS.model_copy(update={"catalog_compact_fragments": 4}))
+    fill(store, videos=5, frames=100, seed=3)
+
+    def write(name: str) -> None:
+        assert store.catalog.write(VideoRecord(video_id=name, uri="s3://videos/q", status=VideoStatus.INDEXED), 0)
+
+    def version() -> int:
+        videos = store.db.open(VIDEOS)
+        assert videos is not None
+        return int(videos.to_lance().version)
+
+    write("q0")
+    assert maintainer.run_once().action is Action.INDEX_CREATED  # and the catalog's scalar index
+    assert maintainer.run_once().action is Action.UP_TO_DATE
+    quiet = version()
+    assert maintainer.run_once().action is Action.UP_TO_DATE and maintainer.compact_once()
+    assert version() == quiet  # nothing written since it was compacted: no versions
+    while catalog_fragments(store) < 3:
+        write(f"q{version()}")
+    written = version()
+    for _ in range(3):
+        assert maintainer.compact_once()
+    assert version() == written  # below the threshold (4 fragments)
+    write("q-last")
+    assert maintainer.compact_once() and catalog_fragments(store) < 4
+    compacted = version()
+    assert compacted > written + 1
+    assert maintainer.run_once().action is Action.UP_TO_DATE
+    assert version() == compacted
 
 
 def _words(video_id: str, *lines: str) -> VideoText:
