@@ -124,14 +124,38 @@ def work_counts(host: Any, *, ending: bool = False) -> dict[str, Any]:
     from infra.harness.services import s3_requests
     from storage.tables import IndexStore
 
+    store = IndexStore(host.settings.s3)
+
     def catalog() -> int:
-        return IndexStore(host.settings.s3).catalog.version()
+        return store.catalog.version()
 
     if ending:
         s3 = s3_requests(host.services.s3_endpoint)
-        return {"s3": s3, "catalog": catalog()}
+        last = catalog()
+        return {"s3": s3, "catalog": last, "store": store}
     version = catalog()
     return {"s3": s3_requests(host.services.s3_endpoint), "catalog": version}
+
+
+#: Lance operations of the videos table that a job's write makes (a merge: ``Update``; an insert into a
+#: new table: ``Append``); any other (``Rewrite``: compaction, ``CreateIndex``...) is upkeep's.
+JOB_OPERATIONS = frozenset({"Update", "Append", "Delete", "Merge"})
+
+
+def upkeep_commits(store: Any, first: int, last: int) -> int:
+    """Versions of the catalog in ``(first, last]`` that no job's write made (compaction, index upkeep)."""
+    from storage.catalog import VIDEOS
+
+    table = store.db.open(VIDEOS)
+    if table is None:
+        return 0
+    ds = table.to_lance()
+    upkeep = 0
+    for version in range(first + 1, last + 1):
+        transaction = ds.checkout_version(version).read_transaction()
+        operation = type(getattr(transaction, "operation", None)).__name__
+        upkeep += operation not in JOB_OPERATIONS
+    return upkeep
 
 
 def per_video(before: dict[str, Any], after: dict[str, Any], videos: int) -> dict[str, Any]:
@@ -139,8 +163,10 @@ def per_video(before: dict[str, Any], after: dict[str, Any], videos: int) -> dic
     taken once the batch's videos were done)."""
     by_api = {k: after["s3"][k] - before["s3"].get(k, 0.0) for k in after["s3"]}
     by_api = {k: round(v / videos, 2) for k, v in sorted(by_api.items(), key=lambda kv: -kv[1]) if v}
+    upkeep = upkeep_commits(after["store"], before["catalog"], after["catalog"])
     return {
         "s3_requests_per_video": round(sum(by_api.values()), 2),
         "s3_requests_per_video_by_api": by_api,
         "catalog_commits_per_video": round((after["catalog"] - before["catalog"]) / videos, 3),
+        "catalog_upkeep_commits_per_video": round(upkeep / videos, 3),
     }

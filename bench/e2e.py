@@ -375,6 +375,8 @@ def main() -> None:
             "freshness_clips": len(fresh),
             "catalog_commits_per_video_lone": lone["catalog_commits_per_video"],
             "catalog_commits_per_video_batch": batch["catalog_commits_per_video"],
+            "catalog_upkeep_commits_per_video_lone": lone["catalog_upkeep_commits_per_video"],
+            "catalog_upkeep_commits_per_video_batch": batch["catalog_upkeep_commits_per_video"],
             "s3_requests_per_video": batch["s3_requests_per_video"],
             "s3_requests_per_video_by_api": batch["s3_requests_per_video_by_api"],
             "s3_requests_per_video_lone": lone["s3_requests_per_video"],
@@ -398,7 +400,8 @@ def main() -> None:
         "no request to the app). s3_requests_per_video: MinIO's minio_api_requests_total (type s3) over that "
         "batch, its uploads included (one PutObject each); _lone: over the freshness run, where the "
         "benchmark's own status and search polls are S3 reads too. catalog_commits_per_video: versions the "
-        "videos table gained, lone (one upload at a time) and in the batch."
+        "videos table gained, lone (one upload at a time) and in the batch; catalog_upkeep_commits_per_video: "
+        "of those, the ones no job's write made (compaction, index upkeep: the version's Lance operation)."
     )
     notes.append(
         f"freshness: upload done -> an image search (k={SEARCH_K}, the clip's middle sampled frame as PNG) "

@@ -105,6 +105,6 @@ class IndexSettings(BaseModel):
     #: commit adds one): Lance's optimize commits two versions even with nothing to merge, so a tick
     #: on a quiet catalog would cost commits (and S3 requests) per tick rather than per video. A full
     #: round compacts it whenever anything was written since the last compaction.
-    catalog_compact_fragments: int = Field(default=8, ge=2)
+    catalog_compact_fragments: int = Field(default=16, ge=2)
     #: The maintenance lease: one worker maintains; another takes over once the lease has lapsed.
     lease_ttl_s: float = Field(default=900.0, gt=0)
