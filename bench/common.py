@@ -152,7 +152,7 @@ def upkeep_commits(store: Any, first: int, last: int) -> int:
     ds = table.to_lance()
     upkeep = 0
     for version in range(first + 1, last + 1):
-        transaction = ds.checkout_version(version).read_transaction()
+        transaction = ds.read_transaction(version)
         operation = type(getattr(transaction, "operation", None)).__name__
         upkeep += operation not in JOB_OPERATIONS
     return upkeep
