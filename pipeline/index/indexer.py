@@ -218,9 +218,14 @@ class Indexer:
         claim = self._claim(kind, job, seen, plan, attempt, clock, at_once=claim_at_once)
         # The claim commits (shared with other jobs' writes) while the object is fetched and embedded (or
         # its words read); its outcome is in before any row is written or the failure recorded.
-        self._hooks("fetch", job)
-        acted = kind.act(head, seen, plan, claim, clock, dirty)
-        self._settle(kind, job, head.version, plan, claim, acted, clock, dirty)
+        try:
+            self._hooks("fetch", job)
+            acted = kind.act(head, seen, plan, claim, clock, dirty)
+            self._settle(kind, job, head.version, plan, claim, acted, clock, dirty)
+        finally:
+            # A round that leaves early leaves no claim timer behind: a claim landing after the job left
+            # (on a row nothing else changed since) would say ``indexing`` with no job alive.
+            claim.skip()
         return JobResult(job.video_id, Outcome.INDEXED, frames=acted.frames, text_due=acted.due_later)
 
     def _kind(self, job: IndexJob) -> JobKind | None:

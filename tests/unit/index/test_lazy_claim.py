@@ -135,3 +135,22 @@ def test_the_timer_and_the_skip_exclude_each_other() -> None:
         assert len(written) == (0 if skipped else 1)
         outcomes["skipped" if skipped else "written"] += 1
     assert min(outcomes.values()) > 0, outcomes
+
+
+def test_a_job_that_leaves_before_its_claim_timer_fires_leaves_no_claim_behind(tmp_path: Path) -> None:
+    """A start that fails early (here: at the fetch step) while its claim's timer is pending: the timer
+    must not write the claim after the job left (``indexing`` with no job alive)."""
+
+    class Crash(Exception):
+        pass
+
+    def crash(step: str, j: IndexJob) -> None:
+        if step == "fetch":
+            raise Crash
+
+    indexer, store, objects, writes = parts(tmp_path, claim_after_s=0.05, hooks=crash)
+    objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=2, seed=1))
+    with pytest.raises(Crash):
+        indexer.run(job("a.mp4"), "t1")
+    time.sleep(0.3)  # the timer would have fired by now
+    assert writes.statuses == [] and store.catalog.get(job("a.mp4").video_id) is None
