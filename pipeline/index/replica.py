@@ -3,12 +3,15 @@ embedders and frame writers, behind an ``IndexTaskHandler`` (the Serve shell onl
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from pipeline.embedding.encoders import HandleEmbedders, PoolEmbedders
 from pipeline.embedding.pool import ModelPool
 from pipeline.index.consumer import IndexTaskHandler
-from pipeline.index.extract import Embedders
+from pipeline.index.extract import Embedders, FrameEmbedder
 from pipeline.index.holders import holder_alive, process_holder
 from pipeline.index.indexer import Indexer
 from pipeline.index.objects import S3ObjectSource
@@ -20,6 +23,11 @@ from pipeline.metrics import Metrics
 from pipeline.reindex.lifecycle import LiveModels
 from pipeline.settings import Settings
 from storage.tables import IndexStore
+
+log = logging.getLogger(__name__)
+
+#: The side of the blank image a fused replica embeds once at start (``warm_up``).
+WARM_UP_SIDE = 32
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
@@ -36,6 +44,7 @@ def consumer_handler(
     embedders: Embedders
     if settings.serve.layout in ("fused", "auto"):  # build_app resolves ``auto``; unresolved: no GPU known
         embedders = PoolEmbedders(ModelPool(settings.model))
+        warm_up(embedders.for_model(settings.model.id))
     else:
         embedders = HandleEmbedders(encoder, settings.model.embed_timeout_s)
     writers = FrameWriters(store, settings.writer)
@@ -70,3 +79,13 @@ def consumer_handler(
         buckets=settings.s3.buckets,
         text_jobs=CeleryJobSink(settings, settings.serve.text_queue) if text_on else None,
     )
+
+
+def warm_up(embedder: FrameEmbedder) -> None:
+    """Load the model and run it once while the replica starts, so its first job does not pay for it
+    (5.5 s of a 10 s clip's first job in ``bench.e2e``). A model that won't load is left to the jobs,
+    which fail with the reason as before."""
+    try:
+        embedder.embed_images([np.zeros((WARM_UP_SIDE, WARM_UP_SIDE, 3), dtype=np.uint8)])
+    except Exception as exc:  # the jobs report it; the replica still serves what it can
+        log.warning("could not warm up model %s: %s", embedder.model_id, exc)
