@@ -61,11 +61,12 @@ class Claim:
         self._write = write
         self._lock = threading.Lock()
         self._pending: PendingWrite | None = None
-        self._error: Exception | None = None
+        self._error: BaseException | None = None
         self._started = self._skipped = False
         self._timer: threading.Timer | None = None
         if after_s <= 0:
-            self._start()
+            self._started = True
+            self._pending = write(record)  # its failure fails the round at once
         else:
             self._timer = threading.Timer(after_s, self._start)
             self._timer.daemon = True
@@ -78,7 +79,7 @@ class Claim:
             self._started = True
             try:
                 self._pending = self._write(self.record)
-            except Exception as exc:  # on the timer's thread: kept for the job to take (``outcome``)
+            except BaseException as exc:  # on the timer's thread: kept for the job to take (``outcome``)
                 self._error = exc
 
     def skip(self) -> bool:
@@ -102,11 +103,10 @@ class Claim:
         Raises:
             TransientError: its write could not be started.
         """
-        if self._error is not None:
+        if self._error is not None or self._pending is None:
             if isinstance(self._error, TransientError):
                 raise self._error
             raise TransientError(f"the claim could not be written: {type(self._error).__name__}") from self._error
-        assert self._pending is not None
         return wait(self._pending)
 
 
@@ -199,16 +199,18 @@ class RowSettler:
             if plan.models_moved(self._models_now(), {e.table for e in indexes}):
                 raise RowLost("the live models changed while the video was embedded")
             now = self._states.read(job.video_id)
-            if plan.twin_finished(now, written):
-                return  # a twin job of the same content finished first: its rows equal these
-            if joins and now is not None and _settled_holding(now, plan):
-                self._join(job, now, plan, written)
-                return
-            if claim.skipped:
-                if (now.rev if now is not None else 0) != claim.record.rev:
-                    raise RowLost("the row changed while the job ran (it wrote no claim)")
-                # As the claim would have left it (version, model, sampling, started-marker), settled.
+            if claim.skipped and (now.rev if now is not None else 0) == claim.record.rev:
+                # A job that wrote no claim, on the very row it read before it looked at the rows: no
+                # shortcut below applies to it (a settled row it found not holding them is rewritten,
+                # not trusted). As the claim would have left it (version, model, sampling, marker), settled.
                 now = claim.record
+            elif plan.twin_finished(now, written):
+                return  # a twin job of the same content finished after this one began: its rows equal these
+            elif joins and now is not None and _settled_holding(now, plan):
+                self._join(job, now, plan, written)  # another job settled it meanwhile, as this one kept it
+                return
+            elif claim.skipped:
+                raise RowLost("the row changed while the job ran (it wrote no claim)")
             elif now is None or now.status not in IN_FLIGHT or now.version not in (plan.version, None):
                 raise RowLost(f"another job moved the row to {now.status.value if now else 'nothing'} meanwhile")
             self._hooks("finish", job)

@@ -160,11 +160,13 @@ class ModelLifecycle:
 
     def live_grace_s(self) -> float:
         """How long after a backfill starts a job may still run on a lifecycle read before it: the
-        oldest lifecycle a job may use, the longest catalog write and the clocks' leeway."""
+        oldest lifecycle a job may use, the longest catalog write, the claim's delay (a first start
+        claims only after ``serve.claim_after_s``) and the clocks' leeway."""
         r = self._settings.reindex
         # A job may run on a lifecycle read up to STALE_AFTER_REFRESHES intervals old (re-reads failing).
         oldest_read_s = STALE_AFTER_REFRESHES * r.live_refresh_s
-        return oldest_read_s + self._settings.writer.catalog_write_timeout_s + r.clock_skew_s
+        s = self._settings
+        return oldest_read_s + s.writer.catalog_write_timeout_s + s.serve.claim_after_s + r.clock_skew_s
 
     # -- start-up ---------------------------------------------------------------------------------
     def preflight(self) -> ModelState:

@@ -49,12 +49,14 @@ class StalledWriter:
         return landed
 
 
+@pytest.mark.parametrize("claim_after_s", [0.0, 60.0], ids=["claimed", "one-write"])
 @pytest.mark.parametrize("writer_back", [True, False], ids=["writer-back-for-the-retry", "still-stalled"])
 def test_a_claim_landing_after_its_retry_found_the_object_gone_is_not_the_rows_last_word(
-    tmp_path: Path, writer_back: bool
+    tmp_path: Path, writer_back: bool, claim_after_s: float
 ) -> None:
-    # A first start that writes its claim (one shorter than claim_after_s writes none): eager claims.
-    settings = Settings.model_validate({"serve": {"claim_after_s": 0}})
+    # The first start's write the stalled writer holds: its claim, or (a start shorter than
+    # claim_after_s writes no claim) its one settling write.
+    settings = Settings.model_validate({"serve": {"claim_after_s": claim_after_s}})
     store = IndexStore(settings.s3, uri=str(tmp_path / "lance"))
     objects = MemoryObjects()
     objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=2, seed=1))
@@ -67,7 +69,9 @@ def test_a_claim_landing_after_its_retry_found_the_object_gone_is_not_the_rows_l
     # Given an upload's first start whose claim the stalled writer took without an answer
     with pytest.raises(TransientError):
         handler.handle(upload, TaskContext("t-up", retries=0))
-    assert [r.status for r, _ in writes.held] == [VideoStatus.INDEXING]
+    # Held: the claim; or the settle and, its outcome in doubt, the job's unsettle after it.
+    held = [VideoStatus.INDEXING] if claim_after_s == 0 else [VideoStatus.INDEXED, VideoStatus.INDEXING]
+    assert [r.status for r, _ in writes.held] == held
     # And the object deleted before its retry (the delete's own job not run yet, or routed unmarked)
     del objects.files["a.mp4"]
     stalled[0] = not writer_back

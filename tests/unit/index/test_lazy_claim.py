@@ -4,6 +4,7 @@ redelivery claim; a job that wrote no claim loses its settle to any change of th
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -14,6 +15,7 @@ import pytest
 from events.jobs import IndexJob
 from pipeline.index.indexer import Indexer, Outcome
 from pipeline.index.settle import Claim
+from pipeline.jobs.videostate import VideoStates
 from pipeline.settings import Settings
 from storage.catalog import VideoRecord, VideoStatus
 from storage.commits.catalog import DirectWrites, PendingWrite
@@ -154,3 +156,29 @@ def test_a_job_that_leaves_before_its_claim_timer_fires_leaves_no_claim_behind(t
         indexer.run(job("a.mp4"), "t1")
     time.sleep(0.3)  # the timer would have fired by now
     assert writes.statuses == [] and store.catalog.get(job("a.mp4").video_id) is None
+
+
+@pytest.mark.parametrize("claim_after_s", [0.0, 60.0], ids=["eager", "lazy"])
+def test_a_job_that_finds_the_row_wrong_rewrites_it_and_a_late_queued_mark_loses(
+    tmp_path: Path, claim_after_s: float
+) -> None:
+    """An ``indexed`` row whose entry says 5 rows where the table holds 3 (what the check repairs): the
+    repair's job rewrites rows and row; the repair's ``queued`` mark, a compare-and-set on the row its
+    submit read, lands late and must lose (the job always writes the row). A job that wrote no claim
+    must not take the row it read for a twin's settle."""
+    indexer, store, objects, _writes = parts(tmp_path, claim_after_s=claim_after_s)
+    objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=3, seed=1))
+    upload = job("a.mp4")
+    assert indexer.run(upload, "t0").outcome is Outcome.INDEXED
+    row = store.catalog.get(upload.video_id)
+    assert row is not None
+    wrong = row.evolve(frames=5, indexes=tuple(dataclasses.replace(e, frames=5) for e in row.indexes))
+    before = store.catalog.write(wrong, row.rev)
+    assert before is not None
+    indexer.run(upload.model_copy(update={"settle": True}), "t1")
+    now = store.catalog.get(upload.video_id)
+    assert now is not None and now.status is VideoStatus.INDEXED and now.frames == 3
+    assert [e.frames for e in now.indexes] == [3] and store.frames.count(upload.video_id) == 3
+    assert VideoStates(store.catalog).queue_async(upload, before).result(10) is None  # type: ignore[union-attr]
+    final = store.catalog.get(upload.video_id)
+    assert final is not None and final.status is VideoStatus.INDEXED
