@@ -136,25 +136,11 @@ class VideoStates:
             return None
         return self._submit(seen.evolve(status=VideoStatus.QUEUED, error=None), seen.rev)
 
-    def claim_async(
-        self,
-        job: IndexJob,
-        seen: VideoRecord | None,
-        *,
-        version: str,
-        model: str,
-        sampling: str,
-        attempt: Attempt | None,
-        crashes: int,
-    ) -> PendingWrite:
-        """any -> indexing ``version``: the started-marker (task, holder, crashes). What ``frames``
-        holds (``frames``, ``fingerprint``) is kept: nothing has been written yet. Returns at once:
-        the caller may fetch and decode meanwhile, but must have the outcome (``wait``) before it
-        writes any rows."""
-        claimed = claim_record(
-            job, seen, version=version, model=model, sampling=sampling, attempt=attempt, crashes=crashes
-        )
-        return self.submit_claim(claimed)
+    def claim_async(self, job: IndexJob, seen: VideoRecord | None, **marker: Any) -> PendingWrite:
+        """any -> indexing: ``claim_record``'s row (same keywords: version, model, sampling, attempt,
+        crashes), started at once. Returns at once: the caller may fetch and decode meanwhile, but must
+        have the outcome (``wait``) before it writes any rows."""
+        return self.submit_claim(claim_record(job, seen, **marker))
 
     def submit_claim(self, claimed: VideoRecord) -> PendingWrite:
         """Start writing ``claimed`` (a ``claim_record``) over the row it was made from, on that row's revision."""
