@@ -2,13 +2,50 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
+from pytest_timeout import _get_item_settings  # pytest-timeout is pinned (pyproject.toml)
 
 from infra.harness.services import Services, start_services
+
+#: How long past its own timeout a test may go on before the watchdog ends the run (see below).
+WATCHDOG_GRACE_S = float(os.environ.get("VIDX_TEST_WATCHDOG_GRACE_S", "120"))
+#: How long the interpreter may take to exit once pytest is done (atexit handlers, threads joined).
+EXIT_GRACE_S = 120.0
+_watchdog_fd = pytest.StashKey[int]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Output capture is suspended while plugins configure: fd 2 is the run's real stderr here.
+    config.stash[_watchdog_fd] = os.dup(2)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
+    """The watchdog behind pytest-timeout. Its timeout raises in the main thread from a signal handler,
+    which runs only between Python bytecodes: a test blocked inside a C call (Ray's core worker, a
+    socket read without a timeout) or a teardown that blocks again after the timeout fired would hang
+    the whole run until CI kills it, with nothing printed. ``faulthandler``'s timer is a C thread: once
+    a test (setup, call and teardown, module and session fixtures included) runs ``WATCHDOG_GRACE_S``
+    past its own timeout, it prints every thread's stack to the real stderr and exits the run with 1."""
+    timeout = _get_item_settings(item).timeout
+    if timeout:
+        faulthandler.dump_traceback_later(timeout + WATCHDOG_GRACE_S, exit=True, file=item.config.stash[_watchdog_fd])
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # The same once the run is over: an interpreter that can't exit (a thread that won't join, an atexit
+    # handler that blocks) prints its stacks and exits with 1 rather than hold CI.
+    if _watchdog_fd in config.stash:
+        faulthandler.dump_traceback_later(EXIT_GRACE_S, exit=True, file=config.stash[_watchdog_fd])
 
 
 @pytest.fixture(scope="session")

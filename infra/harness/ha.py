@@ -97,10 +97,21 @@ class RabbitCluster:
     inner_amqp_url: str
     partitioned: set[str] = field(default_factory=set)
 
-    def _api(self, path: str, timeout_s: float = 5.0) -> Any:
-        resp = httpx.get(f"{self.management_url}{path}", auth=("guest", "guest"), timeout=timeout_s)
-        resp.raise_for_status()
-        return resp.json()
+    def _api(self, path: str, timeout_s: float = 5.0, retry_s: float = 0.0) -> Any:
+        """GET ``path`` from the management API. ``retry_s``: for that long, a request that timed out,
+        found no node or got a 5xx is tried again (a loaded node answers late; the proxy may route to a
+        node it has not yet marked down); then the last failure is raised."""
+        deadline = time.monotonic() + retry_s
+        while True:
+            try:
+                resp = httpx.get(f"{self.management_url}{path}", auth=("guest", "guest"), timeout=timeout_s)
+                if resp.status_code < 500 or time.monotonic() >= deadline:
+                    resp.raise_for_status()
+                    return resp.json()
+            except httpx.TransportError:
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.5)
 
     def running_nodes(self, timeout_s: float = 5.0) -> set[str] | None:
         """The nodes the cluster sees running (by container name); None if no answer within ``timeout_s``
@@ -110,15 +121,15 @@ class RabbitCluster:
         except (httpx.HTTPError, ValueError):
             return None
 
-    def queue(self, name: str) -> dict[str, Any]:
+    def queue(self, name: str, retry_s: float = 0.0) -> dict[str, Any]:
         """The management API's view of queue ``name`` (``type``; for a quorum queue ``leader``,
         ``members``, ``online``)."""
-        body: dict[str, Any] = self._api(f"/api/queues/%2F/{quote(name, safe='')}")
+        body: dict[str, Any] = self._api(f"/api/queues/%2F/{quote(name, safe='')}", retry_s=retry_s)
         return body
 
-    def leader(self, queue: str) -> str:
+    def leader(self, queue: str, retry_s: float = 0.0) -> str:
         """The container name of the node leading quorum queue ``queue``."""
-        return str(self.queue(queue)["leader"]).split("@", 1)[1]
+        return str(self.queue(queue, retry_s)["leader"]).split("@", 1)[1]
 
     def queue_types(self) -> dict[str, str]:
         """Queue name -> type, as ``rabbitmqctl list_queues name type`` prints them on a live node."""
@@ -128,11 +139,11 @@ class RabbitCluster:
             raise RuntimeError(f"rabbitmqctl list_queues failed: {result.output[-300:]!r}")
         return {str(q["name"]): str(q["type"]) for q in json.loads(result.output)}
 
-    def consumer_nodes(self, queue: str) -> list[str]:
+    def consumer_nodes(self, queue: str, retry_s: float = 0.0) -> list[str]:
         """The nodes (container names) the consumers of ``queue`` are connected to."""
         nodes = {
             str(c["channel_details"]["node"]).split("@", 1)[1]
-            for c in self._api("/api/consumers/%2F")
+            for c in self._api("/api/consumers/%2F", retry_s=retry_s)
             if (c.get("queue") or {}).get("name") == queue and (c.get("channel_details") or {}).get("node")
         }
         return sorted(nodes)

@@ -43,6 +43,8 @@ CONVERGE_TIMEOUT_S = 240.0
 
 #: Longest wait for the cluster to elect a new leader for the index queue.
 ELECTION_TIMEOUT_S = 60.0
+#: How long the fault tries again a management read that failed before the kill.
+READ_RETRY_S = 30.0
 
 
 @dataclass
@@ -73,8 +75,9 @@ def kill_index_queue_leader(host: AppHost, cluster: RabbitCluster, kills: list[L
     while queue_counts(host.services, queue)[1] == 0 and time.monotonic() < deadline:
         time.sleep(0.1)
     tasks = queue_counts(host.services, queue)
-    consumer_nodes = cluster.consumer_nodes(queue)
-    leader = cluster.leader(queue)
+    # Before the kill the cluster is whole: a read that fails is the loaded machine, and is tried again.
+    consumer_nodes = cluster.consumer_nodes(queue, retry_s=READ_RETRY_S)
+    leader = cluster.leader(queue, retry_s=READ_RETRY_S)
     cluster.kill_node(leader)
     started = time.monotonic()
     new_leader = ""
@@ -122,6 +125,7 @@ def test_a_stream_through_a_quorum_queue_leader_kill_loses_and_duplicates_nothin
             f"refused {log.failed_ops}, vidx check {check.inconsistencies} inconsistencies + {check.in_flight} "
             f"queued/indexing; stream {log.stream_s:.1f}s, converged {converge_s:.1f}s later",
             *(f"  {note}" for note in log.notes),
+            *(f"  error: {error}" for error in log.errors),
             f"  rabbitmqctl list_queues name type: {types}",
             *(f"  {item}" for item in check.found[:10]),
         ],
