@@ -367,11 +367,17 @@ class _Encode:
                 stream.bit_rate = _BIT_RATES[self.codec]
             if self.gop is not None:
                 stream.codec_context.gop_size = self.gop
+            # A painter that hands back the same picture for consecutive frames (a still second) has it
+            # converted once: the encoder keeps its own reference to a sent frame's pictures.
+            last: tuple[NDArray[np.uint8], av.VideoFrame] | None = None
             for i, ts in enumerate(self.times):
                 picture = self.paint(i, float(ts))
-                if turns % 4:
-                    picture = np.ascontiguousarray(np.rot90(picture, k=turns))
-                frame = av.VideoFrame.from_ndarray(picture, format="rgb24").reformat(format=self.pix_fmt)
+                if last is not None and last[0] is picture:
+                    frame = last[1]
+                else:
+                    upright = np.ascontiguousarray(np.rot90(picture, k=turns)) if turns % 4 else picture
+                    frame = av.VideoFrame.from_ndarray(upright, format="rgb24").reformat(format=self.pix_fmt)
+                    last = (picture, frame)
                 frame.pts = int(ts / self.time_base)
                 frame.time_base = self.time_base
                 container.mux(stream.encode(frame))

@@ -27,12 +27,13 @@ def test_blocked_past_its_timeout():
 
 
 def test_a_test_stuck_where_its_timeout_cant_reach_ends_the_run_with_its_stacks(tmp_path: Path) -> None:
-    (tmp_path / "test_probe.py").write_text(PROBE)
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
     env = {**os.environ, "VIDX_TEST_WATCHDOG_GRACE_S": "2"}
+    ini, probe = tmp_path / "pytest.ini", tmp_path / "test_probe.py"
+    ini.write_text("[pytest]\n")
+    probe.write_text(PROBE)
+    pytest_args = ["-q", "-p", "no:cacheprovider", "-p", "tests.conftest", "-c", str(ini), "--rootdir", str(tmp_path)]
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest"]
-        + ["-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path), str(tmp_path / "test_probe.py")],
+        [sys.executable, "-m", "pytest", *pytest_args, str(probe)],
         cwd=ROOT,
         env=env,
         capture_output=True,
