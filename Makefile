@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3.11
 ENGINE = eval "$$(infra/containers/engine.sh)"
 
-.PHONY: install promtool system venv minio schemas images lint typecheck test test-unit bench demo down clean help
+.PHONY: install promtool system venv minio toxiproxy schemas images ready lint typecheck test test-unit bench demo down clean help
 
 help:
 	@echo "make demo   install everything, start the stack, index sample videos, search them"
@@ -16,9 +16,12 @@ help:
 
 install: promtool system venv minio schemas
 
+# The Go builds need Go; where it is missing, install-system.sh installs it first.
+GO_FIRST := $(if $(shell command -v go 2>/dev/null),,system)
+
 # Prometheus's rule checker for the alert rules' test: its build (minutes) starts first and runs on
 # in the background; the test waits for it (infra/local/install-promtool.sh).
-promtool:
+promtool: $(GO_FIRST)
 	@infra/local/install-promtool.sh --background
 
 system:
@@ -32,15 +35,22 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-minio:
+minio: $(GO_FIRST)
 	@infra/local/install-minio.sh >/dev/null
 
+toxiproxy: $(GO_FIRST)
+	@infra/local/install-toxiproxy.sh >/dev/null
+
 # The schemas the manifest tests check against (Go module downloads, no build).
-schemas:
+schemas: $(GO_FIRST)
 	@infra/local/install-schemas.sh >/dev/null
 
-images: system minio
+images: system minio toxiproxy
 	$(ENGINE) && infra/images/build.sh
+
+# Everything the tests need, and the static checks: side by side where one does not need another (the
+# downloads of apt, pip and debootstrap overlap the Go builds); each step's output is printed whole.
+ready: install images lint typecheck
 
 lint: venv
 	$(VENV)/bin/ruff check pipeline events storage infra tests bench
@@ -52,7 +62,8 @@ test-unit: venv
 	$(PY) -m pytest tests/unit -q
 
 # Every tier; a skipped integration or e2e test fails the run (VIDX_NO_SKIPS).
-test: install images lint typecheck
+test:
+	@$(MAKE) --no-print-directory -j4 --output-sync=target ready
 	$(ENGINE) && VIDX_NO_SKIPS=1 $(PY) -m pytest tests -q -p no:cacheprovider --durations=20
 
 # Every benchmark with its baseline, ≤ 32 minutes on 2 cores (BENCH_ARGS=--full for bigger inputs).
