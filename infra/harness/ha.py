@@ -46,6 +46,8 @@ from infra.harness.services import (
 HAPROXY_IMAGE = "vidx/haproxy:test"
 #: Longest wait for a node to join, rejoin or be seen running by the cluster again.
 NODE_TIMEOUT_S = 120.0
+#: Tries of a node kill whose command failed (one a second): the exec itself can fail on a loaded host.
+KILL_ATTEMPTS = 3
 #: How often HAProxy checks each node, and how many failed checks mark it down.
 CHECK_INTERVAL_MS = 1000
 CHECK_FALL = 2
@@ -162,10 +164,14 @@ class RabbitCluster:
     def kill_node(self, name: str) -> str:
         """SIGKILL node ``name``'s Erlang VM (no shutdown of any kind). The image's supervisor starts it
         again in the same container; it rejoins the cluster. Does not wait for it: ``wait_running``."""
-        result = self.nodes[name].exec(["sh", "-c", KILL_BEAM])
-        if result.exit_code != 0:
-            raise RuntimeError(f"could not SIGKILL {name}'s beam.smp: {result.output[-300:]!r}")
-        return f"{name}: beam.smp {result.output.decode().strip()} SIGKILLed"
+        for attempt in range(KILL_ATTEMPTS):
+            result = self.nodes[name].exec(["sh", "-c", KILL_BEAM])
+            if result.exit_code == 0:
+                return f"{name}: beam.smp {result.output.decode().strip()} SIGKILLed"
+            if attempt < KILL_ATTEMPTS - 1:
+                time.sleep(1.0)
+        output = result.output.decode(errors="replace")[-1500:]
+        raise RuntimeError(f"could not SIGKILL {name}'s beam.smp (exit {result.exit_code}): {output!r}")
 
     def partition(self, name: str, seconds: float) -> str:
         """Cut node ``name`` off the network for ``seconds`` (disconnect its container: no peer, no client,

@@ -240,12 +240,17 @@ def restart_rabbitmq(services: Services, down_s: float = 2.0) -> float:
     return time.monotonic() - started
 
 
-#: Finds the broker's Erlang VM inside the container, SIGKILLs it and prints its pid.
-KILL_BEAM = 'pid=$(pgrep -x beam.smp) && [ "$(echo "$pid" | wc -w)" = 1 ] && kill -9 "$pid" && echo "$pid"'
+#: Finds the broker's Erlang VM inside the container, SIGKILLs it and prints its pid. The broker's VM is
+#: the oldest ``beam.smp``: a CLI tool (``rabbitmqctl``, ``rabbitmq-diagnostics``) runs in a VM of its own
+#: while it works. Where none is running, prints the container's processes and exits 1.
+KILL_BEAM = (
+    'pid=$(pgrep -o -x beam.smp) || { echo "no beam.smp running:"; ps -eo pid,ppid,stat,etime,args; exit 1; }; '
+    'kill -9 "$pid" && echo "$pid"'
+)
 
 
 def _beam_pid(services: Services) -> str:
-    result = services.rabbit.exec(["pgrep", "-x", "beam.smp"])
+    result = services.rabbit.exec(["pgrep", "-o", "-x", "beam.smp"])
     return result.output.decode().strip() if result.exit_code == 0 else ""
 
 
