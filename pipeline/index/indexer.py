@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from events.jobs import IndexJob, JobOp, JobSource
@@ -47,6 +47,31 @@ STEPS = ("read", "head", "claim", "fetch", "recheck", "write", "written", "finis
 
 def _no_hook(step: str, job: IndexJob) -> None:
     return None
+
+
+@dataclass(slots=True)
+class Fence:
+    """What a job that must write the row (``IndexJob.settle``: a redelivery, a retry, a job behind a
+    `queued` mark) writes it for: every write submitted before the job began (the mark, a write an
+    earlier start gave up on) is a compare-and-set on a revision no newer than the one the job's first
+    round read (a read sees a version no older than the latest when it began). Once a later round reads
+    a newer revision, the row has moved past them all and none can land any more: the job then treats
+    the row like any other job, and leaves one it finds settled as it is. Without this every redelivery
+    of a video (a dropped broker connection hands each unacknowledged task out again) rewrites the row
+    at once, one wins a round, the others go round again, and they run out of rounds (the nemesis saw
+    42 s of such rounds, then retries)."""
+
+    #: The revision the first round read (0: no row); None before it.
+    first_rev: int | None = None
+
+    def passed(self, job: IndexJob, seen: VideoRecord | None) -> IndexJob:
+        """``job`` as this round runs it, from the row it read (``seen``)."""
+        rev = seen.rev if seen is not None else 0
+        if self.first_rev is None:
+            self.first_rev = rev
+        elif job.settle and rev > self.first_rev:
+            return job.model_copy(update={"settle": False})
+        return job
 
 
 class JobKind(Protocol):
@@ -170,11 +195,12 @@ class Indexer:
         clock = StageClock()
         started_as = Attempt(task_id, self._holder, attempt) if task_id is not None else None
         dirty = JobRows()
+        fence = Fence()
         try:
             for n in range(MAX_CONVERGE_ROUNDS):
                 at_once = redelivered or attempt > 0 or n > 0
                 try:
-                    result = self._round(job, started_as, clock, dirty, claim_at_once=at_once)
+                    result = self._round(job, started_as, clock, dirty, fence, claim_at_once=at_once)
                 except RowLost as lost:
                     log.info("%s: %s; looking again", job.uri, lost)
                     continue
@@ -193,11 +219,19 @@ class Indexer:
 
     # -- one round: read, HEAD, then remove, or plan, claim, act and settle ----------------------
     def _round(
-        self, job: IndexJob, attempt: Attempt | None, clock: StageClock, dirty: JobRows, *, claim_at_once: bool
+        self,
+        job: IndexJob,
+        attempt: Attempt | None,
+        clock: StageClock,
+        dirty: JobRows,
+        fence: Fence,
+        *,
+        claim_at_once: bool,
     ) -> JobResult:
         self._hooks("read", job)
         with clock.stage("catalog"):
             seen = self._states.read(job.video_id)
+        job = fence.passed(job, seen)
         self._hooks("head", job)
         with clock.stage("head"):
             head = self._objects.head(job.bucket, job.key)

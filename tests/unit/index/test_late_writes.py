@@ -5,7 +5,9 @@ when released (as a SIGSTOPped writer does once resumed)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -104,3 +106,46 @@ def test_a_redelivered_task_writes_the_row_even_when_nothing_changed(tmp_path: P
     handler.handle(payload, TaskContext("t-1", retries=0, redelivered=True))
     row = store.catalog.get(job("gone.mp4").video_id)
     assert row is not None and row.status is VideoStatus.DELETED  # a redelivery fences an earlier start's write
+
+
+@pytest.mark.parametrize("op", [JobOp.INDEX, JobOp.DELETE])
+def test_concurrent_redeliveries_of_a_settled_video_settle_it_with_one_write(tmp_path: Path, op: JobOp) -> None:
+    # A dropped broker connection hands each unacknowledged task out again: every copy must write the
+    # row (an earlier start's write may still land), but once one copy's write moved the row past what
+    # they all first read, no earlier write can land any more, and the others leave the row as it is.
+    # Before: each copy rewrote it; one won a round, the rest went round again and ran out of rounds.
+    copies = 8  # more than MAX_CONVERGE_ROUNDS: one winner a round can't settle them all
+    settings = Settings()
+    store = IndexStore(settings.s3, uri=str(tmp_path / "lance"))
+    objects = MemoryObjects()
+    key = "a.mp4"
+    objects.put(key, write_video(tmp_path / key, seconds=2, seed=1))
+    first = Indexer(settings, MeanColour(), store, objects)
+    first.run(job(key))
+    if op is JobOp.DELETE:
+        del objects.files[key]
+        first.run(job(key, JobOp.DELETE))
+    before = store.catalog.get(job(key).video_id)
+    assert before is not None
+    # Every copy reads the row before any of them writes (their first rounds run side by side).
+    all_read = threading.Barrier(copies, timeout=30)
+    rounds: dict[int, int] = {}
+
+    def hooks(step: str, _job: object) -> None:
+        if step == "read":
+            me = threading.get_ident()
+            rounds[me] = rounds.get(me, 0) + 1
+        elif step == "head" and rounds[threading.get_ident()] == 1:
+            all_read.wait()
+
+    indexer = Indexer(settings, MeanColour(), store, objects, hooks=hooks)
+    handler = IndexTaskHandler(indexer, SimpleNamespace(publish=lambda _l: None), max_retries=0)
+    payload = job(key, op).model_dump(mode="json")
+    with ThreadPoolExecutor(copies) as pool:
+        answers = list(
+            pool.map(lambda _: handler.handle(payload, TaskContext("t-1", retries=0, redelivered=True)), range(copies))
+        )
+    assert [a["outcome"] for a in answers] == ["unchanged"] * copies, answers
+    after = store.catalog.get(job(key).video_id)
+    assert after is not None and after.status is before.status
+    assert after.rev == before.rev + 1, (before.rev, after.rev)  # one copy's write; the others wrote nothing
