@@ -139,8 +139,9 @@ class IndexTaskHandler:
         run = job
         if task.retries > 0 or task.redelivered:
             # An earlier start's catalog write may still land (its caller gave up on a stalled writer):
-            # this start writes the row even when it finds nothing to do, so that write can't be the
-            # row's last word (its compare-and-set loses, or lands first and this start sees it).
+            # this start writes the row even when it finds nothing to do (until it sees the row moved
+            # past its first read: ``Fence``), so that write can't be the row's last word (its
+            # compare-and-set loses, or lands first and this start sees it).
             run = job.model_copy(update={"settle": True})
         try:
             result = self._runner.run(run, task.task_id, task.retries, redelivered=task.redelivered)

@@ -52,11 +52,13 @@ def _no_hook(step: str, job: IndexJob) -> None:
 @dataclass(slots=True)
 class Fence:
     """What a job that must write the row (``IndexJob.settle``: a redelivery, a retry, a job behind a
-    `queued` mark) writes it for: every write submitted before the job began (the mark, a write an
-    earlier start gave up on) is a compare-and-set on a revision no newer than the one the job's first
-    round read (a read sees a version no older than the latest when it began). Once a later round reads
-    a newer revision, the row has moved past them all and none can land any more: the job then treats
-    the row like any other job, and leaves one it finds settled as it is. Without this every redelivery
+    `queued` mark) writes it for: the mark (made from a row read, or a catalog version taken, before the
+    submit) and any write an earlier start gave up on before this one first read the row are
+    compare-and-sets on a revision no newer than the one the job's first round read (a read sees a
+    version no older than the latest when it began; revisions only grow). Once a later round reads a
+    newer revision, the row has moved past them all and none can land any more: the job then treats
+    the row like any other job, and leaves one it finds settled as it is (docs/design/state-machine.md
+    says what this gives up). Without this every redelivery
     of a video (a dropped broker connection hands each unacknowledged task out again) rewrites the row
     at once, one wins a round, the others go round again, and they run out of rounds (the nemesis saw
     42 s of such rounds, then retries)."""

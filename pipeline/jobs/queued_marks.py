@@ -1,9 +1,10 @@
 """``queued`` marks off the request path: ``POST /v1/index`` answers once the broker has the job, and
 the mark is made afterwards, on a thread, from the row as the catalog held it *before* the submit.
 
-Why that row and not a fresh read: the submitted job always writes the row (``IndexJob.settle``), so
-a mark that compare-and-sets on a row from before the submit lands before the job's write (which then
-loses and settles the row again) or not at all — it can never outlive the job's outcome. A read made
+Why that row and not a fresh read: the submitted job writes the row (``IndexJob.settle``) until it sees
+the row moved past its first read (``pipeline.index.indexer.Fence``), so a mark that compare-and-sets on a
+row from before the submit lands before the job's write (which then loses and settles the row again) or
+not at all — it can never outlive the job's outcome. A read made
 after the submit could already see the job's outcome and mark it ``queued`` again. Instead of reading
 before the submit (a manifest check and a query, tens of milliseconds the client would wait), the
 request takes a catalog version ``VersionClock`` looked up earlier — any version from before the

@@ -246,8 +246,9 @@ class _ReadBack:
 class QueueingSink:
     """A ``JobSink`` that marks the video ``queued`` once its job is submitted, without waiting for
     the mark. The mark is a compare-and-set on the row as it was before the submit, so it lands only
-    if nothing changed the row since; and the job it submitted always writes the row
-    (``IndexJob.settle``), even when it finds nothing to do, so the mark can never outlive the job's
+    if nothing changed the row since; and the job it submitted writes the row (``IndexJob.settle``),
+    even when it finds nothing to do, until it sees the row moved past its first read (which the mark
+    then can no longer land on: ``pipeline.index.indexer.Fence``), so the mark can never outlive the job's
     own outcome: it lands before the job's write (which then loses, and the job settles the row
     again) or not at all. A failed submit writes nothing. Of bucket events only deletes go through
     here (``pipeline.serve.ingest.DeleteMarkingSink``); an upload's job is submitted straight away and
@@ -284,7 +285,7 @@ class QueueingSink:
         except TransientError as exc:  # the job matters, the status is a courtesy
             log.warning("could not read %s before its submit, so it is not marked queued: %s", job.uri, exc)
             return self._sink.submit(job)
-        # The job always writes the row (``settle``), so this mark, if still in flight, loses to it.
+        # The job writes the row (``settle``) until it saw the row move, so this mark, if still in flight, loses to it.
         task_id = self._sink.submit(settle)
         self._states.queue_async(job, seen)
         return task_id
