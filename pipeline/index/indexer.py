@@ -58,10 +58,9 @@ class Fence:
     version no older than the latest when it began; revisions only grow). Once a later round reads a
     newer revision, the row has moved past them all and none can land any more: the job then treats
     the row like any other job, and leaves one it finds settled as it is (docs/design/state-machine.md
-    says what this gives up). Without this every redelivery
-    of a video (a dropped broker connection hands each unacknowledged task out again) rewrites the row
-    at once, one wins a round, the others go round again, and they run out of rounds (the nemesis saw
-    42 s of such rounds, then retries)."""
+    says what this gives up). Without this every redelivery of a video (a dropped broker connection
+    hands each unacknowledged task out again) rewrites the row at once, one wins a round, the others go
+    round again, and they run out of rounds (the nemesis saw 42 s of such rounds, then retries)."""
 
     #: The revision the first round read (0: no row); None before it.
     first_rev: int | None = None

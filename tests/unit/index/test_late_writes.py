@@ -19,7 +19,7 @@ from pipeline.index.consumer import IndexTaskHandler, TaskContext
 from pipeline.index.indexer import Indexer
 from pipeline.settings import Settings
 from storage.catalog import VideoRecord, VideoStatus
-from storage.commits.catalog import DirectWrites, PendingWrite
+from storage.commits.catalog import DirectWrites, GroupedCatalogWriter, PendingWrite
 from storage.errors import TransientError
 from storage.tables import IndexStore
 from tests.unit.index.test_indexer import MeanColour, MemoryObjects, job
@@ -138,13 +138,20 @@ def test_concurrent_redeliveries_of_a_settled_video_settle_it_with_one_write(tmp
         elif step == "head" and rounds[threading.get_ident()] == 1:
             all_read.wait()
 
-    indexer = Indexer(settings, MeanColour(), store, objects, hooks=hooks)
+    # The copies' writes go through one grouped writer, as through the CatalogWriter deployment.
+    writes = GroupedCatalogWriter(store.catalog, min_interval_s=0.05)
+    indexer = Indexer(settings, MeanColour(), store, objects, catalog_writes=writes, hooks=hooks)
     handler = IndexTaskHandler(indexer, SimpleNamespace(publish=lambda _l: None), max_retries=0)
     payload = job(key, op).model_dump(mode="json")
-    with ThreadPoolExecutor(copies) as pool:
-        answers = list(
-            pool.map(lambda _: handler.handle(payload, TaskContext("t-1", retries=0, redelivered=True)), range(copies))
-        )
+    try:
+        with ThreadPoolExecutor(copies) as pool:
+            answers = list(
+                pool.map(
+                    lambda _: handler.handle(payload, TaskContext("t-1", retries=0, redelivered=True)), range(copies)
+                )
+            )
+    finally:
+        writes.close()
     assert [a["outcome"] for a in answers] == ["unchanged"] * copies, answers
     after = store.catalog.get(job(key).video_id)
     assert after is not None and after.status is before.status
