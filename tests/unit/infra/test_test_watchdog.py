@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 #: A test the SIGALRM of pytest-timeout can't reach (the signal is blocked, as it is in effect while the
 #: main thread waits inside a C call), which would otherwise sleep for ten minutes.
-PROBE = '''
+PROBE = """
 import signal
 import time
 
@@ -23,7 +23,7 @@ import pytest
 def test_blocked_past_its_timeout():
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
     time.sleep(600)
-'''
+"""
 
 
 def test_a_test_stuck_where_its_timeout_cant_reach_ends_the_run_with_its_stacks(tmp_path: Path) -> None:
