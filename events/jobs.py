@@ -45,7 +45,7 @@ class IndexJob(BaseModel):
     sequencer: str | None = None
     #: Set by a submitter that marks the row ``queued`` after the submit (``QueueingSink``): the job
     #: then writes the row even when it finds nothing to change (until a later round of it reads the row
-    #: at a newer revision than its first read: ``pipeline.index.indexer.Fence``), so a late mark loses to it.
+    #: at a newer revision than its first read: ``pipeline.index.settle.Fence``), so a late mark loses to it.
     settle: bool = False
     submitted_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 

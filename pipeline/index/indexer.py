@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Protocol
 
 from events.jobs import IndexJob, JobOp, JobSource
@@ -21,7 +21,7 @@ from pipeline.index.joblog import log_job
 from pipeline.index.objects import ObjectSource, S3ObjectSource
 from pipeline.index.plan import IndexPlan, Step, claims, count_crashes, plan_index, plan_removal
 from pipeline.index.result import JobResult, Outcome
-from pipeline.index.settle import MAX_CONVERGE_ROUNDS, Acted, Batch, Claim, RowLost, RowSettler
+from pipeline.index.settle import MAX_CONVERGE_ROUNDS, Acted, Batch, Claim, Fence, RowLost, RowSettler
 from pipeline.index.words import WordReader
 from pipeline.index.words_job import DeferredWords, WordsJob, no_words
 from pipeline.jobs.videostate import Attempt, JobRows, VideoStates, claim_record, settling
@@ -47,32 +47,6 @@ STEPS = ("read", "head", "claim", "fetch", "recheck", "write", "written", "finis
 
 def _no_hook(step: str, job: IndexJob) -> None:
     return None
-
-
-@dataclass(slots=True)
-class Fence:
-    """What a job that must write the row (``IndexJob.settle``: a redelivery, a retry, a job behind a
-    `queued` mark) writes it for: the mark (made from a row read, or a catalog version taken, before the
-    submit) and any write an earlier start gave up on before this one first read the row are
-    compare-and-sets on a revision no newer than the one the job's first round read (a read sees a
-    version no older than the latest when it began; revisions only grow). Once a later round reads a
-    newer revision, the row has moved past them all and none can land any more: the job then treats
-    the row like any other job, and leaves one it finds settled as it is (docs/design/state-machine.md
-    says what this gives up). Without this every redelivery of a video (a dropped broker connection
-    hands each unacknowledged task out again) rewrites the row at once, one wins a round, the others go
-    round again, and they run out of rounds (the nemesis saw 42 s of such rounds, then retries)."""
-
-    #: The revision the first round read (0: no row); None before it.
-    first_rev: int | None = None
-
-    def passed(self, job: IndexJob, seen: VideoRecord | None) -> IndexJob:
-        """``job`` as this round runs it, from the row it read (``seen``)."""
-        rev = seen.rev if seen is not None else 0
-        if self.first_rev is None:
-            self.first_rev = rev
-        elif job.settle and rev > self.first_rev:
-            return job.model_copy(update={"settle": False})
-        return job
 
 
 class JobKind(Protocol):

@@ -3,7 +3,8 @@ the rows were committed (``finish``), confirms rows that already hold (``confirm
 when a job that only adds a table fails (``release``), puts it back in flight after a job changed the rows
 and left (``unsettle``), records a failure and takes a claim's outcome — every write a compare-and-set
 through ``pipeline.jobs.videostate``. Both kinds of job (``pipeline.index.frames_job``,
-``pipeline.index.words_job``) and the round that runs them (``pipeline.index.indexer``) share one."""
+``pipeline.index.words_job``) and the round that runs them (``pipeline.index.indexer``) share one.
+``Fence`` says how long a job that must write the row (``IndexJob.settle``) has to."""
 
 from __future__ import annotations
 
@@ -121,6 +122,32 @@ class Acted:
     duration_s: float | None
     frames: int
     due_later: bool = False
+
+
+@dataclass(slots=True)
+class Fence:
+    """What a job that must write the row (``IndexJob.settle``: a redelivery, a retry, a job behind a
+    `queued` mark) writes it for: the mark (made from a row read, or a catalog version taken, before the
+    submit) and any write an earlier start gave up on before this one first read the row are
+    compare-and-sets on a revision no newer than the one the job's first round read (a read sees a
+    version no older than the latest when it began; revisions only grow). Once a later round reads a
+    newer revision, the row has moved past them all and none can land any more: the job then treats
+    the row like any other job, and leaves one it finds settled as it is (docs/design/state-machine.md
+    says what this gives up). Without this every redelivery of a video (a dropped broker connection
+    hands each unacknowledged task out again) rewrites the row at once, one wins a round, the others go
+    round again, and they run out of rounds (the nemesis saw 42 s of such rounds, then retries)."""
+
+    #: The revision the first round read (0: no row); None before it.
+    first_rev: int | None = None
+
+    def passed(self, job: IndexJob, seen: VideoRecord | None) -> IndexJob:
+        """``job`` as this round runs it, from the row it read (``seen``)."""
+        rev = seen.rev if seen is not None else 0
+        if self.first_rev is None:
+            self.first_rev = rev
+        elif job.settle and rev > self.first_rev:
+            return job.model_copy(update={"settle": False})
+        return job
 
 
 class RowSettler:

@@ -2,7 +2,7 @@
 the mark is made afterwards, on a thread, from the row as the catalog held it *before* the submit.
 
 Why that row and not a fresh read: the submitted job writes the row (``IndexJob.settle``) until it sees
-the row moved past its first read (``pipeline.index.indexer.Fence``), so a mark that compare-and-sets on a
+the row moved past its first read (``pipeline.index.settle.Fence``), so a mark that compare-and-sets on a
 row from before the submit lands before the job's write (which then loses and settles the row again) or
 not at all — it can never outlive the job's outcome. A read made
 after the submit could already see the job's outcome and mark it ``queued`` again. Instead of reading

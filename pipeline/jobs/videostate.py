@@ -248,7 +248,7 @@ class QueueingSink:
     the mark. The mark is a compare-and-set on the row as it was before the submit, so it lands only
     if nothing changed the row since; and the job it submitted writes the row (``IndexJob.settle``),
     even when it finds nothing to do, until it sees the row moved past its first read (which the mark
-    then can no longer land on: ``pipeline.index.indexer.Fence``), so the mark can never outlive the job's
+    then can no longer land on: ``pipeline.index.settle.Fence``), so the mark can never outlive the job's
     own outcome: it lands before the job's write (which then loses, and the job settles the row
     again) or not at all. A failed submit writes nothing. Of bucket events only deletes go through
     here (``pipeline.serve.ingest.DeleteMarkingSink``); an upload's job is submitted straight away and
