@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import faulthandler
 import os
+import subprocess
+import sys
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -16,36 +17,55 @@ from infra.harness.services import Services, start_services
 WATCHDOG_GRACE_S = float(os.environ.get("VIDX_TEST_WATCHDOG_GRACE_S", "120"))
 #: How long the interpreter may take to exit once pytest is done (atexit handlers, threads joined).
 EXIT_GRACE_S = 120.0
-_watchdog_fd = pytest.StashKey[int]()
+#: The bound on the whole run: past it the watchdog ends the run with its stacks. ``make test`` takes ~35
+#: minutes here; CI stops a run at 90 minutes, installs included, and would print nothing of a hang.
+RUN_BOUND_S = float(os.environ.get("VIDX_TEST_RUN_BOUND_S", "4500"))
+_watchdog = pytest.StashKey[subprocess.Popen[bytes]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # Output capture is suspended while plugins configure: fd 2 is the run's real stderr here.
-    config.stash[_watchdog_fd] = os.dup(2)
+    """Start the watchdog (tests/watchdog.py): a process of its own, so that nothing this process does
+    (a C call that never returns, pytest's faulthandler plugin cancelling timers after a failure) can
+    keep it from ending a stuck run with its stacks. Output capture is suspended while plugins
+    configure: it writes to the run's real stderr."""
+    watchdog = subprocess.Popen(
+        [sys.executable, "-m", "tests.watchdog", str(os.getpid()), str(RUN_BOUND_S)],
+        cwd=Path(__file__).resolve().parents[1],
+        stdin=subprocess.PIPE,
+        start_new_session=True,  # out of pytest's process group: a signal to the group does not reach it
+    )
+    watchdog.wait(timeout=30)  # it forks and its first process exits: the watchdog is no child of ours
+    config.stash[_watchdog] = watchdog
+
+
+def _tell_watchdog(config: pytest.Config, message: str) -> None:
+    watchdog = config.stash.get(_watchdog, None)
+    if watchdog is None or watchdog.stdin is None:
+        return
+    try:
+        watchdog.stdin.write(f"{message}\n".encode())
+        watchdog.stdin.flush()
+    except (BrokenPipeError, ValueError):  # it fired already, or the pipe is closed
+        pass
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
-    """The watchdog behind pytest-timeout. Its timeout raises in the main thread from a signal handler,
-    which runs only between Python bytecodes: a test blocked inside a C call (Ray's core worker, a
-    socket read without a timeout) or a teardown that blocks again after the timeout fired would hang
-    the whole run until CI kills it, with nothing printed. ``faulthandler``'s timer is a C thread: once
-    a test (setup, call and teardown, module and session fixtures included) runs ``WATCHDOG_GRACE_S``
-    past its own timeout, it prints every thread's stack to the real stderr and exits the run with 1."""
+    """Each test (setup, call and teardown, module and session fixtures torn down inside it) gets
+    ``WATCHDOG_GRACE_S`` past its pytest-timeout before the watchdog ends the run with every stack."""
     timeout = _get_item_settings(item).timeout
     if timeout:
-        faulthandler.dump_traceback_later(timeout + WATCHDOG_GRACE_S, exit=True, file=item.config.stash[_watchdog_fd])
+        _tell_watchdog(item.config, f"arm {timeout + WATCHDOG_GRACE_S} {item.nodeid}")
     try:
         yield
     finally:
-        faulthandler.cancel_dump_traceback_later()
+        _tell_watchdog(item.config, "disarm")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     # The same once the run is over: an interpreter that can't exit (a thread that won't join, an atexit
-    # handler that blocks) prints its stacks and exits with 1 rather than hold CI.
-    if _watchdog_fd in config.stash:
-        faulthandler.dump_traceback_later(EXIT_GRACE_S, exit=True, file=config.stash[_watchdog_fd])
+    # handler that blocks) is ended with its stacks rather than hold CI. The pipe closes when it exits.
+    _tell_watchdog(config, f"arm {EXIT_GRACE_S} the interpreter's exit after pytest")
 
 
 @pytest.fixture(scope="session")

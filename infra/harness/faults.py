@@ -30,6 +30,7 @@ import lancedb
 
 from infra.dev.samples import expected_sample_count, write_video
 from infra.harness.services import Services, eventually, queue_counts
+from infra.harness.shutdown import stop_ray
 from pipeline.serve.resources import RAY_NODE_ENV
 from pipeline.settings import Settings
 from storage.catalog import VIDEOS
@@ -225,10 +226,8 @@ def start_app(
             yield host
     finally:
         try:
-            if killed is None or not killed.is_set():
-                serve.shutdown()
+            stop_ray(serve_first=killed is None or not killed.is_set())
         finally:
-            ray.shutdown()
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)

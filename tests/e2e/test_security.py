@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from infra.harness.services import SECRET_KEY, Services, eventually, unique_prefix
+from infra.harness.shutdown import stop_ray
 from pipeline.settings import Settings
 from storage.ids import video_id
 from tests.harness import report_lines
@@ -172,9 +173,8 @@ def secure(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.Te
         root.removeHandler(handler)
         root.setLevel(saved_level)
         try:
-            serve.shutdown()
+            stop_ray(serve_first=True)
         finally:
-            ray.shutdown()
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)

@@ -1,5 +1,7 @@
-"""The watchdog behind pytest-timeout (tests/conftest.py), through a real pytest process: a test that
-pytest-timeout's signal can't stop ends the run with every thread's stack printed, instead of hanging it."""
+"""The test run's watchdog (tests/watchdog.py, started by tests/conftest.py), through real pytest processes:
+a test that pytest-timeout's signal can't stop ends the run with its stacks printed, instead of hanging it,
+and so does a teardown that blocks after its test failed (pytest's faulthandler plugin cancels in-process
+timers on a failure: the watchdog before this one, a ``faulthandler`` timer, missed that case)."""
 
 from __future__ import annotations
 
@@ -8,11 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 
 #: A test the SIGALRM of pytest-timeout can't reach (the signal is blocked, as it is in effect while the
 #: main thread waits inside a C call), which would otherwise sleep for ten minutes.
-PROBE = """
+BLOCKED = """
 import signal
 import time
 
@@ -25,21 +29,47 @@ def test_blocked_past_its_timeout():
     time.sleep(600)
 """
 
+#: A test that fails, then its fixture's teardown blocks where the timeout can't reach.
+FAILED_THEN_STUCK = """
+import signal
+import time
 
-def test_a_test_stuck_where_its_timeout_cant_reach_ends_the_run_with_its_stacks(tmp_path: Path) -> None:
+import pytest
+
+
+@pytest.fixture
+def stuck_teardown():
+    yield
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    time.sleep(600)
+
+
+@pytest.mark.timeout(1)
+def test_fails_then_its_teardown_blocks(stuck_teardown):
+    raise AssertionError("a failing call")
+"""
+
+
+@pytest.mark.parametrize(
+    ("probe", "frame"), [(BLOCKED, "test_blocked_past_its_timeout"), (FAILED_THEN_STUCK, "stuck_teardown")]
+)
+def test_a_test_stuck_where_its_timeout_cant_reach_ends_the_run_with_its_stacks(
+    tmp_path: Path, probe: str, frame: str
+) -> None:
     env = {**os.environ, "VIDX_TEST_WATCHDOG_GRACE_S": "2"}
-    ini, probe = tmp_path / "pytest.ini", tmp_path / "test_probe.py"
+    ini, path = tmp_path / "pytest.ini", tmp_path / "test_probe.py"
     ini.write_text("[pytest]\n")
-    probe.write_text(PROBE)
+    path.write_text(probe)
     pytest_args = ["-q", "-p", "no:cacheprovider", "-p", "tests.conftest", "-c", str(ini), "--rootdir", str(tmp_path)]
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", *pytest_args, str(probe)],
+        [sys.executable, "-m", "pytest", *pytest_args, str(path)],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
         timeout=120,  # without the watchdog the probe sleeps 600 s: this raises, and the test fails
     )
-    assert result.returncode == 1, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
-    assert "Timeout (0:00:03)!" in result.stderr, result.stderr[-2000:]
-    assert "in test_blocked_past_its_timeout" in result.stderr, result.stderr[-2000:]
+    assert result.returncode != 0, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
+    assert "test_probe.py::" in result.stderr and "ran past its deadline" in result.stderr, result.stderr[-3000:]
+    assert frame in result.stderr, result.stderr[-3000:]
+    assert "killed pytest" in result.stderr, result.stderr[-3000:]
