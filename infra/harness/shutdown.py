@@ -2,10 +2,11 @@
 
 A CI run hung for 73 minutes in a module's teardown: ``serve.shutdown()`` had begun stopping the replicas
 when the raylet, the GCS and the replicas all stopped logging at once, while the driver (pytest) went on
-waiting inside Ray's C++ code, where no timeout of pytest's can reach. Here the shutdown runs in a thread
-of its own. If it is not done within ``SHUTDOWN_TIMEOUT_S``, the Ray processes this process started are
-listed with their states (``T``: stopped, ``D``: blocked in the kernel) in a warning, sent SIGCONT, and if
-that does not free the shutdown either, SIGKILLed. A shutdown that stays stuck even then raises.
+waiting inside Ray's C++ code, where no timeout of pytest's can reach. Here a rescuer thread watches the
+shutdown. If it is not done within ``SHUTDOWN_TIMEOUT_S``, the Ray processes this process started are
+listed with their states (``T``: stopped, ``D``: blocked in the kernel) on the run's stderr, sent SIGCONT,
+and if that does not free the shutdown either, SIGKILLed (which frees it: a plain ``ray.shutdown()`` with
+its GCS stopped waits forever in ``GcsSubscriber.close()``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
-import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -75,35 +76,38 @@ def signal_all(pids: Iterable[int], signum: signal.Signals) -> None:
             os.kill(pid, signum)
 
 
-def stop_ray(serve_first: bool) -> None:
-    """``serve.shutdown()`` (when ``serve_first``) and ``ray.shutdown()``, bounded as the module says."""
+def stop_ray(serve_first: bool) -> list[str]:
+    """``serve.shutdown()`` (when ``serve_first``) and ``ray.shutdown()`` in this thread, as always, with a
+    rescuer beside them: if they are not done within ``SHUTDOWN_TIMEOUT_S``, it sends the Ray processes
+    SIGCONT, then SIGKILL, as the module says. Returns what the rescuer did (also written to the run's
+    real stderr, past pytest's capture); empty when the shutdown needed no help."""
     import ray
     from ray import serve
 
-    failed: list[BaseException] = []
+    done = threading.Event()
+    remedies: list[str] = []
 
-    def stop() -> None:
+    def rescue() -> None:
+        wait_s = SHUTDOWN_TIMEOUT_S
+        for remedy in (signal.SIGCONT, signal.SIGKILL):
+            if done.wait(wait_s):
+                return
+            stuck = _ray_processes()
+            listing = "; ".join(f"{pid} {what}" for pid, what in sorted(stuck.items()))
+            remedies.append(f"Ray's shutdown is stuck: sent {remedy.name} to its processes: {listing}")
+            print(remedies[-1], file=sys.__stderr__, flush=True)
+            signal_all(stuck, remedy)
+            wait_s = REMEDY_WAIT_S
+
+    rescuer = threading.Thread(target=rescue, name="ray-shutdown-rescuer", daemon=True)
+    rescuer.start()
+    try:
         try:
             if serve_first:
                 serve.shutdown()
-        except BaseException as exc:  # raised in the caller once Ray is down
-            failed.append(exc)
         finally:
             ray.shutdown()
-
-    stopping = threading.Thread(target=stop, name="ray-shutdown", daemon=True)
-    stopping.start()
-    stopping.join(SHUTDOWN_TIMEOUT_S)
-    for remedy in (signal.SIGCONT, signal.SIGKILL):
-        if not stopping.is_alive():
-            break
-        stuck = _ray_processes()
-        listing = "; ".join(f"{pid} {what}" for pid, what in sorted(stuck.items()))
-        warnings.warn(f"Ray's shutdown is stuck: sending {remedy.name} to its processes: {listing}", stacklevel=2)
-        signal_all(stuck, remedy)
-        stopping.join(REMEDY_WAIT_S)
-    if not stopping.is_alive():
-        if failed:
-            raise failed[0]
-        return
-    raise RuntimeError(f"Ray's shutdown is stuck even after its processes were killed ({SHUTDOWN_TIMEOUT_S:g}s)")
+    finally:
+        done.set()
+        rescuer.join()
+    return remedies

@@ -1,6 +1,6 @@
 """The test apps' Ray stop (infra/harness/shutdown.py) on a real local Ray instance whose processes are
 kept stopped (SIGSTOP, again and again, so SIGCONT alone can't free them): the shutdown gets stuck, the
-stop warns with the processes' states, sends SIGCONT, then SIGKILL, and returns within its bound with
+stop lists the processes with their states, sends SIGCONT, then SIGKILL, and returns within its bound with
 Ray down, instead of hanging the run as a CI run hung for 73 minutes in a module's teardown."""
 
 from __future__ import annotations
@@ -38,15 +38,14 @@ def test_a_ray_stop_stuck_on_stopped_processes_ends_within_its_bound(monkeypatch
     assert {process_state(pid) for pid in pids} == {"T"}
     started = time.monotonic()
     try:
-        with pytest.warns(UserWarning, match="Ray's shutdown is stuck") as warned:
-            stop_ray(serve_first=False)
+        remedies = stop_ray(serve_first=False)
     finally:
         done.set()
         stopper.join()
     took = time.monotonic() - started
-    ours = [str(w.message) for w in warned if "Ray's shutdown is stuck" in str(w.message)]
-    print(f"ray stop: {took:.1f}s; " + "; ".join(line[:120] for line in ours))
-    assert "sending SIGCONT" in ours[0] and " T " in ours[0], ours
+    print(f"ray stop: {took:.1f}s; " + "; ".join(line[:120] for line in remedies))
+    assert remedies and "sent SIGCONT" in remedies[0] and " T " in remedies[0], remedies
+    assert took < shutdown.SHUTDOWN_TIMEOUT_S + 2 * shutdown.REMEDY_WAIT_S + 10, took
     assert not ray.is_initialized()
     assert all(process_state(pid) in (None, "Z") for pid in pids), {pid: process_state(pid) for pid in pids}
     assert os.getpid()  # this process survived the kill of its Ray processes
