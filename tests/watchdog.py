@@ -3,10 +3,11 @@
 tests/conftest.py starts it once per run and tells it, through a pipe, each test's deadline (its
 pytest-timeout plus a grace) and when the test is over. pytest-timeout stops a test with SIGALRM, which
 Python runs only between bytecodes: a test blocked inside a C call (Ray's core worker waiting on a stalled
-raylet, a socket read with no timeout) never sees it. An in-process ``faulthandler`` timer covered that until
-a CI run hung for 73 minutes with nothing printed: pytest's own faulthandler plugin cancels any such timer
-whenever a test phase fails (``pytest_exception_interact``), so a teardown that blocked after a failure went
-unwatched. This process can't be cancelled from inside pytest.
+raylet, a socket read with no timeout) never sees it. The in-process ``faulthandler`` timer that watched
+for that before did not fire when a CI run hung for 73 minutes with nothing printed, and it has a hole:
+pytest's own faulthandler plugin cancels any such timer whenever a test phase fails
+(``pytest_exception_interact``), so a teardown that blocked after a failure went unwatched. This process
+can't be cancelled from inside pytest.
 
 When a deadline passes (or the whole run's bound, or pytest's exit takes too long), it prints what it
 was waiting for, pytest's processes with their states (``T``: stopped, ``D``: blocked in the kernel) and
