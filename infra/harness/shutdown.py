@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -76,11 +77,15 @@ def signal_all(pids: Iterable[int], signum: signal.Signals) -> None:
             os.kill(pid, signum)
 
 
+class RayStopRescued(UserWarning):
+    """A shutdown the rescuer had to free (pyproject.toml shows it in the run's warnings summary)."""
+
+
 def stop_ray(serve_first: bool) -> list[str]:
     """``serve.shutdown()`` (when ``serve_first``) and ``ray.shutdown()`` in this thread, as always, with a
     rescuer beside them: if they are not done within ``SHUTDOWN_TIMEOUT_S``, it sends the Ray processes
-    SIGCONT, then SIGKILL, as the module says. Returns what the rescuer did (also written to the run's
-    real stderr, past pytest's capture); empty when the shutdown needed no help."""
+    SIGCONT, then SIGKILL, as the module says. Returns what the rescuer did, each step also printed as it
+    happens and warned of (``RayStopRescued``) once the shutdown is done; empty when it needed no help."""
     import ray
     from ray import serve
 
@@ -110,4 +115,6 @@ def stop_ray(serve_first: bool) -> list[str]:
     finally:
         done.set()
         rescuer.join()
+    for remedy in remedies:
+        warnings.warn(remedy, RayStopRescued, stacklevel=2)
     return remedies
