@@ -4,9 +4,9 @@ A CI run hung for 73 minutes in a module's teardown: ``serve.shutdown()`` had be
 when the raylet, the GCS and the replicas all stopped logging at once, while the driver (pytest) went on
 waiting inside Ray's C++ code, where no timeout of pytest's can reach. Here a rescuer thread watches the
 shutdown. If it is not done within ``SHUTDOWN_TIMEOUT_S``, the Ray processes this process started are
-listed with their states (``T``: stopped, ``D``: blocked in the kernel) on the run's stderr, sent SIGCONT,
-and if that does not free the shutdown either, SIGKILLed (which frees it: a plain ``ray.shutdown()`` with
-its GCS stopped waits forever in ``GcsSubscriber.close()``).
+listed with their states (``T``: stopped, ``D``: blocked in the kernel) on stderr and in the run's
+warnings summary, sent SIGCONT, and if that does not free the shutdown either, SIGKILLed (which frees it:
+a plain ``ray.shutdown()`` with its GCS stopped waits forever in ``GcsSubscriber.close()``).
 """
 
 from __future__ import annotations

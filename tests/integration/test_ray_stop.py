@@ -5,7 +5,6 @@ Ray down, instead of hanging the run as a CI run hung for 73 minutes in a module
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -49,4 +48,3 @@ def test_a_ray_stop_stuck_on_stopped_processes_ends_within_its_bound(monkeypatch
     assert took < shutdown.SHUTDOWN_TIMEOUT_S + 2 * shutdown.REMEDY_WAIT_S + 10, took
     assert not ray.is_initialized()
     assert all(process_state(pid) in (None, "Z") for pid in pids), {pid: process_state(pid) for pid in pids}
-    assert os.getpid()  # this process survived the kill of its Ray processes
