@@ -17,7 +17,11 @@ from infra.harness.services import Services, start_services
 WATCHDOG_GRACE_S = float(os.environ.get("VIDX_TEST_WATCHDOG_GRACE_S", "120"))
 #: How long the interpreter may take to exit once pytest is done (atexit handlers, threads joined).
 EXIT_GRACE_S = 120.0
-#: The bound on the whole run: past it the watchdog ends the run with its stacks. ``make test`` takes ~35
+#: How long a test's teardown may take, from its start, whatever the test's timeout left it: pytest-timeout
+#: stops timing a test that failed, and a module's teardown stops its app's Ray (infra/harness/shutdown.py
+#: frees a stuck shutdown within 90 + 20 + 20 s).
+TEARDOWN_BOUND_S = float(os.environ.get("VIDX_TEST_TEARDOWN_BOUND_S", "300"))
+#: The bound on the whole run: past it the watchdog ends the run with its stacks. ``make test`` takes ~37
 #: minutes here; CI stops a run at 90 minutes, installs included, and would print nothing of a hang.
 RUN_BOUND_S = float(os.environ.get("VIDX_TEST_RUN_BOUND_S", "4500"))
 _watchdog = pytest.StashKey[subprocess.Popen[bytes]]()
@@ -34,7 +38,9 @@ def pytest_configure(config: pytest.Config) -> None:
         stdin=subprocess.PIPE,
         start_new_session=True,  # out of pytest's process group: a signal to the group does not reach it
     )
-    watchdog.wait(timeout=30)  # it forks and its first process exits: the watchdog is no child of ours
+    # It forks and its first process exits: the watchdog is no child of ours.
+    if watchdog.wait(timeout=30) != 0:
+        raise pytest.UsageError(f"the test watchdog did not start (exit {watchdog.returncode})")
     config.stash[_watchdog] = watchdog
 
 
@@ -60,6 +66,19 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
         yield
     finally:
         _tell_watchdog(item.config, "disarm")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
+    """The teardown gets ``TEARDOWN_BOUND_S`` of its own (a failed test's time may be all spent)."""
+    if _get_item_settings(item).timeout:
+        _tell_watchdog(item.config, f"arm {TEARDOWN_BOUND_S} {item.nodeid} (teardown)")
+    yield
+
+
+def pytest_enter_pdb(config: pytest.Config) -> None:
+    # Someone is debugging: no deadline (pytest-timeout stands down too).
+    _tell_watchdog(config, "disarm")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -11,8 +11,9 @@ can't be cancelled from inside pytest.
 
 When a deadline passes (or the whole run's bound, or pytest's exit takes too long), it prints what it
 was waiting for, pytest's processes with their states (``T``: stopped, ``D``: blocked in the kernel) and
-every thread's stack (py-spy, then faulthandler through SIGABRT), kills pytest and everything it started,
-and exits 1. It exits 0 as soon as pytest closes the pipe.
+every thread's stack (py-spy, then faulthandler through SIGABRT while pytest has it on), kills pytest and
+the processes it started that are still its descendants (containers and daemonised ``ray start`` nodes are
+not), and exits 1. It exits 0 as soon as pytest closes the pipe.
 
 Messages, one a line: ``arm SECONDS WHAT`` (a deadline SECONDS from now) and ``disarm``.
 
@@ -52,15 +53,21 @@ def run(cmd: list[str]) -> None:
 
 
 def fire(pid: int, what: str) -> None:
-    say(f"{what}; pytest (pid {pid}), its processes and its stacks follow, then the run is killed")
-    family = [pid, *(child for child in descendants(pid) if child != os.getpid())]  # not itself
-    run(["ps", "-o", "pid,ppid,pgid,stat,wchan:24,etime,args", "-p", ",".join(map(str, family))])
-    py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
-    if py_spy:
-        run([py_spy, "dump", "--pid", str(pid)])
-    else:
-        say("py-spy not found: no stacks from it")
-    # pytest enables faulthandler: SIGABRT prints every thread's Python stack from a C handler, then ends it.
+    family = [pid]
+    try:  # the diagnostics are best effort: whatever fails in them, the run is still killed below
+        say(f"{what}; pytest (pid {pid}), its processes and its stacks follow, then the run is killed")
+        family += [child for child in descendants(pid) if child != os.getpid()]  # not itself
+        run(["ps", "-o", "pid,ppid,pgid,stat,wchan:24,etime,args", "-p", ",".join(map(str, family))])
+        py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+        if py_spy:
+            run([py_spy, "dump", "--pid", str(pid)])
+        else:
+            say("py-spy not found: no stacks from it")
+    except Exception as exc:  # reported, then on to the kill
+        say(f"diagnostics failed: {exc!r}")
+    # pytest enables faulthandler (until it unconfigures): SIGABRT prints every thread's Python stack from a
+    # C handler, then ends it. A stopped pytest would keep the signal pending: SIGCONT first.
+    signal_all([pid], signal.SIGCONT)
     for signum, wait_s in ((signal.SIGABRT, ABORT_WAIT_S), (signal.SIGKILL, 0.0)):
         try:
             os.kill(pid, signum)

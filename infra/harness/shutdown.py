@@ -4,9 +4,9 @@ A CI run hung for 73 minutes in a module's teardown: ``serve.shutdown()`` had be
 when the raylet, the GCS and the replicas all stopped logging at once, while the driver (pytest) went on
 waiting inside Ray's C++ code, where no timeout of pytest's can reach. Here a rescuer thread watches the
 shutdown. If it is not done within ``SHUTDOWN_TIMEOUT_S``, the Ray processes this process started are
-listed with their states (``T``: stopped, ``D``: blocked in the kernel) on stderr and in the run's
-warnings summary, sent SIGCONT, and if that does not free the shutdown either, SIGKILLed (which frees it:
-a plain ``ray.shutdown()`` with its GCS stopped waits forever in ``GcsSubscriber.close()``).
+listed with their states (``T``: stopped, ``D``: blocked in the kernel) in the run's warnings summary,
+sent SIGCONT, and if that does not free the shutdown either, SIGKILLed (which frees it: a plain
+``ray.shutdown()`` with its GCS stopped waits forever in ``GcsSubscriber.close()``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ REMEDY_WAIT_S = 20.0
 def _stat(pid: int) -> tuple[int, str] | None:
     """(parent pid, state) of ``pid`` from /proc, or None if it is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_bytes().decode(errors="replace")  # a name may be cut mid-character
     except OSError:
         return None
     # The command name (field 2) is in parentheses and may hold spaces: the fields after its last ')'.
@@ -65,7 +65,8 @@ def _ray_processes() -> dict[int, str]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "ray" in cmdline:
+        # Ray's binaries and scripts live under .../ray/; its workers and agents are named ray::…, ray-….
+        if "/ray/" in cmdline or cmdline.startswith(("ray::", "ray-")):
             found[pid] = f"{process_state(pid)} {cmdline[:80]}"
     return found
 
@@ -84,8 +85,9 @@ class RayStopRescued(UserWarning):
 def stop_ray(serve_first: bool) -> list[str]:
     """``serve.shutdown()`` (when ``serve_first``) and ``ray.shutdown()`` in this thread, as always, with a
     rescuer beside them: if they are not done within ``SHUTDOWN_TIMEOUT_S``, it sends the Ray processes
-    SIGCONT, then SIGKILL, as the module says. Returns what the rescuer did, each step also printed as it
-    happens and warned of (``RayStopRescued``) once the shutdown is done; empty when it needed no help."""
+    SIGCONT, then SIGKILL, as the module says. Returns what the rescuer did, each step also warned of
+    (``RayStopRescued``) once the shutdown is done and printed as it happens (pytest's capture keeps that
+    print for a test that fails); empty when it needed no help."""
     import ray
     from ray import serve
 

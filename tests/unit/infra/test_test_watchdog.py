@@ -51,12 +51,14 @@ def test_fails_then_its_teardown_blocks(stuck_teardown):
 
 
 @pytest.mark.parametrize(
-    ("probe", "frame"), [(BLOCKED, "test_blocked_past_its_timeout"), (FAILED_THEN_STUCK, "stuck_teardown")]
+    ("probe", "frame"),
+    [(BLOCKED, "test_blocked_past_its_timeout"), (FAILED_THEN_STUCK, "stuck_teardown")],
+    ids=["blocked", "failed-then-stuck"],
 )
 def test_a_test_stuck_where_its_timeout_cant_reach_ends_the_run_with_its_stacks(
     tmp_path: Path, probe: str, frame: str
 ) -> None:
-    env = {**os.environ, "VIDX_TEST_WATCHDOG_GRACE_S": "2"}
+    env = {**os.environ, "VIDX_TEST_WATCHDOG_GRACE_S": "2", "VIDX_TEST_TEARDOWN_BOUND_S": "3"}
     ini, path = tmp_path / "pytest.ini", tmp_path / "test_probe.py"
     ini.write_text("[pytest]\n")
     path.write_text(probe)
@@ -71,5 +73,7 @@ def test_a_test_stuck_where_its_timeout_cant_reach_ends_the_run_with_its_stacks(
     )
     assert result.returncode != 0, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
     assert "test_probe.py::" in result.stderr and "ran past its deadline" in result.stderr, result.stderr[-3000:]
-    assert frame in result.stderr, result.stderr[-3000:]
+    # The stuck frame as a stack prints it (py-spy: "name (file:line)", faulthandler: "in name"), not
+    # only as part of the test's node id.
+    assert f"{frame} (test_probe.py:" in result.stderr or f"in {frame}\n" in result.stderr, result.stderr[-3000:]
     assert "killed pytest" in result.stderr, result.stderr[-3000:]
