@@ -24,7 +24,7 @@ TEARDOWN_BOUND_S = float(os.environ.get("VIDX_TEST_TEARDOWN_BOUND_S", "300"))
 #: The bound on the whole run: past it the watchdog ends the run with its stacks. ``make test`` takes ~37
 #: minutes here; CI stops a run at 90 minutes, installs included, and would print nothing of a hang.
 RUN_BOUND_S = float(os.environ.get("VIDX_TEST_RUN_BOUND_S", "4500"))
-_watchdog = pytest.StashKey[subprocess.Popen[bytes]]()
+_watchdog = pytest.StashKey[subprocess.Popen[bytes] | None]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -51,8 +51,9 @@ def _tell_watchdog(config: pytest.Config, message: str) -> None:
     try:
         watchdog.stdin.write(f"{message}\n".encode())
         watchdog.stdin.flush()
-    except (BrokenPipeError, ValueError):  # it fired already, or the pipe is closed
-        pass
+    except (BrokenPipeError, ValueError):  # it fired already, or it died: say so once, the run is unwatched
+        config.stash[_watchdog] = None
+        print("the test watchdog is gone: the rest of the run is unwatched", file=sys.__stderr__, flush=True)
 
 
 @pytest.hookimpl(hookwrapper=True)

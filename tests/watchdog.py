@@ -56,7 +56,7 @@ def fire(pid: int, what: str) -> None:
     family = [pid]
     try:  # the diagnostics are best effort: whatever fails in them, the run is still killed below
         say(f"{what}; pytest (pid {pid}), its processes and its stacks follow, then the run is killed")
-        family += [child for child in descendants(pid) if child != os.getpid()]  # not itself
+        family += descendants(pid)  # the watchdog forked off at its start: it is not among them
         run(["ps", "-o", "pid,ppid,pgid,stat,wchan:24,etime,args", "-p", ",".join(map(str, family))])
         py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
         if py_spy:
