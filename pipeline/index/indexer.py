@@ -319,7 +319,8 @@ class Indexer:
         """Once the claim landed and the object is still at ``version``, write what the job made and settle
         the row on it; then look once more."""
         # A job this far within ``claim_after_s`` writes no claim: it settles on the row it read.
-        if not claim.skip() and self._settler.claimed(claim, clock, job) is None:
+        claimed = None if claim.skip() else self._settler.claimed(claim, clock, job)
+        if claimed is None and not claim.skipped:
             raise RowLost("the row changed before it was claimed")
         # Overlapping jobs of one key: only one that saw the current version writes.
         self._hooks("recheck", job)
@@ -328,7 +329,7 @@ class Indexer:
         self._write(acted.batches, clock, dirty)
         self._hooks("written", job)
         with settling(dirty):
-            self._settler.finish(job, plan, acted, clock, claim, joins=kind.joins)
+            self._settler.finish(job, plan, acted, clock, claim, joins=kind.joins, claimed=claimed)
         dirty.rows_changed = False
         self._hooks("settled", job)
         # The object may have changed between the check above and the commit, and the job for the

@@ -212,19 +212,35 @@ class RowSettler:
                 raise RowLost("the row changed while it was confirmed")
 
     def finish(
-        self, job: IndexJob, plan: IndexPlan, acted: Acted, clock: StageClock, claim: Claim, *, joins: bool
+        self,
+        job: IndexJob,
+        plan: IndexPlan,
+        acted: Acted,
+        clock: StageClock,
+        claim: Claim,
+        *,
+        joins: bool,
+        claimed: VideoRecord | None = None,
     ) -> None:
         """Settle the row ``indexed`` with the entries of every live table, on a row read after the
-        rows were committed: the row the claim wrote, or, when the job skipped its claim, the very row
-        the job read before it (not changed since: the settle is then the job's one catalog write).
-        ``joins``: the job's entries may join a row another job of its version settled over its claim
-        with the entries the plan kept (a job that fills a deferred table)."""
+        rows were committed: the row the claim wrote (``claimed``, its outcome), or, when the job skipped
+        its claim, the very row the job read before it (not changed since: the settle is then the job's
+        one catalog write). ``joins``: the job's entries may join a row another job of its version settled
+        over its claim with the entries the plan kept (a job that fills a deferred table).
+
+        The settle is tried first on the row the job last knew (``claimed``, or the skipped claim's
+        ``record``), without reading the row: a compare-and-set on its revision lands only where the row
+        has not changed since, and then a read would have found that very row. Only a settle that lost
+        reads the row and goes the long way (the row moved: a twin, a join, or lost)."""
         written = acted.entries
         indexes = plan.indexes(written)
         with clock.stage("catalog"):
             # Settle only with the tables live now (``models_moved`` says why).
             if plan.models_moved(self._models_now(), {e.table for e in indexes}):
                 raise RowLost("the live models changed while the video was embedded")
+            known = claim.record if claim.skipped else claimed
+            if known is not None and self._finish_on(job, known, plan, acted, indexes) is not None:
+                return
             now = self._states.read(job.video_id)
             if claim.skipped and (now.rev if now is not None else 0) == claim.record.rev:
                 # A job that wrote no claim, on the very row it read before it looked at the rows: no
@@ -240,17 +256,26 @@ class RowSettler:
                 raise RowLost("the row changed while the job ran (it wrote no claim)")
             elif now is None or now.status not in IN_FLIGHT or now.version not in (plan.version, None):
                 raise RowLost(f"another job moved the row to {now.status.value if now else 'nothing'} meanwhile")
-            self._hooks("finish", job)
-            first = indexes[0]
-            fp, frames = first.fingerprint, first.frames
-            duration_s = acted.duration_s
-            if duration_s is None:
-                duration_s = now.duration_s  # a job that measured none: the one that settled the frames did
-            finished = self._states.finish(
-                now, version=plan.version, fingerprint=fp, frames=frames, duration_s=duration_s, indexes=indexes
-            )
-            if finished is None:
+            if self._finish_on(job, now, plan, acted, indexes) is None:
                 raise RowLost("the row changed while it was finished")
+
+    def _finish_on(
+        self, job: IndexJob, now: VideoRecord, plan: IndexPlan, acted: Acted, indexes: tuple[ModelIndex, ...]
+    ) -> VideoRecord | None:
+        """``indexed`` with ``indexes``, compare-and-set on ``now``; None when another write got there first."""
+        self._hooks("finish", job)
+        first = indexes[0]
+        duration_s = acted.duration_s
+        if duration_s is None:
+            duration_s = now.duration_s  # a job that measured none: the one that settled the frames did
+        return self._states.finish(
+            now,
+            version=plan.version,
+            fingerprint=first.fingerprint,
+            frames=first.frames,
+            duration_s=duration_s,
+            indexes=indexes,
+        )
 
     def _join(self, job: IndexJob, now: VideoRecord, plan: IndexPlan, written: Sequence[ModelIndex]) -> None:
         """Another job of this version settled the row over this one's claim (a redelivered index job's

@@ -48,6 +48,7 @@ __all__ = [
     "VideoInfo",
     "hms",
     "open_sampled",
+    "prestart_workers",
     "probe",
     "sample_frames",
     "scaled_size",
@@ -90,6 +91,19 @@ atexit.register(_WORKERS.close)
 _REMOTE_ERRORS: dict[str, type[Exception]] = {
     cls.__name__: cls for cls in (NotAVideo, CorruptVideo, LimitExceeded, ValueError)
 }
+
+
+def prestart_workers(count: int) -> int:
+    """Start decode workers until ``count`` are idle (at most ``_MAX_IDLE_WORKERS``): a consumer does this
+    while it starts, so its first videos don't pay for starting them. Returns how many it started.
+
+    Raises:
+        TransientError: a worker could not be started.
+    """
+    try:
+        return _WORKERS.prestart(count)
+    except StartFailed as exc:
+        raise TransientError(f"no decode worker: {exc}") from exc
 
 
 def probe(path: Path, limits: DecodeLimits, *, isolated: bool = True) -> VideoInfo:

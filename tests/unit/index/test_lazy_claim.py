@@ -113,9 +113,31 @@ def test_a_job_without_a_claim_loses_to_a_racing_job_and_goes_round(tmp_path: Pa
     assert record is not None and record.status is VideoStatus.INDEXED and record.frames == 3
     summary = store.frames.summary(record.video_id)
     assert (summary.rows, summary.duplicate_ids, set(summary.fingerprints)) == (3, 0, {record.fingerprint})
-    # The first job's settle of version 1 never went out (the row had changed since it read it); its
-    # second round found version 2 settled over the rows that hold it, and left them.
-    assert writes.statuses == [] and result.outcome is Outcome.UNCHANGED
+    # The first job's settle of version 1 went out once, on the revision it read, and lost (the row had
+    # changed since: version 2's is the row above); its second round found version 2 settled over the rows
+    # that hold it, and left them.
+    assert writes.statuses == [VideoStatus.INDEXED] and result.outcome is Outcome.UNCHANGED
+
+
+@pytest.mark.parametrize("claim_after_s", [60, 0.05])
+def test_a_job_whose_row_did_not_move_settles_without_reading_it_again(tmp_path: Path, claim_after_s: float) -> None:
+    """The settle goes on the row the job last knew (the one it read, or its claim's outcome): the row is read
+    once, when the job starts, whether the job claimed or not."""
+    slow = (lambda step, j: time.sleep(0.2) if step == "fetch" else None) if claim_after_s < 1 else None
+    indexer, store, objects, writes = parts(tmp_path, claim_after_s=claim_after_s, **({"hooks": slow} if slow else {}))
+    reads: list[str] = []
+    get = store.catalog.get
+
+    def counted_get(video_id: str) -> VideoRecord | None:
+        reads.append(video_id)
+        return get(video_id)
+
+    store.catalog.get = counted_get  # type: ignore[method-assign]
+    objects.put("a.mp4", write_video(tmp_path / "a.mp4", seconds=2, seed=1))
+    assert indexer.run(job("a.mp4"), "t1").outcome is Outcome.INDEXED
+    claims = [VideoStatus.INDEXING] if claim_after_s < 1 else []
+    assert writes.statuses == [*claims, VideoStatus.INDEXED]
+    assert reads == [job("a.mp4").video_id]
 
 
 def test_the_timer_and_the_skip_exclude_each_other() -> None:

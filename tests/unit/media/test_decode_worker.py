@@ -21,6 +21,7 @@ from pipeline.media.decode import (
     DecodeLimits,
     DecodeStats,
     open_sampled,
+    prestart_workers,
     probe,
     sample_frames,
 )
@@ -192,6 +193,18 @@ def test_workers_are_reused(source: Path, warm: None) -> None:
     for _ in range(3):
         assert len(list(sample_frames(source, Sampling(1.0), DecodeLimits()))) == 6
         assert probe(source, DecodeLimits()).width == 160
+    assert child_pids() == children
+
+
+def test_prestarted_workers_serve_the_first_concurrent_requests_without_a_start(source: Path) -> None:
+    prestart_workers(2)
+    children = child_pids()
+    assert prestart_workers(2) == 0  # two are idle already: nothing more is started
+    # Two decodes at once, each holding its worker until its generator ends: neither starts a process.
+    held = [open_sampled(source, Sampling(1.0), DecodeLimits()) for _ in range(2)]
+    assert child_pids() == children
+    for video in held:
+        assert len(list(video.frames)) == 6
     assert child_pids() == children
 
 
