@@ -9,8 +9,9 @@
 - freshness: single clips uploaded one at a time, upload done -> the search endpoint returns the clip
   (an image search with one of its frames), p50/p99;
 - event delivery (upload done -> the event reaches a queue bound beside the router's) and the overhead
-  per video: event receipt -> status ``indexed``, minus the job's fetch, decode, embed and frame write
-  (what is left: router, index-queue hop, catalog reads and writes, HEADs).
+  per video: event receipt -> the job's end (its own log line, after its settle landed), minus the job's
+  fetch, decode, embed and frame write (what is left: router, index-queue hop, catalog reads and writes,
+  HEADs); how much later a status poll sees ``indexed`` is reported beside it.
 
 ``python -m bench.e2e [--full] [--trace-s3]`` (``--trace-s3``: S3 requests per video by API and table);
 needs the container engine (``make bench`` sets it up).
@@ -22,7 +23,6 @@ import argparse
 import asyncio
 import contextlib
 import io
-import re
 import statistics
 import tempfile
 import time
@@ -32,7 +32,7 @@ from typing import Any
 
 from bench.common import per_video, percentile, save_section, stopwatch, work_counts
 from bench.pyspy import PY_SPY_WRITE_S, finish_py_spy, start_py_spy
-from infra.harness.joblogs import JobLogWatch, serve_log_dir
+from infra.harness.joblogs import INDEX_LOGS, JobLogWatch, serve_log_dir
 from infra.harness.s3relay import Counts, relay, trace_lines
 from storage.ids import video_id
 
@@ -43,10 +43,6 @@ FPS = 30
 GOP = 60  # 2 s at 30 fps: a realistic keyframe interval
 FRESHNESS_CLIPS, FULL_FRESHNESS_CLIPS = 12, 40
 INDEX_TIMEOUT_S = 900.0
-JOB_LINE = re.compile(
-    r"job index (?P<uri>\S+) -> indexed \((?P<frames>\d+) frames\) in (?P<total>[\d.]+)s: (?P<stages>.*)$"
-)
-STAGE = re.compile(r"(\w+)=([\d.]+)s")
 #: Stages of a job's log line that are the video's own work; every other stage (catalog, head, ...)
 #: counts as overhead.
 WORK_STAGES = frozenset({"fetch", "probe", "decode", "embed", "thumbnails", "write"})
@@ -134,22 +130,29 @@ def _tap(services: Any, prefix: str) -> Any:
 
 
 def _job_lines(prefix: str) -> list[dict[str, Any]]:
-    """The consumer's per-job log lines of this run (Ray keeps replica logs in the session dir)."""
-    import ray
+    """The index replicas' per-job JSON lines of this run (``pipeline.index.joblog``, in Ray's Serve log
+    folder): each indexed job's total, stages and when it ended (the line's ``timestamp_ns``, written right
+    after the job's last step, on this process's monotonic clock: same host)."""
+    import json
 
-    node: Any = ray._private.worker._global_node  # where this Ray instance keeps its logs
-    logs = Path(node.get_session_dir_path()) / "logs"
+    wall_to_monotonic = time.monotonic() - time.time()
     jobs = []
-    for path in logs.rglob("*.log"):
-        try:
-            text = path.read_text(errors="replace")
-        except OSError:
-            continue
-        for line in text.splitlines():
-            match = JOB_LINE.search(line)
-            if match and f"s3://{prefix}-videos/" in match["uri"]:
-                stages = {k: float(v) for k, v in STAGE.findall(match["stages"])}
-                jobs.append({"uri": match["uri"], "total": float(match["total"]), "stages": stages})
+    for path in serve_log_dir().glob(INDEX_LOGS):
+        for line in path.read_text(errors="replace").splitlines():
+            if '"outcome": "indexed"' not in line or f"s3://{prefix}-videos/" not in line:
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            jobs.append(
+                {
+                    "uri": record["uri"],
+                    "total": float(record["duration_s"]),
+                    "stages": {k: float(v) for k, v in record["stages_s"].items()},
+                    "ended": record["timestamp_ns"] / 1e9 + wall_to_monotonic,
+                }
+            )
     return jobs
 
 
@@ -441,24 +444,27 @@ def _overhead(fresh: list[dict[str, Any]], jobs: dict[str, dict[str, Any]], note
         "event_delivery_ms_p50": round(1000 * statistics.median(delivery), 1) if delivery else "not measured",
         "event_delivery_ms_p95": round(1000 * percentile(delivery, 95), 1) if delivery else "not measured",
     }
-    overhead, hops, in_job, catalog = [], [], [], []
+    overhead, hops, in_job, catalog, poll_lag = [], [], [], [], []
     for f in fresh:
         job = jobs.get(f["uri"])
         if job is None or f["received"] is None:
             continue
         work = sum(v for k, v in job["stages"].items() if k in WORK_STAGES)
-        overhead.append(f["indexed"] - f["received"] - work)
-        hops.append(f["indexed"] - f["received"] - job["total"])
+        overhead.append(job["ended"] - f["received"] - work)
+        hops.append(job["ended"] - f["received"] - job["total"])
         in_job.append(job["total"] - work)
         catalog.append(job["stages"].get("catalog", 0.0))
+        poll_lag.append(f["indexed"] - job["ended"])
     if not overhead:
         notes.append("no consumer job lines (or no tapped events) for the freshness clips: overhead not measured")
         return out | {"overhead_ms_per_video": "not measured"}
     notes.append(
-        "overhead_ms_per_video (p50 over the freshness clips) = event receipt -> status indexed, minus the "
-        f"job's {', '.join(sorted(WORK_STAGES))} stages (its log line); = outside_job_ms (router, index "
-        "queue, consumer pick-up, the status poll) + in_job_overhead_ms (catalog reads/writes, HEADs, the "
-        "wait for a decode slot). "
+        "overhead_ms_per_video (p50 over the freshness clips) = event receipt -> the job's end (its log line's "
+        "timestamp, written after the settle landed and the last HEAD), minus the job's "
+        f"{', '.join(sorted(WORK_STAGES))} stages; = outside_job_ms (router, index queue, consumer pick-up) + "
+        "in_job_overhead_ms (catalog reads/writes, HEADs, the wait for a decode slot). "
+        "status_poll_lag_ms_p50: how much later the benchmark's status poll saw it (poll interval + one GET: "
+        "not in the overhead; indexed_status_p50_s includes it). "
         "event_delivery_ms (upload done -> event on a queue bound beside the router's) is not in it."
     )
     fresh_jobs = [jobs[f["uri"]] for f in fresh if f["uri"] in jobs]
@@ -472,6 +478,7 @@ def _overhead(fresh: list[dict[str, Any]], jobs: dict[str, dict[str, Any]], note
         "overhead_outside_job_ms_p50": round(1000 * statistics.median(hops), 1),
         "overhead_in_job_ms_p50": round(1000 * statistics.median(in_job), 1),
         "job_catalog_ms_p50": round(1000 * statistics.median(catalog), 1),
+        "status_poll_lag_ms_p50": round(1000 * statistics.median(poll_lag), 1),
     }
 
 
