@@ -72,17 +72,44 @@ class Embedded:
 CPU_SLOT_WAIT_S = 600.0
 
 
+class CpuSlots:
+    """The decode-and-embed slots of one process, and how many are taken now: the jobs on their way to
+    their frame write (a ``GroupedFrameWriter`` waits for company only while there are some)."""
+
+    def __init__(self, slots: int) -> None:
+        self._free = threading.BoundedSemaphore(slots)
+        self._lock = threading.Lock()
+        self._taken = 0
+
+    @property
+    def taken(self) -> int:
+        with self._lock:
+            return self._taken
+
+    def acquire(self, timeout: float) -> bool:
+        if not self._free.acquire(timeout=timeout):
+            return False
+        with self._lock:
+            self._taken += 1
+        return True
+
+    def release(self) -> None:
+        with self._lock:
+            self._taken -= 1
+        self._free.release()
+
+
 class EmbedStage:
     """Fetch, decode and embed for the jobs of one process (``cpu_slots`` decode at once)."""
 
     def __init__(
-        self, settings: Settings, objects: ObjectSource, embedders: Embedders, metrics: Metrics, cpu_slots: int
+        self, settings: Settings, objects: ObjectSource, embedders: Embedders, metrics: Metrics, cpu_slots: CpuSlots
     ) -> None:
         self._settings = settings
         self._objects = objects
         self._embedders = embedders
         self._metrics = metrics
-        self._cpu_slots = threading.BoundedSemaphore(cpu_slots)
+        self._cpu_slots = cpu_slots
 
     def rows(
         self,

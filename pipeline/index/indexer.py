@@ -15,7 +15,7 @@ from typing import Protocol
 
 from events.jobs import IndexJob, JobOp, JobSource
 from pipeline.index.clock import StageClock
-from pipeline.index.extract import Embedders, EmbedStage, FrameEmbedder, OneEmbedder
+from pipeline.index.extract import CpuSlots, Embedders, EmbedStage, FrameEmbedder, OneEmbedder
 from pipeline.index.frames_job import FramesJob, no_frames
 from pipeline.index.joblog import log_job
 from pipeline.index.objects import ObjectSource, S3ObjectSource
@@ -102,6 +102,7 @@ class Indexer:
         writer_for: Callable[[str], FrameWriter] | None = None,
         text_table: Callable[[], ModelTable | None] | None = None,
         words: WordReader | None = None,
+        cpu_slots: CpuSlots | None = None,
     ) -> None:
         """``writer`` replaces a video's frames (a ``GroupedFrameWriter`` shares commits between the
         jobs of one process; default: one commit per video); ``catalog_writes`` takes the catalog's
@@ -113,7 +114,9 @@ class Indexer:
         and ``writer_for`` gives each table's writer (default: ``writer`` for ``frames``). ``text_table``
         gives the text table (None: no text source is on); an index job leaves it to a text job
         (``JobResult.text_due``), and a text job (``JobSource.TEXT``) fills it with what ``words`` reads
-        once the video's frames are in at the object's version."""
+        once the video's frames are in at the object's version. ``cpu_slots``: the process's decode slots
+        (shared with its frame writers, which wait for company only while some are taken; default: its own,
+        ``serve.consumer_cpu_slots``)."""
         self._settings = settings
         self._embedders: Embedders = embedders or OneEmbedder(embedder)
         self._models = models or (lambda: [ModelTable(embedder.model_id, 0, FRAMES)])
@@ -136,9 +139,8 @@ class Indexer:
         self._hooks = hooks
         self._metrics = metrics or Metrics()
         s = settings.serve
-        self._embedding = EmbedStage(
-            settings, self._objects, self._embedders, self._metrics, s.consumer_cpu_slots or s.consumer_concurrency
-        )
+        slots = cpu_slots or CpuSlots(s.consumer_cpu_slots or s.consumer_concurrency)
+        self._embedding = EmbedStage(settings, self._objects, self._embedders, self._metrics, slots)
         self._settler = RowSettler(self._states, self._models_now, hooks)
 
     @property

@@ -11,7 +11,7 @@ import numpy as np
 from pipeline.embedding.encoders import HandleEmbedders, PoolEmbedders
 from pipeline.embedding.pool import ModelPool
 from pipeline.index.consumer import IndexTaskHandler
-from pipeline.index.extract import Embedders, FrameEmbedder
+from pipeline.index.extract import CpuSlots, Embedders, FrameEmbedder
 from pipeline.index.holders import holder_alive, process_holder
 from pipeline.index.indexer import Indexer
 from pipeline.index.objects import S3ObjectSource
@@ -49,8 +49,10 @@ def consumer_handler(
         warm_up(embedders.for_model(settings.model.id))
     else:
         embedders = HandleEmbedders(encoder, settings.model.embed_timeout_s)
-    start_decoders(settings.serve.consumer_cpu_slots or settings.serve.consumer_concurrency)
-    writers = FrameWriters(store, settings.writer)
+    slots = settings.serve.consumer_cpu_slots or settings.serve.consumer_concurrency
+    start_decoders(slots)
+    cpu_slots = CpuSlots(slots)
+    writers = FrameWriters(store, settings.writer, expected=lambda: cpu_slots.taken)
     objects = S3ObjectSource(settings.s3, settings.limits)
     # Both consumers read words when a text source is on: a text job replayed from the dead letters
     # lands on the index queue. The stage loads nothing until a text job comes.
@@ -71,6 +73,7 @@ def consumer_handler(
         writer_for=writers,
         text_table=live.text if text_on else lambda: None,
         words=TextStage(settings, objects, settings.serve.text_slots) if text_on else None,
+        cpu_slots=cpu_slots,
     )
     dead_letters = dead_letter_queue(settings)
     return IndexTaskHandler(

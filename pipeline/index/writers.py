@@ -4,6 +4,7 @@ consumer process."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from pipeline.settings import WriterSettings
 from storage.commits.frames import GroupedFrameWriter
@@ -14,9 +15,12 @@ class FrameWriters:
     """The process's frame writers by table, made on first use: the Celery threads of a replica share
     commits (one writer per model's table), and each task is acked only after the commit holding its rows."""
 
-    def __init__(self, store: IndexStore, settings: WriterSettings) -> None:
+    def __init__(self, store: IndexStore, settings: WriterSettings, expected: Callable[[], int] | None = None) -> None:
+        """``expected``: how many of the process's jobs are on their way to a frame write (see
+        ``GroupedFrameWriter``)."""
         self._store = store
         self._settings = settings
+        self._expected = expected
         self._writers: dict[str, GroupedFrameWriter] = {}
         self._lock = threading.Lock()
 
@@ -32,6 +36,7 @@ class FrameWriters:
                     wait_s=w.group_wait_s,
                     commit_timeout_s=w.commit_timeout_s,
                     stall_after_s=w.stall_after_s,
+                    expected=self._expected,
                 )
             return self._writers[table]
 

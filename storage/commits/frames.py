@@ -2,8 +2,9 @@
 
 Each job hands its video's rows to ``GroupedFrameWriter.replace`` and blocks. One writer
 thread gathers the videos that are waiting, at most ``max_videos`` videos / ``max_rows`` rows and
-at most ``wait_s`` after the oldest arrived, and replaces all their rows in one ``merge_insert``
-(``FrameTable.replace_many``: each video's old rows are replaced, other videos are left alone).
+at most ``wait_s`` after the oldest arrived (not at all when no other job of the process is on its
+way: ``expected``), and replaces all their rows in one ``merge_insert`` (``FrameTable.replace_many``:
+each video's old rows are replaced, other videos are left alone).
 Commits are what cost on object storage (a manifest PUT and its conflict check each), so fewer,
 larger commits write more frames per second and leave fewer versions to compact.
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
@@ -85,17 +86,26 @@ class GroupedFrameWriter:
         wait_s: float = 0.05,
         commit_timeout_s: float = 120.0,
         stall_after_s: float = STALL_AFTER_S,
+        expected: Callable[[], int] | None = None,
     ) -> None:
+        """``expected``: how many of the process's jobs are on their way here now (decoding or embedding);
+        when none is, a group is taken at once rather than waiting ``wait_s`` for company that can't
+        come (a lone upload's frames commit 50 ms sooner). None: always wait."""
         if max_videos < 1 or max_rows < 1 or wait_s < 0 or commit_timeout_s <= 0:
             raise ValueError("max_videos and max_rows must be >= 1, wait_s >= 0, commit_timeout_s > 0")
         self._store = store
         self._commit_timeout_s = commit_timeout_s
         #: How long the last commit that landed took (written by the writer thread only).
         self._last_commit_s = 0.0
-        # The oldest waits at most wait_s for company, less once the queue fills a group.
+
+        # The oldest waits at most wait_s for company, less once the queue fills a group, none when no
+        # other job of the process is on its way.
+        def due_at(oldest: _Pending) -> float:
+            return oldest.arrived + (wait_s if expected is None or expected() > 0 else 0.0)
+
         policy: GroupPolicy[_Pending] = GroupPolicy(
             key=lambda p: p.frames.video_id,
-            due_at=lambda oldest: oldest.arrived + wait_s,
+            due_at=due_at,
             max_items=max_videos,
             weight=lambda p: len(p.frames.rows),
             max_weight=max_rows,

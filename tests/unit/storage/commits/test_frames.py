@@ -155,6 +155,40 @@ def test_wait_is_bounded_and_a_full_group_does_not_wait(store: IndexStore) -> No
         patient.close()
 
 
+def test_with_no_job_on_its_way_a_write_does_not_wait_for_company(store: IndexStore, db_dir: Path) -> None:
+    store.frames.replace_many([frames("seed", 1, seed=0)])
+    writer = GroupedFrameWriter(store.frames, max_videos=8, wait_s=60.0, expected=lambda: 0)
+    try:
+        started = time.monotonic()
+        writer.replace(frames("alone", 2, seed=1))
+        assert time.monotonic() - started < 30  # not the 60 s wait for company
+    finally:
+        writer.close()
+    assert frame_ids(store, "alone") == ["alone-000000", "alone-000001"]
+
+
+def test_while_a_job_is_on_its_way_a_write_waits_for_it_and_they_share_a_commit(
+    store: IndexStore, db_dir: Path
+) -> None:
+    store.frames.replace_many([frames("seed", 1, seed=0)])
+    before = table_version(db_dir)
+    on_its_way = [1]
+    writer = GroupedFrameWriter(store.frames, max_videos=2, wait_s=60.0, expected=lambda: on_its_way[0])
+    first = threading.Thread(target=writer.replace, args=(frames("first", 2, seed=1),))
+    try:
+        first.start()
+        time.sleep(0.3)  # the second job is still decoding: the first waits for it
+        assert first.is_alive() and writer.stats.commits == 0
+        on_its_way[0] = 0
+        writer.replace(frames("second", 2, seed=2))  # fills the group: one commit for both
+        first.join(30)
+    finally:
+        writer.close()
+    assert not first.is_alive()
+    assert writer.stats.commits == 1 and writer.stats.videos == 2
+    assert table_version(db_dir) - before == 1
+
+
 class RecordingStore:
     """Writes through to ``store``; fails the first ``fail`` commits it sees; records every group."""
 
