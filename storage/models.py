@@ -223,6 +223,8 @@ class ModelRegistry:
         self._db = db
         self._table: Any = None
         self._fresh: FreshTable | None = None
+        #: The state as of one table version (versions are immutable: that version says just that).
+        self._read_cache: tuple[int, ModelState] | None = None
 
     def _models(self) -> Any:
         if self._table is None:
@@ -232,12 +234,23 @@ class ModelRegistry:
     @read_errors_are_transient
     def read(self) -> ModelState:
         """The lifecycle as of a version no older than the latest when the call began (empty before
-        the first write)."""
+        the first write). The manifest is checked every time; the row is read only when the table's
+        version moved since the last read (every index job reads this before it settles: the model
+        switch is rare, and each read of the row was a scan on the object store)."""
         if self._fresh is None:
             self._models()
             self._fresh = self._db.fresh(MODELS)
-        rows = self._fresh.table().search().limit(1).to_list()
-        return ModelState.from_row(rows[0]) if rows else ModelState()
+        table = self._fresh.table()
+        # The version first: the shared handle only moves forward, so rows read after it are of that
+        # version or a later one, and a later one is never looked up under this key again.
+        version = int(table.version)
+        cached = self._read_cache
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        rows = table.search().limit(1).to_list()
+        state = ModelState.from_row(rows[0]) if rows else ModelState()
+        self._read_cache = (version, state)
+        return state
 
     @write_errors_are_transient
     def write(self, state: ModelState, expected_rev: int) -> ModelState | None:

@@ -116,6 +116,28 @@ def test_the_state_round_trips_through_the_registry_every_field(store: IndexStor
     assert read.text.is_text and read.text.pipeline == "subtitles+speech:pocketsphinx/en-us"
 
 
+def test_a_read_finds_every_commit_and_reads_the_row_only_when_the_table_moved(store: IndexStore) -> None:
+    """The registry's reader and a writer of another connection: each read sees the latest write, and the
+    row itself is read again only after a commit (the manifest check alone answers the rest)."""
+    writer = IndexStore(S3Settings(), uri=store.db.uri).models
+    first = writer.write(ModelState(active=ModelTable.new("model-a", 8)), 0)
+    assert first is not None and store.models.read() == first
+    table = store.models._fresh.table()  # type: ignore[union-attr]
+    scans: list[int] = []
+    search = table.search
+
+    def counted(*args: object, **kwargs: object) -> object:
+        scans.append(1)
+        return search(*args, **kwargs)
+
+    table.search = counted
+    assert store.models.read() == first and store.models.read() == first
+    assert scans == []  # the table did not move: the row read before stands
+    second = writer.write(first.evolve(target=ModelTable.new("model-b", 12)), first.rev)
+    assert second is not None and store.models.read() == second
+    assert scans == [1]
+
+
 def test_a_row_written_before_text_tables_reads_with_none() -> None:
     data = json.loads(full_state().to_json())
     del data["text"]
