@@ -27,6 +27,7 @@ from PIL import Image
 
 from infra.dev.samples import expected_sample_count
 from infra.harness.faults import STARTUP_TIMEOUT_S, AppHost, _free_port, start_app
+from infra.harness.procs import children_running, stopped
 from infra.harness.services import Services, eventually, queue_counts, unique_prefix
 from pipeline.upkeep.backfill import has_model
 from pipeline.upkeep.check import build_checker
@@ -67,6 +68,8 @@ ADMIN = {"Authorization": f"Bearer {ENV['VIDX_ADMIN_KEY']}"}
 INDEX_TIMEOUT_S = 180.0
 SWITCH_TIMEOUT_S = 420.0
 BUSY_TIMEOUT_S = 60.0
+#: A job's row seen ``indexing`` at one revision this far apart is held in its decode (wait_for_job).
+HELD_S = 1.0
 SEARCH_EVERY_S = 0.5
 #: Consumers killed at most, each while it seemed to hold a backfill job, until one kill lands mid-job.
 KILL_ATTEMPTS = 5
@@ -157,31 +160,42 @@ def kill_everything(host: AppHost) -> str:
 
 
 def wait_for_job(store: IndexStore, uris: set[str]) -> tuple[str, str]:
-    """A video of ``uris`` being indexed right now, and the consumer holding it."""
+    """A video of ``uris`` being indexed right now, and the consumer holding it: an ``indexing`` row with
+    a holder, seen at the same revision ``HELD_S`` apart (a job held in its decode stays; one already
+    past it settles meanwhile)."""
     deadline = time.monotonic() + BUSY_TIMEOUT_S
+    last: dict[str, int] = {}
     while time.monotonic() < deadline:
-        for record in store.catalog.find(status=VideoStatus.INDEXING, limit=100):
-            if record.uri in uris and record.holder:
-                return record.uri, record.holder
-        time.sleep(0.05)
+        running = {
+            r.uri: r for r in store.catalog.find(status=VideoStatus.INDEXING, limit=100) if r.uri in uris and r.holder
+        }
+        for uri, record in running.items():
+            if last.get(uri) == record.rev and record.holder:
+                return uri, record.holder
+        last = {uri: r.rev for uri, r in running.items()}
+        time.sleep(HELD_S)
     raise AssertionError(f"no backfill job was running within {BUSY_TIMEOUT_S:.0f}s")
 
 
 def kill_a_backfill_job(host: AppHost, store: IndexStore, vids: Mapping[str, str], lines: list[str]) -> tuple[int, int]:
-    """SIGKILL the consumer running a backfill job of one of ``vids`` (video id by uri), and see that
-    the kill landed mid-job: the task comes back to another consumer, which counts the dead holder
-    as a crash of the video and indexes it. A job that finished between the look and the kill is a
-    miss: the next running job is killed (at most ``KILL_ATTEMPTS``). Returns the backfill's progress
-    at the kill that landed."""
+    """SIGKILL the consumer running a backfill job of one of ``vids`` (video id by uri) in the middle of
+    it, and see the kill land there: the task comes back to another consumer, which counts the dead
+    holder as a crash of the video and indexes it. Every consumer's decode workers are stopped
+    (SIGSTOP) while the job is looked for, so a job that claimed its row waits in its decode until its
+    consumer is killed (a job of a few frames is over in a fraction of a second: a kill aimed at one by
+    timing alone missed five times in a row in CI); they go on once the kill is sent. A kill that still
+    lands after its job (one past its decode when they were stopped) is a miss and the next running job is
+    killed (at most ``KILL_ATTEMPTS``). Returns the backfill's progress at the kill that landed."""
     for attempt in range(1, KILL_ATTEMPTS + 1):
-        # The consumers' pids looked up before the wait, so the kill follows the look at once.
         pids = host.replica_pids_by_name("IndexConsumer")
-        uri, holder = wait_for_job(store, set(vids))
-        pid = pids.get(host.actor_name(holder) or "") or host.replica_pid(holder)
-        if pid is None:
-            continue  # the job ended and its replica went with it before the look
-        os.kill(pid, signal.SIGKILL)
-        at_kill = done(store)
+        with stopped(w for pid in pids.values() for w in children_running(pid)) as held:
+            assert held, f"no decode worker of the consumers {sorted(pids.values())} to hold"
+            uri, holder = wait_for_job(store, set(vids))
+            pid = pids.get(host.actor_name(holder) or "") or host.replica_pid(holder)
+            if pid is None:
+                continue  # a replica started since the look (its workers run): the job ended with it
+            os.kill(pid, signal.SIGKILL)
+            at_kill = done(store)
         vid = vids[uri]
 
         def settled(vid: str = vid) -> bool:
@@ -192,8 +206,8 @@ def kill_a_backfill_job(host: AppHost, store: IndexStore, vids: Mapping[str, str
         record = store.catalog.get(vid)
         assert record is not None
         lines.append(
-            f"  SIGKILL consumer pid {pid} while it re-embedded {uri} (try {attempt}); backfill at "
-            f"{at_kill[0]}/{at_kill[1]}; the video's crashes: {record.crashes}"
+            f"  SIGKILL consumer pid {pid} while it re-embedded {uri}, its decode held (try {attempt}); backfill "
+            f"at {at_kill[0]}/{at_kill[1]}; the video's crashes: {record.crashes}"
         )
         if record.crashes >= 1:
             return at_kill
