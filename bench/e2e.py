@@ -138,7 +138,11 @@ def _job_lines(prefix: str) -> list[dict[str, Any]]:
     wall_to_monotonic = time.monotonic() - time.time()
     jobs = []
     for path in serve_log_dir().glob(INDEX_LOGS):
-        for line in path.read_text(errors="replace").splitlines():
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:  # a replica's file gone meanwhile
+            continue
+        for line in text.splitlines():
             if '"outcome": "indexed"' not in line or f"s3://{prefix}-videos/" not in line:
                 continue
             try:

@@ -49,9 +49,7 @@ def consumer_handler(
         warm_up(embedders.for_model(settings.model.id))
     else:
         embedders = HandleEmbedders(encoder, settings.model.embed_timeout_s)
-    slots = settings.serve.consumer_cpu_slots or settings.serve.consumer_concurrency
-    start_decoders(slots)
-    cpu_slots = CpuSlots(slots)
+    cpu_slots = CpuSlots(settings.serve.consumer_cpu_slots or settings.serve.consumer_concurrency)
     writers = FrameWriters(store, settings.writer, expected=lambda: cpu_slots.taken)
     objects = S3ObjectSource(settings.s3, settings.limits)
     # Both consumers read words when a text source is on: a text job replayed from the dead letters
@@ -87,11 +85,16 @@ def consumer_handler(
     )
 
 
-def start_decoders(count: int) -> None:
-    """Start the process's decode workers while the replica starts (one per decode slot), so its first
-    jobs don't each start one (~0.38 CPU-s a start, an interpreter importing PyAV: in ``bench.cpu`` two
-    started mid-batch, 0.019 CPU-s per video of 40). One that won't start is left to the jobs, which start
-    their own."""
+def start_decoders(settings: Settings, *, text: bool) -> None:
+    """Start the process's decode workers as the replica starts, one per slot that decodes (the index
+    consumer's ``consumer_cpu_slots``, the text consumer's ``text_slots``; at most the pool's idle
+    workers), so its first jobs don't each start one (~0.38 CPU-s a start, an interpreter importing PyAV:
+    in ``bench.cpu`` two started mid-batch, 0.019 CPU-s per video of 40). Call it outside
+    ``niced_while_starting``: a worker's niceness is added to its starter's (``DECODE_NICENESS``), so one
+    started from a niced thread would decode at that niceness too, for its whole life. One that won't
+    start is left to the jobs, which start their own."""
+    s = settings.serve
+    count = s.text_slots if text else (s.consumer_cpu_slots or s.consumer_concurrency)
     try:
         started = prestart_workers(count)
     except TransientError as exc:

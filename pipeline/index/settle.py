@@ -1,5 +1,5 @@
-"""How a job writes the video's row around its rows: ``RowSettler`` settles it ``indexed`` on a row read after
-the rows were committed (``finish``), confirms rows that already hold (``confirm``), puts it back as it was
+"""How a job writes the video's row around its rows: ``RowSettler`` settles it ``indexed`` on the row as it
+stands after the rows were committed (``finish``), confirms rows that already hold (``confirm``), puts it back as it was
 when a job that only adds a table fails (``release``), puts it back in flight after a job changed the rows
 and left (``unsettle``), records a failure and takes a claim's outcome — every write a compare-and-set
 through ``pipeline.jobs.videostate``. Both kinds of job (``pipeline.index.frames_job``,
@@ -222,10 +222,10 @@ class RowSettler:
         joins: bool,
         claimed: VideoRecord | None = None,
     ) -> None:
-        """Settle the row ``indexed`` with the entries of every live table, on a row read after the
-        rows were committed: the row the claim wrote (``claimed``, its outcome), or, when the job skipped
-        its claim, the very row the job read before it (not changed since: the settle is then the job's
-        one catalog write). ``joins``: the job's entries may join a row another job of its version settled
+        """Settle the row ``indexed`` with the entries of every live table, on the row as it stands after
+        the rows were committed: the row the claim wrote (``claimed``, its outcome), or, when the job
+        skipped its claim, the very row the job read before it (not changed since: the settle is then the
+        job's one catalog write). ``joins``: the job's entries may join a row another job of its version settled
         over its claim with the entries the plan kept (a job that fills a deferred table).
 
         The settle is tried first on the row the job last knew (``claimed``, or the skipped claim's

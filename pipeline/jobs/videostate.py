@@ -161,8 +161,11 @@ class VideoStates:
         indexes: tuple[ModelIndex, ...] = (),
     ) -> VideoRecord | None:
         """queued | indexing ``version`` -> indexed, right after this job's rows were committed.
-        ``seen`` must have been read after that commit: any job that touched the rows later either
-        changed the row already (so this write loses) or will lose its own write to this one.
+        ``seen`` must be the row as it stands after that commit: read after it, or a row the job had
+        before it (its claim's, or its first read) — the compare-and-set on its revision then lands only if
+        nothing changed the row since, so it is the row a read after the commit would have found. Any job
+        that touched the rows later either changed the row already (so this write loses) or will lose its
+        own write to this one.
         ``indexes``: what each model's table now holds (``fingerprint``/``frames``: the first's)."""
         return self._write(
             seen.evolve(

@@ -267,10 +267,10 @@ class WorkerPool:
             StartFailed: as ``Worker``.
         """
         want, started = min(count, self._max_idle), 0
-        while True:
+        while started < want:
             with self._lock:
                 self._forget_if_forked()
-                if len(self._idle) >= want:
+                if sum(1 for w in self._idle if w.alive) >= want:
                     return started
             worker = Worker(self._entry, self._start_timeout_s, self._niceness)
             started += 1
@@ -280,6 +280,7 @@ class WorkerPool:
                     continue
             worker.close()  # a request handed back enough workers meanwhile
             return started
+        return started
 
     def _forget_if_forked(self) -> None:
         if self._pid != os.getpid():

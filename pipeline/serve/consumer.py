@@ -53,11 +53,12 @@ def consumer_deployment(settings: Settings, num_gpus: float = 0.0, *, text: bool
             self, settings: Settings, encoder: DeploymentHandle, catalog_writer: DeploymentHandle | None = None
         ) -> None:
             with niced_while_starting(settings.serve.consumer_start_nice):  # the imports and set-up below
-                from pipeline.index.replica import consumer_handler
+                from pipeline.index.replica import consumer_handler, start_decoders
                 from pipeline.metrics import Metrics, RayBackend
 
                 route_logs_to_replica()
                 self._handler = consumer_handler(settings, encoder, catalog_writer, Metrics(RayBackend()))
+            start_decoders(settings, text=text)  # at the replica's own niceness: see its docstring
             self._drain_timeout_s = settings.serve.drain_timeout_s
 
         def __del__(self) -> None:

@@ -89,8 +89,9 @@ class GroupedFrameWriter:
         expected: Callable[[], int] | None = None,
     ) -> None:
         """``expected``: how many of the process's jobs are on their way here now (decoding or embedding);
-        when none is, a group is taken at once rather than waiting ``wait_s`` for company that can't
-        come (a lone upload's frames commit 50 ms sooner). None: always wait."""
+        when none is (asked as the group forms and at each arrival), the group is taken at once rather
+        than waiting out ``wait_s`` for company that can't come (a lone upload's frames commit 50 ms
+        sooner). None: always wait."""
         if max_videos < 1 or max_rows < 1 or wait_s < 0 or commit_timeout_s <= 0:
             raise ValueError("max_videos and max_rows must be >= 1, wait_s >= 0, commit_timeout_s > 0")
         self._store = store
@@ -98,14 +99,12 @@ class GroupedFrameWriter:
         #: How long the last commit that landed took (written by the writer thread only).
         self._last_commit_s = 0.0
 
-        # The oldest waits at most wait_s for company, less once the queue fills a group, none when no
-        # other job of the process is on its way.
-        def due_at(oldest: _Pending) -> float:
-            return oldest.arrived + (wait_s if expected is None or expected() > 0 else 0.0)
-
+        # The oldest waits at most wait_s for company, less once the queue fills a group or no other job
+        # of the process is on its way any more (asked again at each arrival).
         policy: GroupPolicy[_Pending] = GroupPolicy(
             key=lambda p: p.frames.video_id,
-            due_at=due_at,
+            due_at=lambda oldest: oldest.arrived + wait_s,
+            ready=None if expected is None else lambda: expected() == 0,
             max_items=max_videos,
             weight=lambda p: len(p.frames.rows),
             max_weight=max_rows,

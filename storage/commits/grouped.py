@@ -51,6 +51,9 @@ class GroupPolicy(Generic[T]):
     #: Called once on each item as a group takes it (under the queue's lock): False drops the item
     #: (its caller gave up on it: e.g. a cancelled future), True admits it to the group.
     admit: Callable[[T], bool] = lambda _item: True
+    #: Asked (under the queue's lock) each time the writer wakes while a group waits for its due time, an
+    #: item's arrival included: True takes the group now (no more company is coming). None: never asked.
+    ready: Callable[[], bool] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +182,8 @@ class GroupedCommits(Generic[T, R]):
             due = p.due_at(self._queue[0])
             # Items arriving meanwhile join this group; closing flushes at once.
             while not self._closed and not (p.take_when_full and self._full()):
+                if p.ready is not None and p.ready():
+                    break
                 if (left := due - time.monotonic()) <= 0:
                     break
                 self._cond.wait(left)

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from infra.harness.faults import AppHost, start_app
+from infra.harness.procs import children_running
 from infra.harness.services import Services, eventually, unique_prefix
 from storage.catalog import VideoRecord, VideoStatus
 from storage.ids import video_id
@@ -53,7 +54,14 @@ def host(services: Services, tiny_model_dir: Path, tmp_path_factory: pytest.Temp
     # just uploaded count at once (no grace), so the drift the test makes is found in the next round.
     # The split layout (the default on a GPU cluster), so the Encoder embeds frames and its frame batches
     # are among the metrics; the other e2e tests run the CPU default, fused.
-    env = {"VIDX_CHECK__INTERVAL_S": "3", "VIDX_CHECK__NEW_OBJECT_GRACE_S": "0", "VIDX_SERVE__LAYOUT": "split"}
+    # Ray's workers at niceness 0, not Ray's default 15: the niceness tests then see each level (at 15 a
+    # decode worker is at 19, the most there is, whether or not it was started from a niced thread).
+    env = {
+        "VIDX_CHECK__INTERVAL_S": "3",
+        "VIDX_CHECK__NEW_OBJECT_GRACE_S": "0",
+        "VIDX_SERVE__LAYOUT": "split",
+        "RAY_worker_niceness": "0",
+    }
     with start_app(services, unique_prefix(), tiny_model_dir, tmp_path_factory.mktemp("state"), env) as app:
         yield app
 
@@ -235,3 +243,28 @@ def test_consumer_replicas_work_at_the_apis_priority_once_started(host: AppHost)
         eventually(all_at_the_apis, "every consumer thread at the Api's niceness", 120.0, poll_s=1.0)
     except AssertionError as exc:
         raise AssertionError(f"{exc}; last seen: {seen}") from exc
+
+
+def test_the_decode_workers_a_consumer_starts_with_it_run_decode_niceness_above_it(host: AppHost) -> None:
+    """A consumer replica starts its decode workers as it starts (``start_decoders``), after its niced
+    start-up: they decode ``DECODE_NICENESS`` above the replica's running niceness (the Api's), not on top
+    of the start-up's nicing too (which would leave them at 19 for their whole life)."""
+    from pipeline.media.decode import DECODE_NICENESS
+
+    (api,) = host.replica_pids("Api")
+    want = min(19, niceness(api) + DECODE_NICENESS)
+    assert want < 19, f"the Api runs at niceness {niceness(api)}: every decode worker would be at 19"
+    seen: dict[int, dict[int, int]] = {}
+
+    def workers_at_decode_niceness() -> bool:
+        seen.clear()
+        for pid in host.replica_pids("IndexConsumer"):
+            with contextlib.suppress(FileNotFoundError):
+                seen[pid] = {w: niceness(w) for w in children_running(pid)}
+        # every replica has its workers (one per decode slot), each at the decode niceness
+        return bool(seen) and all(seen.values()) and {n for w in seen.values() for n in w.values()} == {want}
+
+    try:
+        eventually(workers_at_decode_niceness, f"every consumer's decode workers at niceness {want}", 120.0, poll_s=1.0)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last seen (replica: {{worker: niceness}}): {seen}") from exc

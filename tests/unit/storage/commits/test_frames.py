@@ -155,7 +155,7 @@ def test_wait_is_bounded_and_a_full_group_does_not_wait(store: IndexStore) -> No
         patient.close()
 
 
-def test_with_no_job_on_its_way_a_write_does_not_wait_for_company(store: IndexStore, db_dir: Path) -> None:
+def test_with_no_job_on_its_way_a_write_does_not_wait_for_company(store: IndexStore) -> None:
     store.frames.replace_many([frames("seed", 1, seed=0)])
     writer = GroupedFrameWriter(store.frames, max_videos=8, wait_s=60.0, expected=lambda: 0)
     try:
@@ -167,21 +167,32 @@ def test_with_no_job_on_its_way_a_write_does_not_wait_for_company(store: IndexSt
     assert frame_ids(store, "alone") == ["alone-000000", "alone-000001"]
 
 
-def test_while_a_job_is_on_its_way_a_write_waits_for_it_and_they_share_a_commit(
+def test_a_write_waits_for_the_job_on_its_way_and_is_taken_with_it_as_soon_as_it_arrives(
     store: IndexStore, db_dir: Path
 ) -> None:
+    """The first write finds another job decoding: it waits (60 s at most). That job's write arrives with
+    nobody else on the way, and the two go in one commit at once: not when the 60 s run out, nor for a full
+    group (8 videos)."""
     store.frames.replace_many([frames("seed", 1, seed=0)])
     before = table_version(db_dir)
     on_its_way = [1]
-    writer = GroupedFrameWriter(store.frames, max_videos=2, wait_s=60.0, expected=lambda: on_its_way[0])
+    asked = threading.Event()
+
+    def expected() -> int:
+        asked.set()
+        return on_its_way[0]
+
+    writer = GroupedFrameWriter(store.frames, max_videos=8, wait_s=60.0, expected=expected)
     first = threading.Thread(target=writer.replace, args=(frames("first", 2, seed=1),))
     try:
         first.start()
-        time.sleep(0.3)  # the second job is still decoding: the first waits for it
+        assert asked.wait(30)  # the writer holds the first write, a job on its way
         assert first.is_alive() and writer.stats.commits == 0
-        on_its_way[0] = 0
-        writer.replace(frames("second", 2, seed=2))  # fills the group: one commit for both
+        on_its_way[0] = 0  # that job's slot is free: its write comes next
+        started = time.monotonic()
+        writer.replace(frames("second", 2, seed=2))
         first.join(30)
+        assert time.monotonic() - started < 30
     finally:
         writer.close()
     assert not first.is_alive()
