@@ -32,7 +32,8 @@ class JobSource(enum.StrEnum):
 
 
 class IndexJob(BaseModel):
-    """A request to bring one object's index in line with the object. A hint: the consumer HEADs it."""
+    """A request to bring one object's index in line with the object. A hint: the consumer looks at the
+    object (a HEAD, or a fetch conditional on the event's ETag) before it acts."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -40,8 +41,13 @@ class IndexJob(BaseModel):
     bucket: str
     key: str
     source: JobSource
-    #: Version (versionId or ETag) the event reported; informational, the HEAD decides.
+    #: Version (versionId or ETag) the event reported; informational (the look at the object decides).
     hint_version: str | None = None
+    #: The ETag and size a bucket event reported for an upload to an unversioned bucket. A first start's
+    #: first round takes the object to be at them and fetches on the ETag (a conditional GET) instead of
+    #: HEADing it first; None (any other job, a versioned bucket, a retry or a redelivery): it HEADs.
+    hint_etag: str | None = None
+    hint_size: int | None = None
     sequencer: str | None = None
     #: Set by a submitter that marks the row ``queued`` after the submit (``QueueingSink``): the job
     #: then writes the row even when it finds nothing to change (until a later round of it reads the row

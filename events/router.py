@@ -47,12 +47,16 @@ def is_video(event: BucketEvent, videos: VideoFilterSettings) -> bool:
 
 
 def job_for(event: BucketEvent) -> IndexJob:
+    hinted = event.kind is EventKind.CREATED and not event.version_id and bool(event.etag) and event.size is not None
     return IndexJob(
         op=JobOp.INDEX if event.kind is EventKind.CREATED else JobOp.DELETE,
         bucket=event.bucket,
         key=event.key,
         source=JobSource.EVENT,
         hint_version=event.version_id or event.etag,
+        # A version id fetches that version whether or not it is current: only an ETag is a check.
+        hint_etag=event.etag if hinted else None,
+        hint_size=event.size if hinted else None,
         sequencer=event.sequencer,
     )
 

@@ -298,9 +298,11 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
             launch_text_jobs()
         _join(threads, deadline)
 
-    def put(key: str, name: str) -> None:
+    def put(key: str, name: str) -> tuple[str, int]:
+        """Upload ``name``'s video as ``key``; its ETag and size (what the upload's bucket event reports)."""
         body = w.videos[name]
-        w.minio.put_object(w.bucket, key, io.BytesIO(body), len(body), content_type="video/mp4")  # type: ignore[attr-defined]
+        written = w.minio.put_object(w.bucket, key, io.BytesIO(body), len(body), content_type="video/mp4")  # type: ignore[attr-defined]
+        return str(written.etag).strip('"'), len(body)
 
     def launch(
         job: IndexJob,
@@ -376,12 +378,15 @@ def run_schedule(w: World, seed: int, *, keys: int = 2, ops: int = 5) -> Outcome
     for _ in range(ops):
         key = rng.choice(names)
         action = rng.choice(["upload_a", "upload_b", "reupload", "delete", "upload_a"])
+        etag, size = None, None
         if action == "delete":
             w.minio.remove_object(w.bucket, key)  # type: ignore[attr-defined]
         else:
-            put(key, "a" if action in ("upload_a", "reupload") else "b")
+            etag, size = put(key, "a" if action in ("upload_a", "reupload") else "b")
         op = JobOp.DELETE if action == "delete" else JobOp.INDEX
-        job = IndexJob(op=op, bucket=w.bucket, key=key, source=JobSource.EVENT)
+        # As the event router makes it: an upload's job carries the ETag and size its event reported (a first
+        # start's first round fetches on the ETag instead of HEADing; a later upload makes it stale).
+        job = IndexJob(op=op, bucket=w.bucket, key=key, source=JobSource.EVENT, hint_etag=etag, hint_size=size)
         task_id = uuid.uuid4().hex
         abort_at = rng.choice(STEPS) if rng.random() < 0.3 else None
         launch(job, task_id, abort_at)

@@ -34,6 +34,7 @@ from storage.errors import TransientError
 from storage.frames import FRAMES
 from storage.models import ModelIndex, ModelTable
 from storage.s3 import ObjectHead
+from storage.s3_errors import ObjectGone
 from storage.tables import IndexStore
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 StepHook = Callable[[str, IndexJob], None]
 
 #: The boundaries, in the order one job can pass them.
-STEPS = ("read", "head", "claim", "fetch", "recheck", "write", "written", "finish", "settled", "remove", "removed")
+STEPS = ("read", "head", "claim", "fetch", "embedded", "write", "written", "finish", "settled", "remove", "removed")
 
 
 def _no_hook(step: str, job: IndexJob) -> None:
@@ -177,7 +178,9 @@ class Indexer:
             for n in range(MAX_CONVERGE_ROUNDS):
                 at_once = redelivered or attempt > 0 or n > 0
                 try:
-                    result = self._round(job, started_as, clock, dirty, fence, claim_at_once=at_once)
+                    result = self._round(
+                        job, started_as, clock, dirty, fence, claim_at_once=at_once, hinted=not at_once
+                    )
                 except RowLost as lost:
                     log.info("%s: %s; looking again", job.uri, lost)
                     continue
@@ -204,14 +207,21 @@ class Indexer:
         fence: Fence,
         *,
         claim_at_once: bool,
+        hinted: bool,
     ) -> JobResult:
+        """``hinted``: the round may take the object to be at the event's ETag (``IndexJob.hint_etag``) and
+        check that with the fetch instead of a HEAD (a first start's first round: a retry, a redelivery or a
+        second round HEADs, so a stale hint costs one failed fetch, once)."""
         self._hooks("read", job)
         with clock.stage("catalog"):
             seen = self._states.read(job.video_id)
         job = fence.passed(job, seen)
         self._hooks("head", job)
-        with clock.stage("head"):
-            head = self._objects.head(job.bucket, job.key)
+        head = self._hinted_head(job) if hinted else None
+        hinted = head is not None
+        if head is None:
+            with clock.stage("head"):
+                head = self._objects.head(job.bucket, job.key)
         if head is None:
             return self._remove(job, seen, clock, dirty)
         if job.op is JobOp.DELETE:
@@ -220,6 +230,12 @@ class Indexer:
         if kind is None:
             return JobResult(job.video_id, Outcome.UNCHANGED)
         plan = self._plan(kind, job, seen, head.version, clock)
+        if hinted and plan.step is not Step.EMBED:
+            # Nothing will be fetched to check the event's ETag: look at the object before trusting it.
+            with clock.stage("head"):
+                now = self._objects.head(job.bucket, job.key)
+            if now is None or now.version != head.version:
+                raise RowLost("the object is no longer at the event's version")
         if not kind.ready(plan):
             return JobResult(job.video_id, Outcome.UNCHANGED)
         if plan.step is not Step.EMBED:
@@ -231,13 +247,30 @@ class Indexer:
         # its words read); its outcome is in before any row is written or the failure recorded.
         try:
             self._hooks("fetch", job)
-            acted = kind.act(head, seen, plan, claim, clock, dirty)
-            self._settle(kind, job, head.version, plan, claim, acted, clock, dirty)
+            try:
+                acted = kind.act(head, seen, plan, claim, clock, dirty)
+            except ObjectGone as exc:
+                if not hinted:
+                    raise
+                # The fetch on the event's ETag found another version, or none: look, and act on that.
+                raise RowLost("the object is no longer at the event's version (its fetch said so)") from exc
+            self._settle(kind, job, head.version, plan, claim, acted, clock, dirty, hinted=hinted)
         finally:
             # A round that leaves early leaves no claim timer behind: a claim landing after the job left
             # (on a row nothing else changed since) would say ``indexing`` with no job alive.
             claim.skip()
         return JobResult(job.video_id, Outcome.INDEXED, frames=acted.frames, text_due=acted.due_later)
+
+    @staticmethod
+    def _hinted_head(job: IndexJob) -> ObjectHead | None:
+        """The object as its bucket event described it (ETag and size), when the event gave an ETag to fetch
+        on (an upload to an unversioned bucket): the download refuses a size over the limit before it asks,
+        and the GET is conditional on the ETag, so the size is that version's."""
+        if job.source is not JobSource.EVENT or job.op is not JobOp.INDEX or not job.hint_etag:
+            return None
+        if job.hint_size is None:
+            return None
+        return ObjectHead(job.bucket, job.key, job.hint_size, job.hint_etag, None, None, None)
 
     def _kind(self, job: IndexJob) -> JobKind | None:
         """The round of ``job``'s kind, over the live tables as read now: a text job reads words, any other
@@ -317,16 +350,23 @@ class Indexer:
         acted: Acted,
         clock: StageClock,
         dirty: JobRows,
+        *,
+        hinted: bool,
     ) -> None:
-        """Once the claim landed and the object is still at ``version``, write what the job made and settle
-        the row on it; then look once more."""
+        """Once the claim landed and the object is still at ``version`` (looked at again, unless the round
+        fetched on the event's ETag: ``hinted``), write what the job made and settle the row on it; then
+        look at the object once more."""
         # A job this far within ``claim_after_s`` writes no claim: it settles on the row it read.
         claimed = None if claim.skip() else self._settler.claimed(claim, clock, job)
         if claimed is None and not claim.skipped:
             raise RowLost("the row changed before it was claimed")
-        # Overlapping jobs of one key: only one that saw the current version writes.
-        self._hooks("recheck", job)
-        self._still_at(job, version, clock, "the object changed while it was embedded")
+        self._hooks("embedded", job)
+        if not hinted:
+            # Overlapping jobs of one key: only one that saw the current version writes.
+            self._still_at(job, version, clock, "the object changed while it was embedded")
+        # A round on the event's ETag (``hinted``) looks no more before its write: its fetch, conditional on
+        # the ETag, was the look. A version written since is found by the look after the settle, and the
+        # job goes round (its settle, if it landed, is overwritten by the next round's).
         self._hooks("write", job)
         self._write(acted.batches, clock, dirty)
         self._hooks("written", job)
@@ -334,8 +374,8 @@ class Indexer:
             self._settler.finish(job, plan, acted, clock, claim, joins=kind.joins, claimed=claimed)
         dirty.rows_changed = False
         self._hooks("settled", job)
-        # The object may have changed between the check above and the commit, and the job for the
-        # new version may already have finished: look once more, so the last writer converges.
+        # The object may have changed between the last look and the commit, and the job for the new version
+        # may already have finished: look once more, so the last writer converges.
         self._still_at(job, version, clock, "the object changed while its rows were written")
 
     def _still_at(self, job: IndexJob, version: str, clock: StageClock, lost: str) -> None:

@@ -71,11 +71,33 @@ def test_created_video_becomes_an_index_job() -> None:
     assert job.hint_version == "f1671feacb8bbf7b0397c6e9364e8c92"
 
 
+@pytest.mark.parametrize(
+    ("record", "hinted"),
+    [
+        (minio_record("s3:ObjectCreated:Put", "a.mp4"), True),
+        # a version id fetches that version whether or not it is current: no check, so no hint
+        (minio_record("s3:ObjectCreated:Put", "a.mp4", version_id="3b0c5d2e-9f41-4a6e-8d0a-1c2b3d4e5f60"), False),
+        # no size to hold against the limit before the fetch, or no ETag to fetch on: a HEAD first
+        (minio_record("s3:ObjectCreated:Put", "a.mp4", size=None), False),
+        (minio_record("s3:ObjectCreated:Put", "a.mp4", etag=None), False),
+    ],
+)
+def test_an_uploads_job_carries_the_etag_and_size_to_fetch_on_only_for_an_unversioned_object(
+    record: dict[str, Any], hinted: bool
+) -> None:
+    sink = ListSink()
+    router(sink).handle(minio_body(record))
+    (job,) = sink.jobs
+    want = ("f1671feacb8bbf7b0397c6e9364e8c92", 248_682) if hinted else (None, None)
+    assert (job.hint_etag, job.hint_size) == want
+
+
 def test_removed_object_becomes_a_delete_job_whatever_its_name() -> None:
     sink = ListSink()
     body = minio_body(minio_record("s3:ObjectRemoved:Delete", "notes.txt", size=None, etag=None, content_type=None))
     router(sink).handle(body)
     assert [j.op for j in sink.jobs] == [JobOp.DELETE]
+    assert sink.jobs[0].hint_etag is None  # a delete's job HEADs
 
 
 @pytest.mark.parametrize(

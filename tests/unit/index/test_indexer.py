@@ -21,35 +21,45 @@ from storage.commits.catalog import PendingWrite
 from storage.errors import CorruptVideo, LimitExceeded, TransientError
 from storage.frames import VideoFrames
 from storage.s3 import ObjectHead
+from storage.s3_errors import ObjectGone
 from storage.tables import IndexStore
 from tests.media import write_corrupt_mp4, write_video
 
 
 class MemoryObjects:
-    """An object store in a dict: key -> file. ``on_download`` runs mid-job to simulate a race."""
+    """An object store in a dict: key -> file, its ETag the file's MD5. A download is conditional on the
+    ETag it is given, as S3's ``If-Match``. ``on_download`` runs mid-job to simulate a race."""
 
     def __init__(self) -> None:
         self.files: dict[str, Path] = {}
         self.on_download: Callable[[], None] | None = None
         self.downloads = 0
+        self.heads = 0
 
     def put(self, key: str, path: Path) -> None:
         self.files[key] = path
 
     def head(self, bucket: str, key: str) -> ObjectHead | None:
+        self.heads += 1
         path = self.files.get(key)
         if path is None:
             return None
-        etag = hashlib.md5(path.read_bytes()).hexdigest()
-        return ObjectHead(bucket, key, path.stat().st_size, etag, None, "video/mp4", None)
+        return ObjectHead(bucket, key, path.stat().st_size, etag_of(path), None, "video/mp4", None)
 
     def download(self, head: ObjectHead, dest: Path) -> int:
         self.downloads += 1
-        shutil.copyfile(self.files[head.key], dest)
+        path = self.files.get(head.key)
+        if path is None or (head.etag and etag_of(path) != head.etag):
+            raise ObjectGone(f"GET s3://{head.bucket}/{head.key}: the object changed or disappeared")
+        shutil.copyfile(path, dest)
         if self.on_download is not None:
             hook, self.on_download = self.on_download, None
             hook()
         return dest.stat().st_size
+
+
+def etag_of(path: Path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
 
 
 class MeanColour:
@@ -136,6 +146,82 @@ def test_an_overwrite_during_indexing_is_followed_not_committed_stale(
     assert store.frames.count(job("a.mp4").video_id) == 5
 
 
+def event(key: str, uploaded: Path) -> IndexJob:
+    """The job of the bucket event of ``uploaded``'s upload as ``key``, with the ETag and size it reported."""
+    size = uploaded.stat().st_size
+    return IndexJob(
+        op=JobOp.INDEX, bucket="videos", key=key, source=JobSource.EVENT, hint_etag=etag_of(uploaded), hint_size=size
+    )
+
+
+def test_an_event_at_the_objects_etag_is_fetched_on_it_and_looked_at_once_after_the_settle(
+    parts: tuple[Indexer, IndexStore, MemoryObjects], tmp_path: Path
+) -> None:
+    indexer, store, objects = parts
+    objects.put("a.mp4", path := write_video(tmp_path / "a.mp4", seconds=3, seed=1))
+    assert indexer.run(event("a.mp4", path)).outcome is Outcome.INDEXED
+    assert objects.heads == 1 and objects.downloads == 1  # the look after the settle; no HEAD before
+    record = store.catalog.get(job("a.mp4").video_id)
+    assert record is not None and record.status is VideoStatus.INDEXED and record.version == etag_of(path)
+    assert store.frames.count(job("a.mp4").video_id) == 3
+
+
+def test_an_event_whose_etag_the_object_no_longer_has_indexes_the_object_as_it_is(
+    parts: tuple[Indexer, IndexStore, MemoryObjects], tmp_path: Path
+) -> None:
+    # Overwritten after the event: the fetch on the event's ETag fails, the next round HEADs and indexes v2.
+    indexer, store, objects = parts
+    v1 = write_video(tmp_path / "v1.mp4", seconds=3, seed=1)
+    objects.put("a.mp4", v2 := write_video(tmp_path / "v2.mp4", seconds=5, seed=2))
+    result = indexer.run(event("a.mp4", v1))
+    assert result.outcome is Outcome.INDEXED and result.frames == 5
+    record = store.catalog.get(job("a.mp4").video_id)
+    assert record is not None and record.version == etag_of(v2)
+    assert objects.downloads == 2 and store.frames.count(job("a.mp4").video_id) == 5
+
+
+def test_a_redelivered_event_heads_before_it_fetches_so_a_stale_etag_costs_no_failed_fetch(
+    parts: tuple[Indexer, IndexStore, MemoryObjects], tmp_path: Path
+) -> None:
+    # Only a first start's first round fetches on the event's ETag: a redelivery (or a retry) looks first.
+    indexer, store, objects = parts
+    v1 = write_video(tmp_path / "v1.mp4", seconds=3, seed=1)
+    objects.put("a.mp4", v2 := write_video(tmp_path / "v2.mp4", seconds=5, seed=2))
+    result = indexer.run(event("a.mp4", v1), "t1", redelivered=True)
+    assert result.outcome is Outcome.INDEXED and result.frames == 5
+    assert objects.downloads == 1 and objects.heads == 3  # before, before the write, after the settle
+    record = store.catalog.get(job("a.mp4").video_id)
+    assert record is not None and record.version == etag_of(v2)
+
+
+def test_an_event_of_an_object_deleted_since_leaves_nothing_behind(
+    parts: tuple[Indexer, IndexStore, MemoryObjects], tmp_path: Path
+) -> None:
+    indexer, store, objects = parts
+    gone = write_video(tmp_path / "a.mp4", seconds=3, seed=1)
+    assert indexer.run(event("a.mp4", gone)).outcome is Outcome.UNCHANGED
+    assert objects.downloads == 1 and objects.heads == 1  # the fetch said so; the HEAD found it gone
+    assert store.catalog.get(job("a.mp4").video_id) is None and store.frames.count() == 0
+
+
+def test_a_late_event_of_an_indexed_version_is_looked_at_before_it_is_trusted(
+    parts: tuple[Indexer, IndexStore, MemoryObjects], tmp_path: Path
+) -> None:
+    # v1 indexed, then overwritten by v2 whose own event is still on its way: a repeat of v1's event finds
+    # v1's rows in place. Nothing is fetched to check its ETag, so it HEADs, and indexes v2.
+    indexer, store, objects = parts
+    objects.put("a.mp4", v1 := write_video(tmp_path / "v1.mp4", seconds=3, seed=1))
+    assert indexer.run(event("a.mp4", v1)).outcome is Outcome.INDEXED
+    heads = objects.heads
+    assert indexer.run(event("a.mp4", v1)).outcome is Outcome.UNCHANGED
+    assert objects.heads == heads + 1  # the look, nothing fetched
+    objects.put("a.mp4", v2 := write_video(tmp_path / "v2.mp4", seconds=5, seed=2))
+    assert indexer.run(event("a.mp4", v1)).outcome is Outcome.INDEXED
+    record = store.catalog.get(job("a.mp4").video_id)
+    assert record is not None and record.version == etag_of(v2)
+    assert store.frames.count(job("a.mp4").video_id) == 5
+
+
 @pytest.mark.parametrize(("claim_after_s", "outcome"), [(0.0, Outcome.DELETED), (60.0, Outcome.UNCHANGED)])
 def test_a_delete_during_indexing_removes_instead(tmp_path: Path, claim_after_s: float, outcome: Outcome) -> None:
     # A claimed row is settled deleted; a job that wrote no claim (a first start shorter than
@@ -153,6 +239,20 @@ def test_a_delete_during_indexing_removes_instead(tmp_path: Path, claim_after_s:
         assert record is not None and record.status is VideoStatus.DELETED
     else:
         assert record is None
+
+
+def test_an_event_whose_object_is_deleted_after_its_fetch_is_indexed_then_removed(
+    parts: tuple[Indexer, IndexStore, MemoryObjects], tmp_path: Path
+) -> None:
+    # An upload's job looks at the object by its fetch only: deleted once that fetch began, the job writes
+    # and settles, the look after the settle finds the object gone, and the next round removes the rows.
+    indexer, store, objects = parts
+    objects.put("a.mp4", path := write_video(tmp_path / "v1.mp4", seconds=3, seed=1))
+    objects.on_download = lambda: objects.files.pop("a.mp4")
+    assert indexer.run(event("a.mp4", path)).outcome is Outcome.DELETED
+    assert store.frames.count() == 0
+    record = store.catalog.get(job("a.mp4").video_id)
+    assert record is not None and record.status is VideoStatus.DELETED
 
 
 def test_permanent_failure_is_recorded_and_old_rows_stay(

@@ -66,7 +66,7 @@ def test_a_start_that_outlives_claim_after_s_claims_while_it_runs(tmp_path: Path
     def slow(step: str, j: IndexJob) -> None:
         if step == "fetch":
             time.sleep(0.3)  # a fetch longer than claim_after_s: the claim's timer fires meanwhile
-        if step == "recheck":  # embedded, not written yet
+        if step == "embedded":  # not written yet
             seen_mid_job.append(stores[0].catalog.get(j.video_id))
 
     indexer, store, objects, writes = parts(tmp_path, claim_after_s=0.1, hooks=slow)
