@@ -220,8 +220,7 @@ class Indexer:
         head = self._hinted_head(job) if hinted else None
         hinted = head is not None
         if head is None:
-            with clock.stage("head"):
-                head = self._objects.head(job.bucket, job.key)
+            head = self._head(job, clock)
         if head is None:
             return self._remove(job, seen, clock, dirty)
         if job.op is JobOp.DELETE:
@@ -232,10 +231,7 @@ class Indexer:
         plan = self._plan(kind, job, seen, head.version, clock)
         if hinted and plan.step is not Step.EMBED:
             # Nothing will be fetched to check the event's ETag: look at the object before trusting it.
-            with clock.stage("head"):
-                now = self._objects.head(job.bucket, job.key)
-            if now is None or now.version != head.version:
-                raise RowLost("the object is no longer at the event's version")
+            self._still_at(job, head.version, clock, "the object is no longer at the event's version")
         if not kind.ready(plan):
             return JobResult(job.video_id, Outcome.UNCHANGED)
         if plan.step is not Step.EMBED:
@@ -378,9 +374,12 @@ class Indexer:
         # may already have finished: look once more, so the last writer converges.
         self._still_at(job, version, clock, "the object changed while its rows were written")
 
-    def _still_at(self, job: IndexJob, version: str, clock: StageClock, lost: str) -> None:
+    def _head(self, job: IndexJob, clock: StageClock) -> ObjectHead | None:
         with clock.stage("head"):
-            current = self._objects.head(job.bucket, job.key)
+            return self._objects.head(job.bucket, job.key)
+
+    def _still_at(self, job: IndexJob, version: str, clock: StageClock, lost: str) -> None:
+        current = self._head(job, clock)
         if current is None or current.version != version:
             raise RowLost(lost)
 
