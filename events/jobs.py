@@ -8,6 +8,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from events.records import BucketEvent, EventKind
 from storage.ids import s3_uri, video_id
 
 #: Name of the task handler on the index queue.
@@ -72,3 +73,18 @@ class JobSink(Protocol):
     """
 
     def submit(self, job: IndexJob) -> str: ...
+
+
+def job_for(event: BucketEvent) -> IndexJob:
+    hinted = event.kind is EventKind.CREATED and not event.version_id and bool(event.etag) and event.size is not None
+    return IndexJob(
+        op=JobOp.INDEX if event.kind is EventKind.CREATED else JobOp.DELETE,
+        bucket=event.bucket,
+        key=event.key,
+        source=JobSource.EVENT,
+        hint_version=event.version_id or event.etag,
+        # A version id fetches that version whether or not it is current: only an ETag is a check.
+        hint_etag=event.etag if hinted else None,
+        hint_size=event.size if hinted else None,
+        sequencer=event.sequencer,
+    )

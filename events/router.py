@@ -27,7 +27,7 @@ import pika
 import pika.exceptions
 
 from events.config import AmqpSettings, VideoFilterSettings
-from events.jobs import IndexJob, JobOp, JobSink, JobSource
+from events.jobs import IndexJob, JobSink, job_for
 from events.parked import MAX_REASON_CHARS, park
 from events.records import BucketEvent, EventDecodeError, EventKind, decode_message
 from events.settled import Seen, SettledMemory
@@ -44,21 +44,6 @@ CONNECTION_NAME = "vidx-event-router"
 
 def is_video(event: BucketEvent, videos: VideoFilterSettings) -> bool:
     return videos.matches(event.key, event.content_type)
-
-
-def job_for(event: BucketEvent) -> IndexJob:
-    hinted = event.kind is EventKind.CREATED and not event.version_id and bool(event.etag) and event.size is not None
-    return IndexJob(
-        op=JobOp.INDEX if event.kind is EventKind.CREATED else JobOp.DELETE,
-        bucket=event.bucket,
-        key=event.key,
-        source=JobSource.EVENT,
-        hint_version=event.version_id or event.etag,
-        # A version id fetches that version whether or not it is current: only an ETag is a check.
-        hint_etag=event.etag if hinted else None,
-        hint_size=event.size if hinted else None,
-        sequencer=event.sequencer,
-    )
 
 
 def describe(exc: BaseException) -> str:

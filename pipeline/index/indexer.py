@@ -11,7 +11,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Protocol
 
 from events.jobs import IndexJob, JobOp, JobSource
 from pipeline.index.clock import StageClock
@@ -20,7 +19,7 @@ from pipeline.index.frames_job import FramesJob, no_frames
 from pipeline.index.joblog import log_job
 from pipeline.index.objects import ObjectSource, S3ObjectSource
 from pipeline.index.plan import IndexPlan, Step, claims, count_crashes, plan_index, plan_removal
-from pipeline.index.result import JobResult, Outcome
+from pipeline.index.result import STEPS, JobKind, JobResult, Outcome, StepHook, no_hook
 from pipeline.index.settle import MAX_CONVERGE_ROUNDS, Acted, Batch, Claim, Fence, RowLost, RowSettler
 from pipeline.index.words import WordReader
 from pipeline.index.words_job import DeferredWords, WordsJob, no_words
@@ -39,46 +38,7 @@ from storage.tables import IndexStore
 
 log = logging.getLogger(__name__)
 
-#: A step boundary of a job and the job: ``hooks(step, job)`` runs there (tests pause jobs at them).
-StepHook = Callable[[str, IndexJob], None]
-
-#: The boundaries, in the order one job can pass them.
-STEPS = ("read", "head", "claim", "fetch", "embedded", "write", "written", "finish", "settled", "remove", "removed")
-
-
-def _no_hook(step: str, job: IndexJob) -> None:
-    return None
-
-
-class JobKind(Protocol):
-    """What one round of a kind of job brings to the shared round (``FramesJob``, ``WordsJob``): the tables
-    it plans over, whether it may claim, what giving up on the video means, what it makes, and whether its
-    entries may join a row another job settled over its claim."""
-
-    @property
-    def tables(self) -> Sequence[ModelTable]: ...
-
-    @property
-    def deferred(self) -> frozenset[str]: ...
-
-    @property
-    def joins(self) -> bool: ...
-
-    def ready(self, plan: IndexPlan) -> bool: ...
-
-    def due_later(self, plan: IndexPlan) -> bool: ...
-
-    def give_up(self, crashes: int) -> None: ...
-
-    def act(
-        self,
-        head: ObjectHead,
-        seen: VideoRecord | None,
-        plan: IndexPlan,
-        claim: Claim,
-        clock: StageClock,
-        dirty: JobRows,
-    ) -> Acted: ...
+__all__ = ["STEPS", "Indexer", "JobResult", "Outcome"]
 
 
 class Indexer:
@@ -95,7 +55,7 @@ class Indexer:
         catalog_writes: CatalogWrites | None = None,
         holder: str = "local",
         holder_alive: Callable[[str], bool] = lambda holder: True,
-        hooks: StepHook = _no_hook,
+        hooks: StepHook = no_hook,
         metrics: Metrics | None = None,
         models: Callable[[], list[ModelTable]] | None = None,
         models_now: Callable[[], list[ModelTable]] | None = None,
