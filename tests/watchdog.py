@@ -11,9 +11,11 @@ can't be cancelled from inside pytest.
 
 When a deadline passes (or the whole run's bound, or pytest's exit takes too long), it prints what it
 was waiting for, pytest's processes with their states (``T``: stopped, ``D``: blocked in the kernel) and
-every thread's stack (py-spy, then faulthandler through SIGABRT while pytest has it on), kills pytest and
-the processes it started that are still its descendants (containers and daemonised ``ray start`` nodes are
-not), and exits 1. It exits 0 as soon as pytest closes the pipe.
+the CPU each has used, the machine's busiest processes, and every thread's stack (py-spy, then
+faulthandler through SIGABRT while pytest has it on), kills pytest and the processes it started that are
+still its descendants (containers and daemonised ``ray start`` nodes are not), and exits 1. It exits 0 as
+soon as pytest closes the pipe. Its last lines say again what ran past its deadline, how far the run had
+got, the load and the busiest processes: a CI log cut to its tail still shows them.
 
 Messages, one a line: ``arm SECONDS WHAT`` (a deadline SECONDS from now) and ``disarm``.
 
@@ -52,12 +54,61 @@ def run(cmd: list[str]) -> None:
         say(f"{cmd[0]} failed: {exc}")
 
 
-def fire(pid: int, what: str) -> None:
-    family = [pid]
+#: How long the busiest processes are watched: the CPU each uses meanwhile ranks them.
+SAMPLE_S = 3.0
+
+
+def _cpu_ticks() -> dict[int, int]:
+    """Every process's CPU time so far (user + system, in clock ticks), from /proc."""
+    ticks = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:  # fields after the command's closing parenthesis: utime and stime are the 12th and 13th
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                ticks[int(entry.name)] = int(fields[11]) + int(fields[12])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+    return ticks
+
+
+def busiest(count: int) -> str:
+    """The ``count`` processes of the machine that used the most CPU over ``SAMPLE_S``, a line each: the
+    share of a CPU, the pid, the niceness and state, the command."""
+    before = _cpu_ticks()
+    time.sleep(SAMPLE_S)
+    after, hz = _cpu_ticks(), os.sysconf("SC_CLK_TCK")
+    used = sorted(((t - before[p], p) for p, t in after.items() if p in before), reverse=True)[:count]
+    lines = []
+    for ticks, p in used:
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            args = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            stat, args = ["?"] * 17, "(gone)"
+        lines.append(f"  {100 * ticks / hz / SAMPLE_S:5.0f}% pid {p} ni {stat[16]} {stat[0]} {args[:90]}")
+    return "\n".join(lines)
+
+
+def load() -> str:
+    """The load averages and the memory still available, from /proc (best effort)."""
+    try:
+        avg = Path("/proc/loadavg").read_text().split()[:3]
+        mem = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        return f"load {' '.join(avg)} on {os.cpu_count()} CPUs, {mem['MemAvailable'].strip()} of memory available"
+    except (OSError, KeyError, ValueError) as exc:
+        return f"load unknown ({exc})"
+
+
+def fire(pid: int, what: str, progress: str = "") -> None:
+    family, top = [pid], "(not read)"
     try:  # the diagnostics are best effort: whatever fails in them, the run is still killed below
         say(f"{what}; pytest (pid {pid}), its processes and its stacks follow, then the run is killed")
+        say(load())
         family += descendants(pid)  # the watchdog forked off at its start: it is not among them
-        run(["ps", "-o", "pid,ppid,pgid,stat,wchan:24,etime,args", "-p", ",".join(map(str, family))])
+        run(["ps", "-o", "pid,ppid,pgid,ni,stat,wchan:24,pcpu,time,etime,args", "-p", ",".join(map(str, family))])
+        say(f"the machine's busiest processes (CPU used over {SAMPLE_S:g} s):")
+        top = busiest(12)
+        sys.stderr.write(top + "\n")
         py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
         if py_spy:
             run([py_spy, "dump", "--pid", str(pid)])
@@ -78,6 +129,9 @@ def fire(pid: int, what: str) -> None:
             time.sleep(0.2)
     signal_all(family[1:], signal.SIGKILL)
     say(f"killed pytest and {len(family) - 1} processes it started")
+    # Again, last: a log cut to its tail keeps these lines.
+    say(f"{what}{progress}; {load()}; the busiest processes before the kill:")
+    sys.stderr.write("\n".join(top.splitlines()[:8]) + "\n")
 
 
 def main(argv: list[str]) -> int:
@@ -86,9 +140,10 @@ def main(argv: list[str]) -> int:
         # Not a child of pytest (tests that count their process's children would count it): the parent
         # exits at once, and this process goes on as the child of whatever reaps orphans.
         os._exit(0)
-    run_deadline = time.monotonic() + run_bound_s
+    started = time.monotonic()
+    run_deadline = started + run_bound_s
     deadline: float | None = None
-    what = ""
+    what, done = "", 0
     buffered = b""
     while True:
         due = run_deadline if deadline is None else min(deadline, run_deadline)
@@ -105,14 +160,15 @@ def main(argv: list[str]) -> int:
                     seconds, _, what = rest.partition(" ")
                     deadline = time.monotonic() + float(seconds)
                 elif verb == "disarm":
-                    deadline = None
+                    deadline, done = None, done + 1
             continue
         if time.monotonic() < due:
             continue
+        progress = f" ({done} deadlines met before it, {time.monotonic() - started:.0f} s into the run)"
         if deadline is not None and deadline <= run_deadline:
-            fire(pid, f"{what} ran past its deadline")
+            fire(pid, f"{what} ran past its deadline", progress)
         else:
-            fire(pid, f"the test run ran past its bound of {run_bound_s:g}s (VIDX_TEST_RUN_BOUND_S)")
+            fire(pid, f"the test run ran past its bound of {run_bound_s:g}s (VIDX_TEST_RUN_BOUND_S)", progress)
         return 1
 
 

@@ -77,3 +77,9 @@ def test_a_test_stuck_where_its_timeout_cant_reach_ends_the_run_with_its_stacks(
     # only as part of the test's node id.
     assert f"{frame} (test_probe.py:" in result.stderr or f"in {frame}\n" in result.stderr, result.stderr[-3000:]
     assert "killed pytest" in result.stderr, result.stderr[-3000:]
+    # A CI log shows its tail: the report ends by saying again what ran past its deadline, how far the run
+    # had got, the load and the busiest processes (the watchdog's own sampling among them or not).
+    tail = result.stderr.splitlines()[-9:]
+    summary = [line for line in tail if "ran past its deadline" in line]
+    assert summary and "deadlines met before it" in summary[0] and "load " in summary[0], tail
+    assert any("% pid " in line for line in tail), tail
