@@ -120,6 +120,16 @@ class LimitSettings(DecodeLimits):
     #: ...for at most this long, then the job is retried later (a transient failure).
     download_slot_wait_s: float = Field(default=300.0, gt=0)
     max_query_chars: int = Field(default=512, gt=0)
+    #: A text search looks for the query's first this many distinct words outside quotes; the rest are not
+    #: searched (a fuzzy search's cost grows with its words: 171 of them took ~0.6 CPU-s a search).
+    max_query_words: int = Field(default=32, ge=1, le=1024)
+    #: A segment of a video's words (a subtitle cue, a frame's on-screen text, a stretch of speech) is cut
+    #: at a word past this many characters: the words are the uploader's, and a search reads each it
+    #: matches. Rows written before the cap are read up to it too.
+    max_segment_chars: int = Field(default=2000, ge=16, le=1_000_000)
+    #: Of a video's words, the earliest segments up to this many characters in all are kept (the rest left
+    #: out, and the job says so in its log).
+    max_video_text_chars: int = Field(default=1_000_000, ge=16)
     max_k: int = Field(default=100, gt=0)
     max_image_bytes: int = Field(default=16 * 1024**2, gt=0)
     max_image_pixels: int = Field(default=50_000_000, gt=0)

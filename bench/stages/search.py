@@ -30,7 +30,8 @@ from numpy.typing import NDArray
 from bench.common import percentile, save_section
 from events.jobs import IndexJob
 from pipeline.api.app import create_app
-from pipeline.query.search import CANDIDATES_PER_MOMENT, MAX_CANDIDATES, SearchService
+from pipeline.query.search import CANDIDATES_PER_MOMENT, SearchService
+from pipeline.query.words import MAX_CANDIDATES
 from pipeline.settings import LimitSettings, Settings
 from pipeline.upkeep.maintenance import IndexMaintainer
 from storage.config import IndexSettings, S3Settings

@@ -74,6 +74,13 @@ class TextStage:
             clock.add(f"text_{source}", seconds)
         for source, why in found.errors.items():
             log.info("%s: %s read nothing: %s", head.key, source, why)
+        if found.left_out:
+            log.warning(
+                "%s: %d segments left out: the video's words ran past %d characters (limits.max_video_text_chars)",
+                head.key,
+                found.left_out,
+                self._settings.limits.max_video_text_chars,
+            )
         return found.rows(video_id)
 
     def close(self) -> None:

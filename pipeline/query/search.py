@@ -16,24 +16,24 @@ from numpy.typing import NDArray
 from pydantic import BaseModel
 
 from pipeline.metrics import Metrics
-from pipeline.query.hybrid import READINGS_READ, Fused, Ranked, TextMatch, fuse, rank_words
+from pipeline.query.hybrid import Fused, Ranked, TextMatch, fuse
 from pipeline.query.images import decode_query_image
 from pipeline.query.links import MediaSigner, S3Links, media_signer
 from pipeline.query.moments import FrameHit, Moment, merge_moments
-from pipeline.query.terms import VISUAL, TextQuery, parse_query, parse_sources, text_match
+from pipeline.query.terms import VISUAL, TextQuery, parse_query, parse_sources
+from pipeline.query.words import MAX_CANDIDATES, current_matches, search_words
 from pipeline.settings import Settings
 from storage.catalog import VideoRecord
 from storage.errors import InvalidInput, LimitExceeded
 from storage.frames import FRAMES, FrameTable
-from storage.ids import frame_id, text_fingerprint
+from storage.ids import frame_id
 from storage.models import ModelTable
 from storage.tables import IndexStore
 from storage.texts import SOURCES as TEXT_SOURCES
-from storage.texts import TextHit, TextTable
+from storage.texts import TextHit
 
 #: Frames fetched per requested moment: neighbours of one moment collapse into it.
 CANDIDATES_PER_MOMENT = 20
-MAX_CANDIDATES = 2000
 #: Most matching frame times listed per moment (``hits_s``).
 MAX_HITS_PER_MOMENT = 50
 #: Segments fetched per requested moment from the words, and moments from the frames, before fusion.
@@ -153,7 +153,7 @@ class SearchService:
             wanted = parse_sources(sources)
         except ValueError as exc:
             raise InvalidInput(str(exc)) from exc
-        query = parse_query(q)
+        query = parse_query(q).bounded(self._settings.limits.max_query_words)
         model = await self._active()
         text = await self._text_table()
         words = sorted(wanted & set(TEXT_SOURCES))
@@ -223,7 +223,8 @@ class SearchService:
             hits_s.setdefault(hit.video_id, []).append(hit.ts_s)
         results: list[MomentOut] = []
         base = base_url.rstrip("/")
-        for f in self._fused(moments, text_hits, records, words, k):
+        # Off the loop: the matching reads each hit's words (bounded, but a search's worth is CPU).
+        for f in await asyncio.to_thread(self._fused, moments, text_hits, records, words, k):
             shown = self._shown_frame(f, model, records, versions)
             if shown is None:
                 continue
@@ -261,7 +262,8 @@ class SearchService:
         table = self._store.text_table(text.table)
         limit = min(k * TEXT_CANDIDATES_PER_MOMENT, MAX_CANDIDATES)
         fuzzy = self._settings.text.search_fuzzy
-        return await asyncio.to_thread(_search_words, table, query, limit, sources, fuzzy)
+        max_chars = self._settings.limits.max_segment_chars
+        return await asyncio.to_thread(search_words, table, query, limit, sources, fuzzy, max_chars)
 
     def _fused(
         self,
@@ -276,7 +278,7 @@ class SearchService:
         matches: list[TextMatch] = []
         if words is not None:
             text, query, _ = words
-            matches = _current_matches(text_hits, records, text, query, self._settings.text.search_fuzzy)
+            matches = current_matches(text_hits, records, text, query, self._settings.text.search_fuzzy)
         if matches:
             return [_rounded(f) for f in fuse(moments, matches, k)]
         # The words took no part: the visual moments, scored by their best frame's similarity.
@@ -335,61 +337,3 @@ def _rounded(f: Fused) -> Fused:
 
 def _took_ms(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 2)
-
-
-def _search_words(
-    table: TextTable, query: TextQuery, limit: int, sources: list[str], fuzzy: bool
-) -> list[Ranked[TextHit]]:
-    """The ``limit`` best matches of the query and the share of its words each holds (``rank_words``):
-    segments with every quoted phrase (its words in order), or — with none — any of its words
-    (``fuzzy``: near words too, below exact ones)."""
-    read = max(limit, min(limit * READINGS_READ, MAX_CANDIDATES))
-    near = fuzzy and not query.phrases
-    if not query.phrases:
-        return rank_words(table.search(" ".join(query.words), read, sources, fuzzy=fuzzy), query.terms, near=near)[
-            :limit
-        ]
-    found: dict[str, TextHit] = {}
-    scores: dict[str, float] = {}
-    for n, phrase in enumerate(query.phrases):
-        hits = {h.segment_id: h for h in table.search(phrase, read, sources, phrase=True)}
-        found = hits if n == 0 else {sid: h for sid, h in found.items() if sid in hits}
-        for sid, h in hits.items():
-            scores[sid] = scores.get(sid, 0.0) + h.score
-    by_score = sorted(found.values(), key=lambda h: -scores[h.segment_id])
-    return rank_words(by_score, query.terms)[:limit]
-
-
-def _current_matches(
-    hits: list[Ranked[TextHit]], records: dict[str, VideoRecord], text: ModelTable, query: TextQuery, fuzzy: bool
-) -> list[TextMatch]:
-    """The hits whose rows are the words of their video as the catalog has it now (its text entry, at
-    its version): words of an overwritten or deleted video's old version are never answered."""
-    pipeline = text.pipeline or ""
-    terms = query.terms
-    matches = []
-    for ranked in hits:
-        h = ranked.hit
-        record = records.get(h.video_id)
-        entry = record.index_in(text.table) if record is not None else None
-        if record is None or entry is None or record.version != h.version:
-            continue
-        if entry.fingerprint != text_fingerprint(h.version, pipeline):
-            continue
-        ts, spans = text_match(h.text, h.start_s, h.end_s, h.word_starts, terms, near=fuzzy and not query.phrases)
-        matches.append(
-            TextMatch(
-                h.video_id,
-                h.uri,
-                h.start_s,
-                h.end_s,
-                h.text,
-                h.source,
-                ts,
-                spans,
-                ranked.held,
-                ranked.moment,
-                ranked.lead,
-            )
-        )
-    return matches

@@ -33,6 +33,19 @@ class TextQuery:
             found.update(w.lower() for w in WORD.findall(phrase))
         return frozenset(found)
 
+    def bounded(self, max_words: int) -> TextQuery:
+        """The query with its free words kept, in order, up to ``max_words`` distinct ones (any case): a
+        search's cost grows with them (each is also looked for one letter away). Quoted phrases stay:
+        their words are matched exactly, in order. ``visual`` is kept. Itself when within."""
+        distinct: dict[str, None] = {}
+        kept = []
+        for word in self.words:
+            if word.lower() not in distinct and len(distinct) == max_words:
+                continue
+            distinct[word.lower()] = None
+            kept.append(word)
+        return self if len(kept) == len(self.words) else TextQuery(self.visual, self.phrases, tuple(kept))
+
 
 def parse_query(q: str) -> TextQuery:
     phrases = tuple(p.strip() for p in PHRASE.findall(q) if WORD.search(p))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.settings import Settings, TextSettings
-from pipeline.text.segments import TextSegment, TextSource
+from pipeline.text.segments import TextSegment, TextSource, WordsDeadline, capped_words
 from storage.errors import CorruptVideo, LimitExceeded, NotAVideo
 from storage.ids import segment_id
 from storage.sampling import Sampling, SamplingStrategy
@@ -28,6 +28,8 @@ class TextExtraction:
     seconds: dict[str, float] = field(default_factory=dict)
     #: Why a source read nothing of this video, where it failed (a damaged audio track, say).
     errors: dict[str, str] = field(default_factory=dict)
+    #: Segments left out: the video's words ran past ``LimitSettings.max_video_text_chars``.
+    left_out: int = 0
 
     def of(self, source: TextSource) -> list[TextSegment]:
         return [s for s in self.segments if s.source is source]
@@ -81,14 +83,21 @@ class TextExtractor:
             self._ocr = None
 
     def extract(self, path: Path) -> TextExtraction:
+        """The words of the video at ``path``, by every source on, within ``text.read_deadline_s`` in all:
+        a source still reading then stops, and it and the sources after it read nothing (each says so in
+        ``errors``); the words of the sources that finished are kept."""
         out = TextExtraction()
+        deadline = WordsDeadline(self._text.read_deadline_s)
         if self._text.subtitles:
-            self._run(out, TextSource.SUBTITLE, lambda: self._subtitles(path))
+            self._run(out, TextSource.SUBTITLE, lambda: self._subtitles(path, deadline))
         if self._text.ocr:
-            self._run(out, TextSource.OCR, lambda: self._read_ocr(path))
+            self._run(out, TextSource.OCR, lambda: self._read_ocr(path, deadline))
         if self._text.speech:
-            self._run(out, TextSource.SPEECH, lambda: self._read_speech(path))
+            self._run(out, TextSource.SPEECH, lambda: self._read_speech(path, deadline))
         out.segments.sort(key=lambda s: (s.start_s, s.source.value))
+        # The words are the uploader's: each segment is cut to its cap, and the video's words end at theirs.
+        limits = self._settings.limits
+        out.segments, out.left_out = capped_words(out.segments, limits.max_segment_chars, limits.max_video_text_chars)
         return out
 
     def _run(self, out: TextExtraction, source: TextSource, read: Callable[[], list[TextSegment]]) -> None:
@@ -97,34 +106,38 @@ class TextExtractor:
         transient failure, or a reader that can't start (``OcrUnavailable``), goes to the caller."""
         started = time.perf_counter()
         try:
-            out.segments.extend(read())
+            out.segments.extend(read())  # a deadline passed raises LimitExceeded (before or while reading)
         except (CorruptVideo, NotAVideo, LimitExceeded) as exc:
             out.errors[source.value] = str(exc)
         finally:
             out.seconds[source.value] = round(time.perf_counter() - started, 4)
 
-    @staticmethod
-    def _subtitles(path: Path) -> list[TextSegment]:
+    def _subtitles(self, path: Path, deadline: WordsDeadline) -> list[TextSegment]:
         from pipeline.text.subtitles import read_subtitles
 
-        return read_subtitles(path)
+        deadline.check()
+        limits = self._settings.limits
+        caps = (limits.max_segment_chars, limits.max_video_text_chars)
+        return read_subtitles(path, max_chars=caps, deadline=deadline)
 
-    def _read_ocr(self, path: Path) -> list[TextSegment]:
+    def _read_ocr(self, path: Path, deadline: WordsDeadline) -> list[TextSegment]:
         from pipeline.media.decode import sample_frames
         from pipeline.text.ocr import OcrReader
 
+        deadline.check()
         if self._ocr is None:
             t = self._text
             self._ocr = OcrReader(t.ocr_tessdata, t.ocr_language, t.ocr_min_confidence, min_side=t.ocr_min_side)
         sampling = Sampling(self._text.ocr_every_s, SamplingStrategy.INTERVAL)
         frames = sample_frames(path, sampling, self._settings.limits, max_side=self._text.ocr_max_side)
-        return self._ocr.read_frames(frames, self._text.ocr_every_s)
+        return self._ocr.read_frames(frames, self._text.ocr_every_s, deadline)
 
-    def _read_speech(self, path: Path) -> list[TextSegment]:
+    def _read_speech(self, path: Path, deadline: WordsDeadline) -> list[TextSegment]:
         from pipeline.text.speech import SpeechRecognizer
 
+        deadline.check()
         if self._speech is None:
             self._speech = SpeechRecognizer(
                 max_audio_s=self._settings.limits.max_duration_s, alternatives=self._text.speech_alternatives
             )
-        return self._speech.read_file(path)
+        return self._speech.read_file(path, deadline)

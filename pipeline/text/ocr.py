@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pipeline.media.sampler import SampledFrame
-from pipeline.text.segments import TextSegment, TextSource, clean_text
+from pipeline.text.segments import NO_DEADLINE, TextSegment, TextSource, WordsDeadline, clean_text
 from storage.errors import ModelUnavailable
 
 #: Where Debian's (and most distributions') tesseract-ocr-eng puts its models, newest first.
@@ -85,8 +85,14 @@ class OcrReader:
     def close(self) -> None:
         self._api.End()
 
-    def read_frames(self, frames: Iterable[SampledFrame], every_s: float) -> list[TextSegment]:
-        """Segments of the text shown in ``frames`` (sampled every ``every_s`` seconds, in time order)."""
+    def read_frames(
+        self, frames: Iterable[SampledFrame], every_s: float, deadline: WordsDeadline = NO_DEADLINE
+    ) -> list[TextSegment]:
+        """Segments of the text shown in ``frames`` (sampled every ``every_s`` seconds, in time order).
+
+        Raises:
+            LimitExceeded: the ``deadline`` passed (asked before each frame).
+        """
         import time
 
         segments: list[TextSegment] = []
@@ -94,6 +100,7 @@ class OcrReader:
         last_thumb: NDArray[np.float32] | None = None
         last: tuple[str, float] = ("", 0.0)
         for frame in frames:
+            deadline.check()
             self.stats.frames += 1
             thumb = _thumb(frame.rgb)
             if last_thumb is None or float(np.abs(thumb - last_thumb).max()) > self._same_level:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from enum import StrEnum
+
+from storage.errors import LimitExceeded
 
 
 class TextSource(StrEnum):
@@ -47,15 +51,77 @@ class TextSegment:
         return self.start_s
 
 
-_ASS_TAGS = re.compile(r"\{[^}]*\}")
-_MARKUP = re.compile(r"</?[a-zA-Z][^>]*>")
+# Each pattern stops at the next opening character, so a scan from one opening ends where the next
+# begins: the clean-up is linear in the text, whatever it holds (a cue of ``{{{{…`` or ``<a<a<a…`` with no
+# closing made the patterns that ran on to the closing quadratic: an 80 KB cue took 2.3 s, 1 MB minutes).
+_ASS_TAGS = re.compile(r"\{[^{}]*\}")
+_MARKUP = re.compile(r"</?[a-zA-Z][^<>]*>")
 _SPACE = re.compile(r"\s+")
+
+#: Of one cue or one frame's text, at most this many characters are cleaned (a segment keeps far fewer:
+#: ``LimitSettings.max_segment_chars``); the rest is dropped unread.
+MAX_RAW_CHARS = 64 * 1024
 
 
 def clean_text(raw: str) -> str:
     """Subtitle or OCR text as words: ASS override tags (``{\\i1}``), HTML-like markup (SRT's ``<i>``,
-    WebVTT's ``<c.yellow>``), ASS line breaks (``\\N``, ``\\n``, ``\\h``) and runs of whitespace go."""
-    text = _ASS_TAGS.sub("", raw)
+    WebVTT's ``<c.yellow>``), ASS line breaks (``\\N``, ``\\n``, ``\\h``) and runs of whitespace go. Linear
+    in ``raw``, of which the first ``MAX_RAW_CHARS`` are read."""
+    text = _ASS_TAGS.sub("", raw[:MAX_RAW_CHARS])
     text = text.replace("\\N", " ").replace("\\n", " ").replace("\\h", " ")
     text = _MARKUP.sub("", text)
     return _SPACE.sub(" ", text).strip()
+
+
+def capped(segment: TextSegment, max_chars: int) -> TextSegment:
+    """``segment`` with its text cut to at most ``max_chars`` characters, at a word (a first word longer
+    than that is cut inside), and the starts of the words kept; itself when it is within."""
+    if len(segment.text) <= max_chars:
+        return segment
+    words = segment.text.split()
+    kept, size = 0, -1
+    for word in words:
+        if size + 1 + len(word) > max_chars:
+            break
+        size += 1 + len(word)
+        kept += 1
+    if kept == 0:  # a first word longer than the cap (or no word at all)
+        starts = segment.word_starts[:1] if words else ()
+        return replace(segment, text=words[0][:max_chars] if words else "", word_starts=starts)
+    return replace(segment, text=" ".join(words[:kept]), word_starts=segment.word_starts[:kept])
+
+
+def capped_words(segments: list[TextSegment], max_segment_chars: int, max_chars: int) -> tuple[list[TextSegment], int]:
+    """A video's segments (in the order given: time) with each one's text ``capped`` and the segments that
+    would take the video's words past ``max_chars`` characters left out; and how many were left out."""
+    kept: list[TextSegment] = []
+    total = 0
+    for n, segment in enumerate(segments):
+        segment = capped(segment, max_segment_chars)
+        total += len(segment.text)
+        if total > max_chars:
+            return kept, len(segments) - n
+        kept.append(segment)
+    return kept, 0
+
+
+class WordsDeadline:
+    """When reading a video's words must end: each source asks ``check`` between its units of work (a
+    subtitle packet, a frame, an audio frame, an utterance), each bounded by itself, so a reading ends
+    at most one unit past it. None: no deadline."""
+
+    def __init__(self, seconds: float | None, clock: Callable[[], float] | None = None) -> None:
+        self._seconds = seconds
+        self._clock = clock or time.monotonic
+        self._ends = None if seconds is None else self._clock() + seconds
+
+    def check(self) -> None:
+        """Raises:
+        LimitExceeded: the deadline passed (the message names the setting).
+        """
+        if self._ends is not None and self._clock() >= self._ends:
+            raise LimitExceeded(f"reading the words ran past text.read_deadline_s ({self._seconds:g}s)")
+
+
+#: No deadline (tools and tests that read a file's words by themselves).
+NO_DEADLINE = WordsDeadline(None)

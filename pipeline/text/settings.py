@@ -31,6 +31,11 @@ class TextSettings(BaseModel):
     #: heard a word the ones before it did not is kept as an alternative reading (searched, ranked below
     #: the best one): a rare word misheard in the best reading is often right in another. 0: best only.
     speech_alternatives: int = Field(default=50, ge=0, le=100)
+    #: Reading one video's words (every source on, one after another) ends this many seconds after it
+    #: began: a source still reading then stops (between two frames, packets or utterances) and it and the
+    #: sources after it read nothing of this video, the reason logged; the words read are kept. The job's
+    #: crash count (``serve.max_crashes``) bounds a reading that takes its consumer down instead.
+    read_deadline_s: float = Field(default=1800.0, gt=0)
     #: A search's words also match words one letter away (same first letter), below exact ones: OCR and
     #: speech misread a letter or a sound now and then. Words in quotes always match exactly.
     search_fuzzy: bool = True

@@ -28,7 +28,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pipeline.media.probe import open_container, timeline_zero
-from pipeline.text.segments import TextSegment, TextSource
+from pipeline.text.segments import NO_DEADLINE, TextSegment, TextSource, WordsDeadline
 from storage.errors import CorruptVideo, ModelUnavailable
 
 RATE = 16_000
@@ -50,12 +50,13 @@ class SpeechUnavailable(ModelUnavailable):
     """pocketsphinx is missing (the text settings say speech is on)."""
 
 
-def read_audio(path: Path, max_s: float) -> tuple[NDArray[np.int16], float]:
+def read_audio(path: Path, max_s: float, deadline: WordsDeadline = NO_DEADLINE) -> tuple[NDArray[np.int16], float]:
     """The first audio track of ``path`` as 16 kHz mono int16 samples (at most ``max_s`` seconds), and
     where its first sample lies on the player's timeline. No audio track: no samples.
 
     Raises:
         CorruptVideo, NotAVideo: the file can't be opened as a container.
+        LimitExceeded: the ``deadline`` passed (asked before each audio frame).
     """
     with open_container(path) as container:
         if not container.streams.audio:
@@ -70,6 +71,7 @@ def read_audio(path: Path, max_s: float) -> tuple[NDArray[np.int16], float]:
         total, limit = 0, int(max_s * RATE)
         try:
             for frame in container.decode(stream):
+                deadline.check()
                 for out in resampler.resample(frame):
                     chunk = np.asarray(out.to_ndarray(), dtype=np.int16).reshape(-1)
                     chunks.append(chunk)
@@ -98,18 +100,26 @@ class SpeechRecognizer:
         self._alternatives = alternatives
         self.stats = SpeechStats()
 
-    def read_file(self, path: Path) -> list[TextSegment]:
-        """The utterances of ``path``'s first audio track."""
-        pcm, offset = read_audio(path, self._max_audio_s)
-        return self.read_pcm(pcm, offset)
+    def read_file(self, path: Path, deadline: WordsDeadline = NO_DEADLINE) -> list[TextSegment]:
+        """The utterances of ``path``'s first audio track.
 
-    def read_pcm(self, pcm: NDArray[np.int16], offset_s: float = 0.0) -> list[TextSegment]:
-        """The utterances of 16 kHz mono int16 ``pcm`` whose first sample is at ``offset_s``."""
+        Raises:
+            LimitExceeded: the ``deadline`` passed (``read_audio``, ``read_pcm``).
+        """
+        pcm, offset = read_audio(path, self._max_audio_s, deadline)
+        return self.read_pcm(pcm, offset, deadline)
+
+    def read_pcm(
+        self, pcm: NDArray[np.int16], offset_s: float = 0.0, deadline: WordsDeadline = NO_DEADLINE
+    ) -> list[TextSegment]:
+        """The utterances of 16 kHz mono int16 ``pcm`` whose first sample is at ``offset_s`` (the
+        ``deadline`` asked before each utterance)."""
         started = time.perf_counter()
         self.stats.audio_s += len(pcm) / RATE
         segments: list[TextSegment] = []
         segmenter = self._segmenter_cls(sample_rate=RATE)
         for utterance in segmenter.segment(io.BytesIO(pcm.tobytes())):
+            deadline.check()
             self.stats.utterances += 1
             segments.extend(self._decode(utterance.pcm, offset_s + utterance.start_time))
         self.stats.seconds += time.perf_counter() - started

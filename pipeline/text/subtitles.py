@@ -13,7 +13,7 @@ from pathlib import Path
 import av
 
 from pipeline.media.probe import open_container, timeline_zero
-from pipeline.text.segments import TextSegment, TextSource, clean_text
+from pipeline.text.segments import NO_DEADLINE, TextSegment, TextSource, WordsDeadline, clean_text
 
 #: How long an event with no duration of its own is shown (until the next one, if that comes sooner).
 DEFAULT_EVENT_S = 3.0
@@ -21,11 +21,19 @@ DEFAULT_EVENT_S = 3.0
 MAX_EVENTS = 20_000
 
 
-def read_subtitles(path: Path, max_events: int = MAX_EVENTS) -> list[TextSegment]:
-    """The text events of every text subtitle track of the video at ``path``, in time order per track.
+def read_subtitles(
+    path: Path,
+    max_events: int = MAX_EVENTS,
+    max_chars: tuple[int, int] | None = None,
+    deadline: WordsDeadline = NO_DEADLINE,
+) -> list[TextSegment]:
+    """The text events of every text subtitle track of the video at ``path``, in time order per track:
+    at most ``max_events``, and with ``max_chars`` (a segment's cap, the video's) none once the events kept
+    pass the video's cap, each counted up to a segment's (the caller caps them: ``capped_words``).
 
     Raises:
         CorruptVideo, NotAVideo: the file can't be opened as a container (``open_container``).
+        LimitExceeded: the ``deadline`` passed.
     """
     with open_container(path) as container:
         streams = [s for s in container.streams if s.type == "subtitle"]
@@ -35,15 +43,23 @@ def read_subtitles(path: Path, max_events: int = MAX_EVENTS) -> list[TextSegment
         events: dict[int, list[tuple[float, float | None, str]]] = {s.index: [] for s in streams}
         # A damaged container past some events: those read still count.
         with contextlib.suppress(av.error.FFmpegError):
-            _read_events(container.demux(streams), zero, events, max_events)
+            _read_events(container.demux(streams), zero, events, (max_events, max_chars), deadline)
         return [seg for s in streams for seg in _segments(events[s.index], _track(s))]
 
 
 def _read_events(
-    packets: Iterator[av.Packet], zero: Fraction, events: dict[int, list[tuple[float, float | None, str]]], limit: int
+    packets: Iterator[av.Packet],
+    zero: Fraction,
+    events: dict[int, list[tuple[float, float | None, str]]],
+    limits: tuple[int, tuple[int, int] | None],
+    deadline: WordsDeadline,
 ) -> None:
-    kept = 0
+    (limit, max_chars), kept, chars = limits, 0, 0
+    segment_chars, video_chars = max_chars or (0, 0)
     for packet in packets:
+        deadline.check()
+        if kept >= limit or (max_chars is not None and chars > video_chars):
+            return  # the rest of the file is not demuxed
         if packet.pts is None or packet.stream.time_base is None:
             continue
         try:
@@ -57,7 +73,7 @@ def _read_events(
             text = _text_of(subtitle)
             if text and kept < limit:
                 events[packet.stream.index].append((start, duration, text))
-                kept += 1
+                kept, chars = kept + 1, chars + min(len(text), segment_chars)
 
 
 def _text_of(subtitle: object) -> str:

@@ -17,7 +17,7 @@ from pipeline.index.clock import StageClock
 from pipeline.index.consumer import IndexTaskHandler, TaskContext
 from pipeline.index.indexer import Indexer, Outcome
 from pipeline.index.words import TextStage
-from pipeline.settings import ServeSettings, Settings, TextSettings
+from pipeline.settings import LimitSettings, ServeSettings, Settings, TextSettings
 from pipeline.text.settings import pipeline_may_read
 from pipeline.upkeep.check import Checker, Finding
 from pipeline.upkeep.report import CheckReport
@@ -37,9 +37,16 @@ TEXT = ModelTable.for_text(TextSettings(subtitles=True).pipeline_id())
 
 
 class Parts:
-    def __init__(self, tmp_path: Path, *, text: ModelTable | None = TEXT, claim_after_s: float | None = None) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        *,
+        text: ModelTable | None = TEXT,
+        claim_after_s: float | None = None,
+        limits: LimitSettings | None = None,
+    ) -> None:
         serve = ServeSettings() if claim_after_s is None else ServeSettings(claim_after_s=claim_after_s)
-        self.settings = Settings(text=TextSettings(subtitles=True), serve=serve)
+        self.settings = Settings(text=TextSettings(subtitles=True), serve=serve, limits=limits or LimitSettings())
         self.store = IndexStore(self.settings.s3, uri=str(tmp_path / "lance"))
         self.objects = MemoryObjects()
         self.text: ModelTable | None = text
@@ -54,8 +61,8 @@ class Parts:
         )
         self.tmp = tmp_path
 
-    def clip(self, key: str, cues: list[Cue], seconds: float = 5) -> None:
-        self.objects.put(key, subtitled_clip(self.tmp / key, cues, seconds=seconds, fmt="mov_text"))
+    def clip(self, key: str, cues: list[Cue], seconds: float = 5, fmt: str = "mov_text") -> None:
+        self.objects.put(key, subtitled_clip(self.tmp / key, cues, seconds=seconds, fmt=fmt))
 
     def text_rows(self, key: str) -> list[str]:
         table = self.store.text_table(TEXT.table).table()
