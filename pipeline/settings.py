@@ -120,8 +120,9 @@ class LimitSettings(DecodeLimits):
     #: ...for at most this long, then the job is retried later (a transient failure).
     download_slot_wait_s: float = Field(default=300.0, gt=0)
     max_query_chars: int = Field(default=512, gt=0)
-    #: A text search looks for the query's first this many distinct words outside quotes; the rest are not
-    #: searched (a fuzzy search's cost grows with its words: 171 of them took ~0.6 CPU-s a search).
+    #: A text search looks for at most this many distinct words of a query, its quoted phrases' first (at
+    #: most ``pipeline.query.terms.MAX_QUERY_PHRASES`` of them), then the rest in order; the others are not
+    #: searched (a search's cost grows with its words: 171 in a fuzzy search took ~0.6 CPU-s).
     max_query_words: int = Field(default=32, ge=1, le=1024)
     #: A segment of a video's words (a subtitle cue, a frame's on-screen text, a stretch of speech) is cut
     #: at a word past this many characters: the words are the uploader's, and a search reads each it

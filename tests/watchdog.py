@@ -24,6 +24,7 @@ Usage (by tests/conftest.py): ``python -m tests.watchdog PYTEST_PID RUN_BOUND_S`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
@@ -73,20 +74,19 @@ def _cpu_ticks() -> dict[int, int]:
 
 def busiest(count: int) -> str:
     """The ``count`` processes of the machine that used the most CPU over ``SAMPLE_S``, a line each: the
-    share of a CPU, the pid, the niceness and state, the command."""
+    share of a CPU, then ``ps``'s pid, niceness, state and command (run under ``REPORT_TIMEOUT_S``: reading
+    another process's command line can block on it, and the kill must still come)."""
     before = _cpu_ticks()
     time.sleep(SAMPLE_S)
     after, hz = _cpu_ticks(), os.sysconf("SC_CLK_TCK")
     used = sorted(((t - before[p], p) for p, t in after.items() if p in before), reverse=True)[:count]
-    lines = []
-    for ticks, p in used:
-        try:
-            stat = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            args = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            stat, args = ["?"] * 17, "(gone)"
-        lines.append(f"  {100 * ticks / hz / SAMPLE_S:5.0f}% pid {p} ni {stat[16]} {stat[0]} {args[:90]}")
-    return "\n".join(lines)
+    cmd = ["ps", "-o", "pid=,ni=,stat=,args=", "-p", ",".join(str(p) for _, p in used)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=REPORT_TIMEOUT_S).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        out = f"ps failed: {exc}"
+    described = {line.split(None, 1)[0]: line.strip()[:120] for line in out.splitlines() if line.strip()}
+    return "\n".join(f"  {100 * t / hz / SAMPLE_S:5.0f}% pid {described.get(str(p), f'{p} (gone)')}" for t, p in used)
 
 
 def load() -> str:
@@ -116,6 +116,8 @@ def fire(pid: int, what: str, progress: str = "") -> None:
             say("py-spy not found: no stacks from it")
     except Exception as exc:  # reported, then on to the kill
         say(f"diagnostics failed: {exc!r}")
+    with contextlib.suppress(Exception):  # the processes pytest started during the report are killed too
+        family += [p for p in descendants(pid) if p not in family]
     # pytest enables faulthandler (until it unconfigures): SIGABRT prints every thread's Python stack from a
     # C handler, then ends it. A stopped pytest would keep the signal pending: SIGCONT first.
     signal_all([pid], signal.SIGCONT)

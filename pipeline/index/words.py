@@ -76,10 +76,11 @@ class TextStage:
             log.info("%s: %s read nothing: %s", head.key, source, why)
         if found.left_out:
             log.warning(
-                "%s: %d segments left out: the video's words ran past %d characters (limits.max_video_text_chars)",
+                "%s: its words ran past %d characters (limits.max_video_text_chars): %d segments read were left "
+                "out, and the subtitle cues after them were not read",
                 head.key,
-                found.left_out,
                 self._settings.limits.max_video_text_chars,
+                found.left_out,
             )
         return found.rows(video_id)
 

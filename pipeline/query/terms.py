@@ -12,6 +12,8 @@ VISUAL = "visual"
 SOURCES = (VISUAL, "subtitle", "ocr", "speech")
 
 WORD = re.compile(r"\w+", re.UNICODE)
+#: Quoted phrases a text search looks for at most (each is a search of its own); later ones are not.
+MAX_QUERY_PHRASES = 4
 PHRASE = re.compile(r'"([^"]*)"')
 
 
@@ -33,18 +35,30 @@ class TextQuery:
             found.update(w.lower() for w in WORD.findall(phrase))
         return frozenset(found)
 
-    def bounded(self, max_words: int) -> TextQuery:
-        """The query with its free words kept, in order, up to ``max_words`` distinct ones (any case): a
-        search's cost grows with them (each is also looked for one letter away). Quoted phrases stay:
-        their words are matched exactly, in order. ``visual`` is kept. Itself when within."""
-        distinct: dict[str, None] = {}
-        kept = []
-        for word in self.words:
-            if word.lower() not in distinct and len(distinct) == max_words:
-                continue
-            distinct[word.lower()] = None
-            kept.append(word)
-        return self if len(kept) == len(self.words) else TextQuery(self.visual, self.phrases, tuple(kept))
+    def bounded(self, max_words: int, max_phrases: int = MAX_QUERY_PHRASES) -> TextQuery:
+        """The query with at most ``max_words`` distinct words (any case) and ``max_phrases`` quoted phrases:
+        its phrases first, in order (one that would pass the words' cap is cut to the words that fit, and
+        ends them), then its free words, in order. ``visual`` is kept. Itself when within both."""
+        distinct: set[str] = set()
+
+        def fits(word: str) -> bool:
+            if word.lower() not in distinct and len(distinct) >= max_words:
+                return False
+            distinct.add(word.lower())
+            return True
+
+        phrases: list[str] = []
+        for phrase in self.phrases[:max_phrases]:
+            words = WORD.findall(phrase)
+            fit = words[: next((n for n, w in enumerate(words) if not fits(w)), len(words))]
+            if fit:
+                phrases.append(phrase if len(fit) == len(words) else " ".join(fit))
+            if len(fit) < len(words):
+                break
+        kept = tuple(w for w in self.words if fits(w))
+        if tuple(phrases) == self.phrases and kept == self.words:
+            return self
+        return TextQuery(self.visual, tuple(phrases), kept)
 
 
 def parse_query(q: str) -> TextQuery:

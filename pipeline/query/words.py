@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from pipeline.query.hybrid import READINGS_READ, Ranked, TextMatch, rank_words
 from pipeline.query.terms import TextQuery, text_match
+from pipeline.text.segments import capped_text
 from storage.catalog import VideoRecord
 from storage.ids import text_fingerprint
 from storage.models import ModelTable
@@ -21,11 +22,12 @@ MAX_CANDIDATES = 2000
 
 
 def capped(hits: Iterable[TextHit], max_chars: int) -> list[TextHit]:
-    """The hits with each text cut to ``max_chars`` characters (its word starts to the words left)."""
+    """The hits with each text cut to ``max_chars`` characters at a word, as a text job cuts a segment
+    (``capped_text``), and its word starts to the words left."""
     out = []
     for h in hits:
         if len(h.text) > max_chars:
-            text = h.text[:max_chars]
+            text = capped_text(h.text, max_chars)
             h = replace(h, text=text, word_starts=h.word_starts[: len(text.split())])
         out.append(h)
     return out

@@ -28,7 +28,8 @@ class TextExtraction:
     seconds: dict[str, float] = field(default_factory=dict)
     #: Why a source read nothing of this video, where it failed (a damaged audio track, say).
     errors: dict[str, str] = field(default_factory=dict)
-    #: Segments left out: the video's words ran past ``LimitSettings.max_video_text_chars``.
+    #: Segments read and left out: the video's words ran past ``LimitSettings.max_video_text_chars`` (a
+    #: subtitle track is not read past it, so its later cues are not among them).
     left_out: int = 0
 
     def of(self, source: TextSource) -> list[TextSegment]:

@@ -78,17 +78,19 @@ def capped(segment: TextSegment, max_chars: int) -> TextSegment:
     than that is cut inside), and the starts of the words kept; itself when it is within."""
     if len(segment.text) <= max_chars:
         return segment
-    words = segment.text.split()
-    kept, size = 0, -1
-    for word in words:
-        if size + 1 + len(word) > max_chars:
-            break
-        size += 1 + len(word)
-        kept += 1
-    if kept == 0:  # a first word longer than the cap (or no word at all)
-        starts = segment.word_starts[:1] if words else ()
-        return replace(segment, text=words[0][:max_chars] if words else "", word_starts=starts)
-    return replace(segment, text=" ".join(words[:kept]), word_starts=segment.word_starts[:kept])
+    text = capped_text(segment.text, max_chars)
+    return replace(segment, text=text, word_starts=segment.word_starts[: len(text.split())])
+
+
+def capped_text(text: str, max_chars: int) -> str:
+    """``text`` cut to at most ``max_chars`` characters at a word: the words that fit whole, or the first
+    word's first ``max_chars`` characters when even it does not fit."""
+    if len(text) <= max_chars:
+        return text
+    head = text[:max_chars]
+    if not text[max_chars].isspace() and len(head.split()) > 1:
+        head = head.rsplit(None, 1)[0]  # the cut fell inside a word: that word goes
+    return head.rstrip()
 
 
 def capped_words(segments: list[TextSegment], max_segment_chars: int, max_chars: int) -> tuple[list[TextSegment], int]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import av
 
 from pipeline.media.probe import open_container, timeline_zero
-from pipeline.text.segments import NO_DEADLINE, TextSegment, TextSource, WordsDeadline, clean_text
+from pipeline.text.segments import NO_DEADLINE, TextSegment, TextSource, WordsDeadline, capped_text, clean_text
 
 #: How long an event with no duration of its own is shown (until the next one, if that comes sooner).
 DEFAULT_EVENT_S = 3.0
@@ -28,8 +28,9 @@ def read_subtitles(
     deadline: WordsDeadline = NO_DEADLINE,
 ) -> list[TextSegment]:
     """The text events of every text subtitle track of the video at ``path``, in time order per track:
-    at most ``max_events``, and with ``max_chars`` (a segment's cap, the video's) none once the events kept
-    pass the video's cap, each counted up to a segment's (the caller caps them: ``capped_words``).
+    at most ``max_events``; with ``max_chars`` (a segment's cap, the video's), the file is read no further
+    once the events kept pass the video's cap, each counted as a segment's cap leaves it (``capped_text``):
+    the caller's ``capped_words`` then leaves at least the last of them out, and says so.
 
     Raises:
         CorruptVideo, NotAVideo: the file can't be opened as a container (``open_container``).
@@ -73,7 +74,7 @@ def _read_events(
             text = _text_of(subtitle)
             if text and kept < limit:
                 events[packet.stream.index].append((start, duration, text))
-                kept, chars = kept + 1, chars + min(len(text), segment_chars)
+                kept, chars = kept + 1, chars + len(capped_text(text, segment_chars))
 
 
 def _text_of(subtitle: object) -> str:

@@ -19,7 +19,7 @@ from events.jobs import JobSource
 from infra.dev.textclips import Cue, Overlay, overlaid_clip, subtitled_clip
 from pipeline.query import words as query_words
 from pipeline.query.search import SearchService
-from pipeline.query.terms import parse_query
+from pipeline.query.terms import MAX_QUERY_PHRASES, parse_query
 from pipeline.settings import LimitSettings, Settings, TextSettings
 from pipeline.text import segments as text_segments
 from pipeline.text.extract import TextExtractor
@@ -37,8 +37,14 @@ CLEAN_DEADLINE_S = 30.0
 @pytest.mark.parametrize("unit", ["{", "<a", "{\\i1<b"])
 def test_a_megabyte_cue_of_unclosed_tags_is_cleaned_within_a_deadline(unit: str) -> None:
     # In a process of its own, so that a clean-up that runs for minutes is killed at the deadline.
+    # The patterns themselves on the whole megabyte (clean_text reads only MAX_RAW_CHARS of it), then clean_text.
     cue = f"{unit!r} * {1_000_000 // len(unit)}"
-    program = f"from pipeline.text.segments import clean_text\nprint(len(clean_text({cue})))\n"
+    program = (
+        "from pipeline.text import segments as s\n"
+        f"cue = {cue}\n"
+        "assert len(s._MARKUP.sub('', s._ASS_TAGS.sub('', cue))) > 0\n"
+        "print(len(s.clean_text(cue)))\n"
+    )
     try:
         out = subprocess.run(
             [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=CLEAN_DEADLINE_S
@@ -74,8 +80,12 @@ def test_a_videos_words_end_at_their_cap_through_the_extractor(tmp_path: Path) -
     # 17 + 13 characters fit the video's 40; the third cue (18) would pass it
     assert [s.text for s in out.segments] == ["alpha alpha alpha", "bravo charlie"]
     assert out.left_out == 1
+    # cues that fit once cut are all kept: the reader counts each as it will be cut (17 + 17 + 3 + 1 <= 40)
+    fitting = [Cue(1.0, 2.0, "alpha " * 40), Cue(2.5, 3.0, "alpha " * 40), Cue(3.5, 4.0, "abc"), Cue(5.0, 6.0, "d")]
+    out = TextExtractor(settings).extract(subtitled_clip(tmp_path / "fits", fitting, seconds=7, fmt="srt"))
+    assert ([s.text for s in out.segments][2:], out.left_out) == (["abc", "d"], 0)
     kept, left = capped_words(out.segments, 20, 10)
-    assert (kept, left) == ([], 2)
+    assert (kept, left) == ([], 4)  # a first segment past the cap: nothing kept
 
 
 def test_reading_the_words_stops_at_its_deadline_and_keeps_the_sources_that_finished(
@@ -113,9 +123,14 @@ def _subtitles_of(clip: Path, read: Any) -> Any:
 
 def test_a_query_searches_its_first_words_only() -> None:
     q = parse_query('one two "three four five" two six seven')
-    bounded = q.bounded(3)
-    assert bounded.words == ("one", "two", "two", "six") and bounded.phrases == ("three four five",)
-    assert bounded.visual == q.visual and q.bounded(5) is q
+    # the phrases' words first, then the free words in order, repeats free
+    assert (q.bounded(5).phrases, q.bounded(5).words) == (("three four five",), ("one", "two", "two"))
+    assert (q.bounded(2).phrases, q.bounded(2).words) == (("three four",), ())  # a phrase cut to what fits
+    assert q.bounded(5).visual == q.visual and q.bounded(7) is q  # its 7 distinct words
+    # each phrase is a search of its own: at most MAX_QUERY_PHRASES of them
+    many = parse_query(" ".join(f'"w{n}"' for n in range(87)))
+    assert len(many.bounded(32).phrases) == MAX_QUERY_PHRASES
+    assert len(parse_query('"' + " ".join(f"w{n}" for n in range(124)) + '"').bounded(32).terms) == 32
 
 
 def test_a_long_segment_is_matched_off_the_event_loop_and_only_up_to_the_cap(
