@@ -257,3 +257,14 @@ class TextTable(VideoRowsTable[VideoText]):
             )
             for r in rows
         ]
+
+
+def capped_text(text: str, max_chars: int) -> str:
+    """``text`` cut to at most ``max_chars`` characters at a word: the words that fit whole, or the first
+    word's first ``max_chars`` characters when even it does not fit."""
+    if len(text) <= max_chars:
+        return text
+    head = text[:max_chars]
+    if not text[max_chars].isspace() and len(head.split()) > 1:
+        head = head.rsplit(None, 1)[0]  # the cut fell inside a word: that word goes
+    return head.rstrip()

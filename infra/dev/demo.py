@@ -1,13 +1,16 @@
 """``vidx demo``: the whole product in one command, offline if need be.
 
-Starts the local stack, uploads three generated videos with a plain S3 client (no API call), waits
-until they are indexed, then runs an image search (a frame of video 2 at t = 4 s) and a text search
-and prints the moments. The stack is left running.
+Starts the local stack (with subtitles, on-screen text and speech read, unless the environment says otherwise),
+uploads three generated videos with a plain S3 client (no API call), each carrying words (speech, a
+subtitle track, a caption drawn on the picture), waits until they are indexed, then runs an image search (a
+frame of video 2 at t = 4 s), a text search, and a search by each video's words, and prints the moments.
+The stack is left running.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -18,9 +21,11 @@ from PIL import Image
 
 from infra.dev import stack
 from infra.dev.samples import frame_at, write_video
+from infra.dev.textclips import Cue, Line, Overlay, with_words
 from pipeline.cli.common import ApiClient, CliError, format_moment
 from pipeline.settings import Settings
 from storage.ids import video_id
+from storage.models import TEXT_MODEL_PREFIX
 
 Echo = Callable[[str], None]
 #: How long the demo tries the model hub before falling back to the tiny local model.
@@ -29,6 +34,14 @@ INDEX_TIMEOUT_S = 600.0
 SAMPLE_SECONDS = 12
 SAMPLE_SIZE = (320, 240)
 QUERY_VIDEO, QUERY_SECOND = 2, 4
+#: The words each sample carries (a subtitle track; a caption drawn on the picture), and the searches that
+#: find them: (query, video, second).
+SUBTITLES = {2: [Cue(8.0, 10.5, "a red boat leaves the harbour at dawn")]}
+CAPTIONS = {3: [Overlay(6.0, 9.5, "QUARTERLY RESULTS", font="sans-bold", size=30, box="black@0.6")]}
+SPEECH = {1: [Line(2.0, "the lighthouse keeper lives alone")]}
+WORD_SEARCHES = [("red boat", 2, 8.0), ('"quarterly results"', 3, 6.0), ("lighthouse keeper", 1, 2.0)]
+#: The text sources the demo's stack reads, unless the environment sets them.
+DEMO_TEXT = {"VIDX_TEXT__SUBTITLES": "true", "VIDX_TEXT__OCR": "true", "VIDX_TEXT__SPEECH": "true"}
 
 
 def _seed(n: int) -> int:
@@ -76,7 +89,12 @@ def run_demo(settings: Settings, echo: Echo) -> None:
     StackError, CliError: one clear line on what went wrong.
     """
     model_id = choose_model(settings, echo)
-    settings = settings.model_copy(update={"model": settings.model.model_copy(update={"id": model_id})})
+    for name, value in DEMO_TEXT.items():
+        os.environ.setdefault(name, value)  # the app's driver builds its settings from the environment
+    text = settings.text.model_copy(
+        update={k.removeprefix("VIDX_TEXT__").lower(): os.environ[k].lower() == "true" for k in DEMO_TEXT}
+    )
+    settings = settings.model_copy(update={"model": settings.model.model_copy(update={"id": model_id}), "text": text})
     stack.up(settings, echo)
 
     samples = (settings.state_dir / "samples").resolve()
@@ -84,7 +102,11 @@ def run_demo(settings: Settings, echo: Echo) -> None:
     bucket = settings.s3.upload_bucket
     ids = []
     for n in (1, 2, 3):
-        path = write_video(samples / f"sample-{n}.mp4", seconds=SAMPLE_SECONDS, size=SAMPLE_SIZE, seed=_seed(n))
+        plain = write_video(samples / f"plain-{n}.mp4", seconds=SAMPLE_SECONDS, size=SAMPLE_SIZE, seed=_seed(n))
+        path = samples / f"sample-{n}.mp4"
+        with_words(
+            plain, path, cues=SUBTITLES.get(n), overlays=CAPTIONS.get(n), lines=SPEECH.get(n), width=SAMPLE_SIZE[0]
+        )
         key = f"demo/sample-{n}.mp4"
         client.fput_object(bucket, key, str(path), content_type="video/mp4")
         ids.append(video_id(bucket, key))
@@ -96,8 +118,11 @@ def run_demo(settings: Settings, echo: Echo) -> None:
     while pending:
         for vid in list(pending):
             video = _video(api, vid)
-            if video and video["status"] == "indexed":
-                echo(f"indexed {video['uri']}: {video['frames']} frames")
+            # The words follow the frames (a text job, once the frames are in): wait for them too.
+            words = [m for m in video["models"] if m["model"].startswith(TEXT_MODEL_PREFIX)] if video else []
+            if video and video["status"] == "indexed" and (words or not settings.text.on):
+                said = f", {words[0]['frames']} word segments" if words else ""
+                echo(f"indexed {video['uri']}: {video['frames']} frames{said}")
                 pending.discard(vid)
             elif video and video["status"] == "failed":
                 raise CliError(f"{video['uri']} failed: {video['error']}")
@@ -123,9 +148,32 @@ def run_demo(settings: Settings, echo: Echo) -> None:
     answer = api.request("GET", "/v1/search", params={"q": "a grid of colourful squares", "k": 3})
     for moment in answer["results"]:
         echo("  " + format_moment(moment))
+    missed = [] if hit else ["the image search"]
+    on = {"subtitle": settings.text.subtitles, "ocr": settings.text.ocr, "speech": settings.text.speech}
+    for q, n, second in WORD_SEARCHES:
+        source = "subtitle" if n in SUBTITLES else "ocr" if n in CAPTIONS else "speech"
+        if not on[source]:
+            echo(f"\nwords search: {q}: skipped ({source} is set off)")
+        elif not _words_found(api, ids, q, n, second, echo):
+            missed.append(f"the words search {q}")
     echo(f"\nvidx is running at {settings.api_url} (docs: {settings.api_url}/docs). Stop it with: make down")
-    if not hit:
-        raise CliError("the image search did not find the right moment")
+    if missed:
+        raise CliError(f"{', '.join(missed)} did not find the right moment")
+
+
+def _words_found(api: ApiClient, ids: list[str], q: str, n: int, second: float, echo: Echo) -> bool:
+    """Search the videos' words alone for ``q``; whether the top moment is sample ``n`` at ``second`` (± 1 s)."""
+    echo(f"\nwords search: {q} (subtitles, on-screen text and speech only)")
+    answer = api.request("GET", "/v1/search", params={"q": q, "k": 3, "sources": "subtitle,ocr,speech"})
+    for moment in answer["results"]:
+        echo("  " + format_moment(moment) + f"  {moment.get('text_source')}: {moment.get('text')!r}")
+    top = answer["results"][0] if answer["results"] else None
+    hit = top is not None and top["video_id"] == ids[n - 1] and abs(top["ts_s"] - second) <= 1.0
+    where = f"{top['uri']} at {top['ts_s']:g} s" if top else "nothing"
+    echo(f"  top hit: {where} -> {'right video and second' if hit else 'MISS'}")
+    if not hit and top is None:
+        echo("  (an app started before with its text sources off reads no words: make down, then make demo)")
+    return hit
 
 
 def _video(api: ApiClient, vid: str) -> dict[str, Any] | None:

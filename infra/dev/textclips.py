@@ -141,20 +141,54 @@ def _escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace(":", "\\:").replace("'", "\u2019").replace("%", "\\%")
 
 
+def _drawn(overlays: list[Overlay], width: int) -> str:
+    """The ffmpeg filter chain that draws ``overlays`` on a picture ``width`` wide (``null``: none)."""
+    draws = []
+    for o in overlays:
+        box = f":box=1:boxcolor={o.box}:boxborderw=8" if o.box else ""
+        draws.append(
+            f"drawtext=fontfile={FONTS[o.font]}:text='{_escape(o.text)}':fontsize={_fitting(o, width)}"
+            f":fontcolor={o.colour}{box}:x={o.x}:y={o.y}:enable='between(t,{o.start_s},{o.end_s})'"
+        )
+    return ",".join(draws) if draws else "null"
+
+
+def with_words(
+    video: Path,
+    out: Path,
+    *,
+    cues: list[Cue] | None = None,
+    overlays: list[Overlay] | None = None,
+    lines: list[Line] | None = None,
+    width: int,
+) -> Path:
+    """``video`` (MP4, no audio) with a subtitle track of ``cues`` (mov_text), ``overlays`` drawn on its
+    picture (``width`` wide) and an audio track saying ``lines`` (AAC), written to ``out``, as long as
+    ``video``; with no overlays its picture is copied, frame for frame."""
+    with tempfile.TemporaryDirectory() as tmp:
+        inputs, maps = ["-i", str(video)], ["-map", "0:v"]
+        if cues:
+            srt = Path(tmp) / "cues.srt"
+            srt.write_text(_srt(cues), encoding="utf-8")
+            inputs += ["-i", str(srt)]
+            maps += ["-map", "1:s", "-c:s", "mov_text"]
+        if lines:
+            said, graph = _said(lines, Path(tmp), first=len(inputs) // 2)
+            inputs += said
+            maps += ["-filter_complex", graph, "-map", "[a]", "-c:a", "aac", "-shortest"]
+        picture = ["-c:v", "copy"]
+        if overlays:
+            picture = ["-vf", _drawn(overlays, width), "-c:v", "libx264", "-preset", "ultrafast", "-g", "20"]
+        _run(["ffmpeg", "-v", "error", "-y", *inputs, *maps, *picture, str(out)])
+    return out
+
+
 def overlaid_clip(
     path: Path, overlays: list[Overlay], seconds: float, size: tuple[int, int] = (640, 360), *, still: bool = False
 ) -> Path:
     """A clip (MP4, H.264) with ``overlays`` drawn over a moving picture (``still``: a plain one), each
     in its time span, in a font size that fits the frame's width (``_fitting``)."""
-    draws = []
-    for o in overlays:
-        box = f":box=1:boxcolor={o.box}:boxborderw=8" if o.box else ""
-        size_px = _fitting(o, size[0])
-        draws.append(
-            f"drawtext=fontfile={FONTS[o.font]}:text='{_escape(o.text)}':fontsize={size_px}:fontcolor={o.colour}"
-            f"{box}:x={o.x}:y={o.y}:enable='between(t,{o.start_s},{o.end_s})'"
-        )
-    chain = ",".join(draws) if draws else "null"
+    chain = _drawn(overlays, size[0])
     _run(
         [
             "ffmpeg",
@@ -178,21 +212,27 @@ def overlaid_clip(
     return path
 
 
-def spoken_clip(path: Path, lines: list[Line], seconds: float, size: tuple[int, int] = (320, 180)) -> Path:
-    """A clip (MP4, H.264 + AAC) whose audio says each of ``lines`` from its ``at_s`` (Flite's voices)."""
+def _said(lines: list[Line], tmp: Path, first: int) -> tuple[list[str], str]:
+    """The ffmpeg inputs (Flite's recording of each line, written to ``tmp``) and the filter graph that
+    mixes them into ``[a]``, each from its ``at_s``; ``first``: the index of the first of those inputs."""
     if shutil.which("flite") is None:
         raise RuntimeError("flite is not installed (infra/local/install-system.sh)")
+    inputs: list[str] = []
+    mix = []
+    for i, line in enumerate(lines):
+        wav = tmp / f"{i}.wav"
+        _run(["flite", "-voice", line.voice, "-t", line.text, "-o", str(wav)])
+        inputs += ["-i", str(wav)]
+        delay = round(line.at_s * 1000)
+        mix.append(f"[{i + first}:a]adelay={delay}|{delay},aresample=16000[a{i}]")
+    labels = "".join(f"[a{i}]" for i in range(len(lines)))
+    return inputs, ";".join([*mix, f"{labels}amix=inputs={len(lines)}:normalize=0,apad[a]"])
+
+
+def spoken_clip(path: Path, lines: list[Line], seconds: float, size: tuple[int, int] = (320, 180)) -> Path:
+    """A clip (MP4, H.264 + AAC) whose audio says each of ``lines`` from its ``at_s`` (Flite's voices)."""
     with tempfile.TemporaryDirectory() as tmp:
-        inputs: list[str] = []
-        mix = []
-        for i, line in enumerate(lines):
-            wav = Path(tmp) / f"{i}.wav"
-            _run(["flite", "-voice", line.voice, "-t", line.text, "-o", str(wav)])
-            inputs += ["-i", str(wav)]
-            delay = round(line.at_s * 1000)
-            mix.append(f"[{i + 1}:a]adelay={delay}|{delay},aresample=16000[a{i}]")
-        labels = "".join(f"[a{i}]" for i in range(len(lines)))
-        graph = ";".join([*mix, f"{labels}amix=inputs={len(lines)}:normalize=0,apad[a]"])
+        inputs, graph = _said(lines, Path(tmp), first=1)
         _run(
             [
                 "ffmpeg",

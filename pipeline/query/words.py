@@ -11,11 +11,10 @@ from dataclasses import replace
 
 from pipeline.query.hybrid import READINGS_READ, Ranked, TextMatch, rank_words
 from pipeline.query.terms import TextQuery, text_match
-from pipeline.text.segments import capped_text
 from storage.catalog import VideoRecord
 from storage.ids import text_fingerprint
 from storage.models import ModelTable
-from storage.texts import TextHit, TextTable
+from storage.texts import TextHit, TextTable, capped_text
 
 #: Candidate rows a search reads at most (frames or segments).
 MAX_CANDIDATES = 2000

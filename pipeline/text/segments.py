@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from storage.errors import LimitExceeded
+from storage.texts import capped_text
 
 
 class TextSource(StrEnum):
@@ -80,17 +81,6 @@ def capped(segment: TextSegment, max_chars: int) -> TextSegment:
         return segment
     text = capped_text(segment.text, max_chars)
     return replace(segment, text=text, word_starts=segment.word_starts[: len(text.split())])
-
-
-def capped_text(text: str, max_chars: int) -> str:
-    """``text`` cut to at most ``max_chars`` characters at a word: the words that fit whole, or the first
-    word's first ``max_chars`` characters when even it does not fit."""
-    if len(text) <= max_chars:
-        return text
-    head = text[:max_chars]
-    if not text[max_chars].isspace() and len(head.split()) > 1:
-        head = head.rsplit(None, 1)[0]  # the cut fell inside a word: that word goes
-    return head.rstrip()
 
 
 def capped_words(segments: list[TextSegment], max_segment_chars: int, max_chars: int) -> tuple[list[TextSegment], int]:

@@ -13,7 +13,8 @@ from pathlib import Path
 import av
 
 from pipeline.media.probe import open_container, timeline_zero
-from pipeline.text.segments import NO_DEADLINE, TextSegment, TextSource, WordsDeadline, capped_text, clean_text
+from pipeline.text.segments import NO_DEADLINE, TextSegment, TextSource, WordsDeadline, clean_text
+from storage.texts import capped_text
 
 #: How long an event with no duration of its own is shown (until the next one, if that comes sooner).
 DEFAULT_EVENT_S = 3.0
