@@ -34,14 +34,18 @@ INDEX_TIMEOUT_S = 600.0
 SAMPLE_SECONDS = 12
 SAMPLE_SIZE = (320, 240)
 QUERY_VIDEO, QUERY_SECOND = 2, 4
-#: The words each sample carries (a subtitle track; a caption drawn on the picture), and the searches that
-#: find them: (query, video, second).
+#: The words each sample carries (a subtitle track; a caption drawn on the picture; a spoken sentence), and
+#: the searches that find them: (query, the source that reads them, video, second).
 SUBTITLES = {2: [Cue(8.0, 10.5, "a red boat leaves the harbour at dawn")]}
 CAPTIONS = {3: [Overlay(6.0, 9.5, "QUARTERLY RESULTS", font="sans-bold", size=30, box="black@0.6")]}
 SPEECH = {1: [Line(2.0, "the lighthouse keeper lives alone")]}
-WORD_SEARCHES = [("red boat", 2, 8.0), ('"quarterly results"', 3, 6.0), ("lighthouse keeper", 1, 2.0)]
-#: The text sources the demo's stack reads, unless the environment sets them.
-DEMO_TEXT = {"VIDX_TEXT__SUBTITLES": "true", "VIDX_TEXT__OCR": "true", "VIDX_TEXT__SPEECH": "true"}
+WORD_SEARCHES = [
+    ("red boat", "subtitles", 2, 8.0),
+    ('"quarterly results"', "ocr", 3, 6.0),
+    ("lighthouse keeper", "speech", 1, 2.0),
+]
+#: The text sources the demo's stack reads, each unless the environment sets it (or sets ``VIDX_TEXT``).
+DEMO_TEXT = ("subtitles", "ocr", "speech")
 
 
 def _seed(n: int) -> int:
@@ -89,11 +93,11 @@ def run_demo(settings: Settings, echo: Echo) -> None:
     StackError, CliError: one clear line on what went wrong.
     """
     model_id = choose_model(settings, echo)
-    for name, value in DEMO_TEXT.items():
-        os.environ.setdefault(name, value)  # the app's driver builds its settings from the environment
-    text = settings.text.model_copy(
-        update={k.removeprefix("VIDX_TEXT__").lower(): os.environ[k].lower() == "true" for k in DEMO_TEXT}
-    )
+    # The app's driver builds its settings from the environment: a source the user set stays as set.
+    named = {name.upper() for name in os.environ}
+    turned = {} if "VIDX_TEXT" in named else {s: True for s in DEMO_TEXT if f"VIDX_TEXT__{s.upper()}" not in named}
+    os.environ.update({f"VIDX_TEXT__{source.upper()}": "true" for source in turned})
+    text = settings.text.model_copy(update=turned)
     settings = settings.model_copy(update={"model": settings.model.model_copy(update={"id": model_id}), "text": text})
     stack.up(settings, echo)
 
@@ -127,7 +131,11 @@ def run_demo(settings: Settings, echo: Echo) -> None:
             elif video and video["status"] == "failed":
                 raise CliError(f"{video['uri']} failed: {video['error']}")
         if pending and time.monotonic() > deadline:
-            raise CliError(f"videos not indexed after {INDEX_TIMEOUT_S:.0f}s; see {settings.state_dir}/logs")
+            raise CliError(
+                f"videos not indexed, or their words not read, after {INDEX_TIMEOUT_S:.0f}s (an app started "
+                "before with its text sources off reads no words: make down, then make demo); "
+                f"see {settings.state_dir}/logs"
+            )
         time.sleep(0.5)
 
     png = io.BytesIO()
@@ -149,11 +157,9 @@ def run_demo(settings: Settings, echo: Echo) -> None:
     for moment in answer["results"]:
         echo("  " + format_moment(moment))
     missed = [] if hit else ["the image search"]
-    on = {"subtitle": settings.text.subtitles, "ocr": settings.text.ocr, "speech": settings.text.speech}
-    for q, n, second in WORD_SEARCHES:
-        source = "subtitle" if n in SUBTITLES else "ocr" if n in CAPTIONS else "speech"
-        if not on[source]:
-            echo(f"\nwords search: {q}: skipped ({source} is set off)")
+    for q, source, n, second in WORD_SEARCHES:
+        if not getattr(settings.text, source):
+            echo(f"\nwords search: {q}: skipped (VIDX_TEXT__{source.upper()} is set off)")
         elif not _words_found(api, ids, q, n, second, echo):
             missed.append(f"the words search {q}")
     echo(f"\nvidx is running at {settings.api_url} (docs: {settings.api_url}/docs). Stop it with: make down")
@@ -171,8 +177,6 @@ def _words_found(api: ApiClient, ids: list[str], q: str, n: int, second: float, 
     hit = top is not None and top["video_id"] == ids[n - 1] and abs(top["ts_s"] - second) <= 1.0
     where = f"{top['uri']} at {top['ts_s']:g} s" if top else "nothing"
     echo(f"  top hit: {where} -> {'right video and second' if hit else 'MISS'}")
-    if not hit and top is None:
-        echo("  (an app started before with its text sources off reads no words: make down, then make demo)")
     return hit
 
 

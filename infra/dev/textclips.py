@@ -175,12 +175,24 @@ def with_words(
         if lines:
             said, graph = _said(lines, Path(tmp), first=len(inputs) // 2)
             inputs += said
-            maps += ["-filter_complex", graph, "-map", "[a]", "-c:a", "aac", "-shortest"]
+            maps += ["-filter_complex", graph, "-map", "[a]", "-c:a", "aac"]
         picture = ["-c:v", "copy"]
         if overlays:
             picture = ["-vf", _drawn(overlays, width), "-c:v", "libx264", "-preset", "ultrafast", "-g", "20"]
-        _run(["ffmpeg", "-v", "error", "-y", *inputs, *maps, *picture, str(out)])
+        # As long as the picture: the padded audio would run on, a subtitle track ends at its last cue.
+        _run(["ffmpeg", "-v", "error", "-y", *inputs, *maps, *picture, "-t", f"{_seconds(video):.3f}", str(out)])
     return out
+
+
+def _seconds(video: Path) -> float:
+    """How long ``video``'s picture lasts (its container's duration where the stream has none)."""
+    import av
+
+    with av.open(str(video)) as container:
+        stream = container.streams.video[0]
+        if stream.duration is not None and stream.time_base is not None:
+            return float(stream.duration * stream.time_base)
+        return float(container.duration or 0) / av.time_base
 
 
 def overlaid_clip(
