@@ -223,8 +223,11 @@ class SearchService:
             hits_s.setdefault(hit.video_id, []).append(hit.ts_s)
         results: list[MomentOut] = []
         base = base_url.rstrip("/")
-        # Off the loop: the matching reads each hit's words (bounded, but a search's worth is CPU).
-        for f in await asyncio.to_thread(self._fused, moments, text_hits, records, words, k):
+        # With words, off the loop: the matching reads each hit's words (bounded, but a search's worth of CPU);
+        # a search without them (every image search) takes the visual moments as they are, with no thread hop.
+        fused_of = (moments, text_hits, records, words, k)
+        fused = await asyncio.to_thread(self._fused, *fused_of) if words is not None else self._fused(*fused_of)
+        for f in fused:
             shown = self._shown_frame(f, model, records, versions)
             if shown is None:
                 continue
